@@ -1,0 +1,100 @@
+// Training configuration: plain structs with defaults. YAML is only the loader; every
+// validation error names the file and the key path (e.g. "run.yaml: training.batch_size: ...").
+// Every key is documented in docs/config.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct ModelConfig {
+  std::vector<int64_t> layers;     ///< widths, input first: [784, 256, 256, 10]; >= 2 entries
+  std::string activation = "relu"; ///< between Linear layers; "relu" (only choice for now)
+  std::string init_from;           ///< optional .safetensors with initial weights
+};
+
+/// One split's source. Which fields apply depends on data.format.
+struct SplitSource {
+  std::string images;   ///< idx: images file (.gz or raw)
+  std::string labels;   ///< idx: labels file (.gz or raw)
+  std::string path;     ///< csv: the file (features..., label per row)
+  int64_t samples = 0;  ///< synthetic: number of samples
+  /// True when a source was configured (test split is optional: no test → no evaluation).
+  bool configured() const { return !images.empty() || !labels.empty() || !path.empty() || samples > 0; }
+};
+
+struct DataConfig {
+  std::string format = "synthetic";  ///< idx | synthetic | csv
+  std::string dir;                   ///< base directory for relative data paths
+  SplitSource train;
+  SplitSource test;
+  bool shuffle = true;               ///< reshuffle every epoch (seed + epoch)
+  bool drop_last = false;            ///< drop the tail instead of padding / partial batch
+  bool csv_header = false;           ///< csv: first line is a header
+  uint64_t seed = 0;                 ///< synthetic: generator seed
+  int64_t prefetch = 2;              ///< batches assembled ahead by the loader thread
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+struct TrainingConfig {
+  int64_t epochs = 1;
+  int64_t batch_size = 64;        ///< per rank, per micro-batch
+  int64_t accumulate_steps = 1;   ///< micro-batches per optimizer step (communication on the last)
+  uint64_t seed = 0;              ///< init and shuffle seed
+  int64_t log_every = 50;         ///< optimizer steps between progress lines; 0 = epoch lines only
+  int64_t max_steps = 0;          ///< stop after this many optimizer steps in total; 0 = no limit
+  bool print_shapes = false;      ///< each rank prints its replica's input/output shapes once
+};
+
+struct DistributedConfig {
+  std::string backend = "mpi";
+  double bucket_cap_mb = 25.0;     ///< MiB, buckets after the first
+  double first_bucket_mb = 1.0;    ///< MiB, the first bucket (gradients ready earliest)
+};
+
+struct OutputConfig {
+  std::string dir = "runs/default";
+  bool save_model = true;          ///< write <dir>/model.safetensors at the end
+};
+
+struct TrainConfig {
+  std::string device = "cpu";      ///< cpu (cuda arrives with the CUDA backend)
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  TrainingConfig training;
+  DistributedConfig distributed;
+  OutputConfig output;
+  std::string source;              ///< the file it was loaded from ("" if built in code)
+};
+
+/// Loads `path`, applies `overrides` ("key.path=value", value parsed as YAML), validates.
+/// Throws ddp::Error naming the file and key path for: unreadable/malformed YAML, unknown keys,
+/// wrong types, out-of-range values, missing data files.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Same, from YAML text (`name` is used in messages in place of a file name). Data files are
+/// still checked for existence.
+TrainConfig parse_config(const std::string& yaml_text, const std::string& name,
+                         const std::vector<std::string>& overrides = {});
+
+/// Validates a config built in code (load/parse call this). Throws naming the key path.
+void validate_config(const TrainConfig& cfg);
+
+/// The effective config as YAML (every key, defaults included); parse_config(to_yaml(c)) == c.
+std::string to_yaml(const TrainConfig& cfg);
+
+/// Resolves a data path against data.dir (absolute paths and empty dir leave it unchanged).
+std::string resolve_data_path(const DataConfig& data, const std::string& path);
+
+}  // namespace ddp

@@ -1,0 +1,50 @@
+// Buffer allocation. CUDA buffers are created by the CUDA backend when it is built.
+#include "ddp/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "ddp/check.h"
+
+namespace ddp {
+
+const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+
+Buffer::Buffer(size_t numel, Device device) : numel_(numel), device_(device) {
+  DDP_CHECK(device == Device::CPU, "Buffer: device " << device_name(device) << " is not built in");
+  if (numel == 0) return;
+  size_t bytes = (numel * sizeof(float) + 63) / 64 * 64;
+  data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+  DDP_CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes");
+  std::memset(data_, 0, bytes);
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      numel_(std::exchange(other.numel_, 0)),
+      device_(other.device_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    numel_ = std::exchange(other.numel_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  std::free(data_);
+  data_ = nullptr;
+  numel_ = 0;
+}
+
+std::string shape_string(int64_t rows, int64_t cols) {
+  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+}  // namespace ddp

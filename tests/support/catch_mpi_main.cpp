@@ -1,0 +1,28 @@
+// Catch2 main for every test program: initialises MPI (a singleton world without mpiexec), runs
+// the tests, and makes all ranks exit with the same code (any rank's failure fails every rank),
+// so mpiexec never reports success for a test that failed on one rank only.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <mpi.h>
+
+#include "ddp/check.h"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ddp::set_error_rank(rank);
+
+  Catch::Session session;
+  int rc = session.applyCommandLine(argc, argv);
+  if (rc == 0) {
+    // Only rank 0 reports to the terminal; other ranks' failures still count below.
+    if (rank != 0) session.configData().reporterName = "compact";
+    rc = session.run();
+  }
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst == 0 ? 0 : 1;
+}

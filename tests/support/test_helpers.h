@@ -1,0 +1,36 @@
+// Shared test helpers: element-wise comparison with a relative-error bound that also requires
+// every value to be finite, and random fills from the project's deterministic Rng.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "ddp/random.h"
+
+namespace ddp_test {
+
+/// REQUIREs |a-b| <= tol·max(1, |b|) for every element, and that both are finite.
+template <typename A, typename B>
+void require_close(const A& actual, const B& expected, double tol) {
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    double a = static_cast<double>(actual[i]);
+    double b = static_cast<double>(expected[i]);
+    INFO("index " << i << ": actual " << a << " expected " << b);
+    REQUIRE(std::isfinite(a));
+    REQUIRE(std::isfinite(b));
+    REQUIRE(std::fabs(a - b) <= tol * std::fmax(1.0, std::fabs(b)));
+  }
+}
+
+inline std::vector<float> random_vector(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  ddp::Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
+  return v;
+}
+
+}  // namespace ddp_test
