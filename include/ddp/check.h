@@ -24,6 +24,14 @@ class Error : public std::runtime_error {
 void set_error_rank(int rank);
 int error_rank();
 
+/// An error every rank raised together (they agreed on it through a collective), carrying the
+/// message of the lowest failing rank. The job can end cleanly: rank 0 reports it once and
+/// every rank exits non-zero without MPI_Abort.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 [[noreturn]] void throw_error(const std::string& message, const char* file, int line);
 
 }  // namespace ddp

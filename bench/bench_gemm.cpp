@@ -1,0 +1,284 @@
+// ddp_bench_gemm: the single-core GEMM ceiling (Eigen, 1024^3) and the CPU backend's Linear
+// kernels at the Fashion-MNIST model's shapes, as a table; plus the FLOPs of one training step,
+// which bench/compare_ddp.sh uses to turn samples/s into GFLOP/s.
+// GCC 12.1-12.2 report false "may be used uninitialized" warnings from their own AVX-512
+// intrinsics headers under -march=native (gcc.gnu.org/bugzilla PR105593); Eigen is included first
+// so the suppression covers <immintrin.h> and nothing of ours.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <Eigen/Core>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ddp/backend.h"
+#include "ddp/check.h"
+#include "ddp/nn/sequential.h"
+#include "ddp/random.h"
+#include "ddp/tensor.h"
+
+namespace ddp {
+namespace {
+
+struct Options {
+  int repeats = 15;
+  int64_t batch = 64;
+  std::vector<int64_t> widths = {784, 256, 256, 10};
+};
+
+double seconds_now() {
+  using Clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+double time_calls(const std::function<void()>& f, int64_t calls) {
+  const double t0 = seconds_now();
+  for (int64_t i = 0; i < calls; ++i) f();
+  return seconds_now() - t0;
+}
+
+/// Median seconds per call of f over `repeats` timed runs. Each run batches enough calls to last
+/// >= 5 ms, so clock resolution and call overhead do not dominate microsecond kernels; a
+/// warm-up run first brings caches and the CPU clock to their steady state.
+double median_seconds_per_call(const std::function<void()>& f, int repeats) {
+  int64_t calls = 1;
+  while (time_calls(f, calls) < 5e-3) calls *= 2;
+  std::vector<double> per_call;
+  for (int r = 0; r < repeats; ++r) per_call.push_back(time_calls(f, calls) / static_cast<double>(calls));
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+/// A buffer of n values drawn from U(-1, 1), so no kernel runs on zeros or denormals.
+Buffer random_buffer(size_t n, Rng& rng) {
+  Buffer b(n);
+  for (size_t i = 0; i < n; ++i) b.data()[i] = static_cast<float>(rng.uniform(-1.0, 1.0));
+  return b;
+}
+
+void print_header() {
+  std::printf("%-34s %-16s %12s %9s\n", "op", "m x n x k", "time/call", "GFLOP/s");
+  std::printf("%-34s %-16s %12s %9s\n", std::string(34, '-').c_str(), std::string(16, '-').c_str(),
+              std::string(12, '-').c_str(), std::string(9, '-').c_str());
+}
+
+void print_row(const std::string& op, const std::string& shape, double flops, double seconds) {
+  char time[32];
+  if (seconds < 1e-3) {
+    std::snprintf(time, sizeof time, "%.2f us", seconds * 1e6);
+  } else {
+    std::snprintf(time, sizeof time, "%.3f ms", seconds * 1e3);
+  }
+  std::printf("%-34s %-16s %12s %9.2f\n", op.c_str(), shape.c_str(), time, flops / seconds * 1e-9);
+}
+
+/// A row for one GEMM of m x n x k (2·m·n·k FLOPs).
+void print_row(const std::string& op, int64_t m, int64_t n, int64_t k, double seconds) {
+  const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  print_row(op, shape, 2.0 * static_cast<double>(m * n * k), seconds);
+}
+
+/// Plain Eigen C = A * B on n x n row-major matrices; at n = 1024 this is the ceiling the
+/// training throughput is reported against.
+double bench_eigen_gemm(int64_t n, int repeats, Rng& rng) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Buffer a = random_buffer(static_cast<size_t>(n * n), rng);
+  Buffer b = random_buffer(static_cast<size_t>(n * n), rng);
+  Buffer c(static_cast<size_t>(n * n));
+  Eigen::Map<const Matrix> ma(a.data(), n, n), mb(b.data(), n, n);
+  Eigen::Map<Matrix> mc(c.data(), n, n);
+  const double s = median_seconds_per_call([&] { mc.noalias() = ma * mb; }, repeats);
+  print_row(n == 1024 ? "eigen gemm C=A*B (ceiling)" : "eigen gemm C=A*B", n, n, n, s);
+  return s;
+}
+
+/// The three Linear kernels for x [batch, in] -> y [batch, out]. The (m, n, k) shown is the GEMM
+/// each one runs: forward [b,out] = [b,in]·[in,out], backward_input [b,in] = [b,out]·[out,in],
+/// backward_params [out,in] = [out,b]·[b,in].
+void bench_linear(Backend& be, int64_t batch, int64_t in, int64_t out, int repeats, Rng& rng) {
+  Buffer x = random_buffer(static_cast<size_t>(batch * in), rng);
+  Buffer w = random_buffer(static_cast<size_t>(out * in), rng);
+  Buffer bias = random_buffer(static_cast<size_t>(out), rng);
+  Buffer y(static_cast<size_t>(batch * out));
+  Buffer dy = random_buffer(static_cast<size_t>(batch * out), rng);
+  Buffer dx(static_cast<size_t>(batch * in));
+  Buffer dw(static_cast<size_t>(out * in));
+  Buffer db(static_cast<size_t>(out));
+  Tensor tx = Tensor::of(x, batch, in), tw = Tensor::of(w, out, in), tb = Tensor::of(bias, 1, out);
+  Tensor ty = Tensor::of(y, batch, out), tdy = Tensor::of(dy, batch, out);
+  Tensor tdx = Tensor::of(dx, batch, in), tdw = Tensor::of(dw, out, in), tdb = Tensor::of(db, 1, out);
+  const std::string tag = " " + std::to_string(in) + "->" + std::to_string(out);
+  print_row("linear_forward" + tag, batch, out, in,
+            median_seconds_per_call([&] { be.linear_forward(tx, tw, tb, false, ty); }, repeats));
+  print_row("linear_backward_input" + tag, batch, in, out,
+            median_seconds_per_call([&] { be.linear_backward_input(tdy, tw, nullptr, tdx); }, repeats));
+  print_row("linear_backward_params" + tag, out, in, batch,
+            median_seconds_per_call([&] { be.linear_backward_params(tdy, tx, false, tdw, tdb); }, repeats));
+}
+
+/// GEMM FLOPs of one training step (2 per multiply-add; bias, ReLU, softmax and SGD are left
+/// out, they are O(b·width) against O(b·width²)). Forward: 2·b·Σ in·out. Backward: dW for
+/// every layer (same count as forward) and dX for every layer but the first, whose input
+/// gradient nobody needs (src/nn/sequential.cpp passes dx = nullptr to it).
+struct StepFlops {
+  double forward = 0, backward = 0;
+  double total() const { return forward + backward; }
+};
+
+StepFlops step_flops(const std::vector<int64_t>& widths, int64_t batch) {
+  StepFlops f;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const double layer = 2.0 * static_cast<double>(batch * widths[i] * widths[i + 1]);
+    f.forward += layer;
+    f.backward += i == 0 ? layer : 2.0 * layer;
+  }
+  return f;
+}
+
+/// One training step with no communication and no data loading: forward, softmax
+/// cross-entropy, backward and the SGD update of the real model on one core. Its rate is the
+/// most one rank of ddp-train can reach.
+double bench_train_step(Backend& be, const Options& opt, Rng& rng) {
+  Sequential model(opt.widths, "relu", opt.batch);
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (size_t n : model.parameter_numels()) {
+    offsets.push_back(total);
+    total += n;
+  }
+  Buffer values(total), grads(total), momentum(total);
+  model.bind(values.data(), grads.data(), offsets);
+  model.init_uniform(rng);
+  const int64_t in = opt.widths.front(), classes = opt.widths.back();
+  Buffer x = random_buffer(static_cast<size_t>(opt.batch * in), rng);
+  Buffer dlogits(static_cast<size_t>(opt.batch * classes));
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < opt.batch; ++i) labels.push_back(static_cast<int32_t>(rng.below(classes)));
+  Tensor tx = Tensor::of(x, opt.batch, in), tdl = Tensor::of(dlogits, opt.batch, classes);
+  Tensor tv = Tensor::of(values, 1, static_cast<int64_t>(total));
+  Tensor tg = Tensor::of(grads, 1, static_cast<int64_t>(total));
+  Tensor tm = Tensor::of(momentum, 1, static_cast<int64_t>(total));
+  // A small lr keeps the weights finite over thousands of steps on random labels.
+  SgdOptions sgd;
+  sgd.lr = 1e-4f;
+  sgd.momentum = 0.9f;
+  const StepFlops f = step_flops(opt.widths, opt.batch);
+  const std::string shape = "b=" + std::to_string(opt.batch);
+  const float scale = 1.0f / static_cast<float>(opt.batch);
+  const double fwd = median_seconds_per_call([&] { model.forward(be, tx); }, opt.repeats);
+  print_row("  step part: model forward", shape, f.forward, fwd);
+  const double fwd_xent = median_seconds_per_call(
+      [&] { be.softmax_xent(model.forward(be, tx), labels.data(), scale, &tdl); }, opt.repeats);
+  print_row("  step part: softmax_xent", shape, 0.0, std::max(0.0, fwd_xent - fwd));
+  print_row("  step part: model backward", shape, f.backward,
+            median_seconds_per_call([&] { model.backward(be, tdl, false, [](size_t) {}); }, opt.repeats));
+  print_row("  step part: sgd_step (momentum)", "n=" + std::to_string(total), 0.0,
+            median_seconds_per_call([&] { be.sgd_step(tv, tg, tm, sgd, false); }, opt.repeats));
+  const double step = median_seconds_per_call(
+      [&] {
+        const Tensor& logits = model.forward(be, tx);
+        be.softmax_xent(logits, labels.data(), scale, &tdl);
+        model.backward(be, tdl, false, [](size_t) {});
+        be.sgd_step(tv, tg, tm, sgd, false);
+      },
+      opt.repeats);
+  print_row("train step (fwd+xent+bwd+sgd)", shape, f.total(), step);
+  return step;
+}
+
+void print_step_flops(const Options& opt) {
+  const StepFlops f = step_flops(opt.widths, opt.batch);
+  std::string model;
+  for (size_t i = 0; i < opt.widths.size(); ++i) model += (i ? "-" : "") + std::to_string(opt.widths[i]);
+  std::printf("\nmodel %s, batch %lld per rank: GEMM FLOPs per step\n", model.c_str(),
+              static_cast<long long>(opt.batch));
+  std::printf("  forward  %12.0f\n  backward %12.0f  (dW all layers + dX all but the first)\n", f.forward,
+              f.backward);
+  std::printf("  total    %12.0f  = %.0f per sample\n", f.total(), f.total() / static_cast<double>(opt.batch));
+}
+
+int64_t parse_int(const std::string& flag, const char* value) {
+  DDP_CHECK(value != nullptr, flag << ": missing value");
+  char* end = nullptr;
+  const long long v = std::strtoll(value, &end, 10);
+  DDP_CHECK(end != value && *end == '\0' && v >= 1, flag << ": expected a positive integer, got '" << value << "'");
+  return v;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--repeats") {
+      opt.repeats = static_cast<int>(parse_int(a, i + 1 < argc ? argv[++i] : nullptr));
+    } else if (a == "--batch") {
+      opt.batch = parse_int(a, i + 1 < argc ? argv[++i] : nullptr);
+    } else if (a == "-h" || a == "--help") {
+      std::printf("usage: ddp_bench_gemm [--repeats N (15)] [--batch B (64)]\n");
+      std::exit(0);
+    } else {
+      DDP_THROW("unknown argument '" << a << "' (try --help)");
+    }
+  }
+  return opt;
+}
+
+int run(int argc, char** argv) {
+  const Options opt = parse_options(argc, argv);
+  Rng rng(0);
+  auto be = make_cpu_backend();
+  std::printf("single core, Eigen %d.%d.%d, %s; median of %d timed runs after a warm-up\n\n",
+              EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse(),
+              opt.repeats);
+  print_header();
+  const int64_t n = 1024;
+  const double gemm_s = bench_eigen_gemm(n, opt.repeats, rng);
+  for (int64_t small : {512, 256}) bench_eigen_gemm(small, opt.repeats, rng);
+  {
+    Buffer x = random_buffer(static_cast<size_t>(n * n), rng), w = random_buffer(static_cast<size_t>(n * n), rng);
+    Buffer bias = random_buffer(static_cast<size_t>(n), rng), y(static_cast<size_t>(n * n));
+    Tensor tx = Tensor::of(x, n, n), tw = Tensor::of(w, n, n), tb = Tensor::of(bias, 1, n);
+    Tensor ty = Tensor::of(y, n, n);
+    print_row("linear_forward 1024->1024", n, n, n,
+              median_seconds_per_call([&] { be->linear_forward(tx, tw, tb, false, ty); }, opt.repeats));
+  }
+  for (size_t i = 0; i + 1 < opt.widths.size(); ++i) {
+    bench_linear(*be, opt.batch, opt.widths[i], opt.widths[i + 1], opt.repeats, rng);
+  }
+  const StepFlops f = step_flops(opt.widths, opt.batch);
+  const double step_s = bench_train_step(*be, opt, rng);
+  print_step_flops(opt);
+  std::printf("  one core, compute only (train step above): %.0f samples/s\n",
+              static_cast<double>(opt.batch) / step_s);
+  // Machine-readable lines for bench/compare_ddp.sh.
+  std::printf("\nresult.gemm_ceiling_gflops=%.3f\n", 2.0 * static_cast<double>(n * n * n) / gemm_s * 1e-9);
+  std::printf("result.step_flops=%.0f\n", f.total());
+  std::printf("result.flops_per_sample=%.0f\n", f.total() / static_cast<double>(opt.batch));
+  std::printf("result.train_step_samples_per_sec=%.1f\n", static_cast<double>(opt.batch) / step_s);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ddp
+
+int main(int argc, char** argv) {
+  try {
+    return ddp::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_bench_gemm: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,34 @@
+// Weights on disk as safetensors (F32 only): the format PyTorch and Hugging Face users load
+// directly. Writes are atomic (temp file, fsync, rename); reads validate the file as strictly as
+// the reference implementation, so a corrupt or foreign file fails with a message naming it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+/// One named float32 tensor, row-major: a Linear weight is {out, in}, a bias {out}.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // product(shape) values
+};
+
+/// Writes `tensors` (in the given order; names unique, data.size() == product(shape)) and
+/// `metadata` as an F32 safetensors file that atomically replaces `path`; throws ddp::Error
+/// naming the tensor or the path and the OS error, and then leaves any old file at `path` intact.
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+/// Reads and fully validates an F32 safetensors file; returns its tensors in file (data offset)
+/// order, or throws ddp::Error naming the file and, where it applies, the tensor.
+std::vector<NamedTensor> load_safetensors(const std::string& path);
+
+/// As above, and stores the header's "__metadata__" map (empty if absent) into *metadata.
+std::vector<NamedTensor> load_safetensors(const std::string& path,
+                                          std::map<std::string, std::string>* metadata);
+
+}  // namespace ddp

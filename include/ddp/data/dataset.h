@@ -1,0 +1,47 @@
+// In-memory datasets: features as row-major float32 [size, features], labels as int32 [size].
+// Loaders for MNIST-style IDX files (.gz or raw), CSV and the seed tutorial's synthetic data;
+// every failure names the file (and line/column) so a user can fix the input.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddp/config.h"
+
+namespace ddp {
+
+struct Dataset {
+  int64_t size = 0;        ///< samples
+  int64_t features = 0;    ///< floats per sample
+  std::vector<float> x;    ///< size*features, row-major
+  std::vector<int32_t> y;  ///< size labels
+  std::string source;      ///< human-readable origin for messages (file path, "synthetic(seed=0)")
+};
+
+/// Loads an MNIST/Fashion-MNIST IDX pair (gzipped or raw): images magic 0x00000803 [n, rows,
+/// cols] ubyte scaled to [0,1] by v/255, labels magic 0x00000801 [n] ubyte. Throws ddp::Error
+/// naming the file for: cannot open, wrong magic, truncated header/data, count mismatch, n == 0.
+Dataset load_idx(const std::string& images_path, const std::string& labels_path);
+
+/// Loads a CSV with rows "f1,...,fd,label" (label last, a non-negative integer), skipping the
+/// first line when `header`. Trailing blank lines are ignored. Throws ddp::Error naming the file,
+/// line and column for: cannot open, ragged row, non-numeric or non-finite field, bad label,
+/// blank line before more data, zero rows.
+Dataset load_csv(const std::string& path, bool header);
+
+/// `samples` rows of `features` standard-normal floats, then `samples` labels uniform in
+/// [0, classes), all drawn in that order from one Rng(seed): fully determined by the seed.
+Dataset make_synthetic(int64_t samples, int64_t features, int64_t classes, uint64_t seed);
+
+/// Throws ddp::Error (prefixed with `what`, e.g. "data.train") unless ds has `features` floats
+/// per sample and every label lies in [0, classes).
+void check_dataset(const Dataset& ds, int64_t features, int64_t classes, const std::string& what);
+
+/// Builds the train (is_test = false) or test split described by `data`, resolving relative
+/// paths against data.dir (synthetic: seed data.seed for train, data.seed + 1 for test), then
+/// check_dataset. Errors are prefixed with "data.train" / "data.test".
+Dataset load_split(const DataConfig& data, const SplitSource& split, bool is_test, int64_t features,
+                   int64_t classes);
+
+}  // namespace ddp

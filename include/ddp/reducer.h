@@ -1,0 +1,85 @@
+// Gradient bucketing and the Reducer, with PyTorch DDP's semantics. The bucket plan is a pure
+// function of the parameter sizes (identical on every rank); the Reducer counts gradients as
+// they become ready during backward and starts each bucket's allreduce as soon as it is full
+// and every lower-numbered bucket has started, so communication overlaps the rest of backward.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm.h"
+
+namespace ddp {
+
+struct BucketPlan {
+  struct Bucket {
+    std::vector<size_t> params;  ///< parameter indices, in the order their gradients become ready
+    size_t offset = 0;           ///< first element in the flat gradient arena
+    size_t numel = 0;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<size_t> param_bucket;  ///< locator: parameter index -> bucket
+  std::vector<size_t> param_offset;  ///< locator: parameter index -> offset in the flat arena
+  size_t total_numel = 0;
+};
+
+/// Assigns parameters (given in registration order by element count) to buckets in reverse
+/// registration order, the order backward produces their gradients. The first bucket closes
+/// once it holds >= first_bucket_bytes, every later one at >= bucket_bytes; a parameter is
+/// never split, so one larger than the cap gets a bucket of its own. Buckets are laid out one
+/// after another in a flat arena, parameters inside a bucket in ready order.
+BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t first_bucket_bytes,
+                               size_t bucket_bytes);
+
+/// One line per bucket ("bucket 0: 123 floats: layers.2.bias layers.2.weight"), for logs and
+/// for comparing plans across ranks.
+std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>& param_names);
+
+/// Where the time of one synchronised step went, for the overlap report.
+struct ReducerStepStats {
+  double comm_seconds = 0.0;    ///< sum over buckets of allreduce execution time
+  double hidden_seconds = 0.0;  ///< part of comm_seconds that ran inside [backward_begin, backward_end]
+  double wait_seconds = 0.0;    ///< time finalize() blocked the training thread
+};
+
+class Reducer {
+ public:
+  /// grad_arena holds plan.total_numel floats; bucket b is [offset, offset + numel).
+  Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
+          Communicator& comm);
+
+  /// Starts a backward pass. With sync=false (a no_sync micro-batch) gradients only
+  /// accumulate locally and mark_ready/finalize communicate nothing.
+  void prepare_for_backward(bool sync);
+
+  /// The gradient of parameter `param` is final for this backward: counts it and launches
+  /// every bucket that is now complete, strictly in index order. Throws if marked twice.
+  void mark_ready(size_t param);
+
+  /// Waits for every bucket; afterwards the arena holds gradients averaged over ranks.
+  /// Must run before the optimizer reads gradients. Throws naming any parameter whose
+  /// gradient was never marked ready. `backward_begin/end` (seconds_now()) bound the backward
+  /// pass, for the overlap statistics.
+  ReducerStepStats finalize(double backward_begin, double backward_end);
+
+  const BucketPlan& plan() const { return plan_; }
+  /// Buckets launched so far in this backward (tests use it to observe launch order).
+  size_t launched() const { return next_to_launch_; }
+
+ private:
+  void launch_ready_buckets();
+
+  BucketPlan plan_;
+  std::vector<std::string> names_;
+  float* arena_;
+  Communicator& comm_;
+  bool sync_ = true;
+  std::vector<size_t> pending_;       // per bucket: gradients not yet ready
+  std::vector<char> marked_;          // per parameter: marked in this backward
+  std::vector<std::shared_ptr<Work>> work_;
+  size_t next_to_launch_ = 0;
+};
+
+}  // namespace ddp

@@ -1,0 +1,61 @@
+// The training loop: builds data, model, bucket plan, Reducer and optimizer from a TrainConfig,
+// makes sure every rank holds the same model, then trains and evaluates epoch by epoch.
+// Rank 0 logs progress, writes <output.dir>/metrics.jsonl and model.safetensors.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/checkpoint.h"
+#include "ddp/comm.h"
+#include "ddp/config.h"
+
+namespace ddp {
+
+struct TrainSummary {
+  int64_t epochs = 0;          ///< epochs started
+  int64_t steps = 0;           ///< optimizer steps taken
+  int64_t samples = 0;         ///< training samples processed, all ranks
+  double seconds = 0.0;        ///< wall time of the training loop (evaluation excluded)
+  double samples_per_sec = 0.0;
+  double train_loss = 0.0;     ///< mean over the last epoch, all ranks
+  double train_accuracy = 0.0;
+  bool evaluated = false;
+  double test_loss = 0.0;
+  double test_accuracy = 0.0;
+  double comm_seconds = 0.0;   ///< this rank's allreduce execution time
+  double hidden_seconds = 0.0; ///< part of it that ran while backward was computing
+  double wait_seconds = 0.0;   ///< time the training thread waited for allreduces
+  double data_wait_seconds = 0.0;
+  /// Share of allreduce time hidden behind backward (1 when nothing was communicated).
+  double overlap() const { return comm_seconds > 0 ? hidden_seconds / comm_seconds : 1.0; }
+};
+
+/// Runs fn on every rank of comm. If it throws ddp::Error (or any std::exception) on any rank,
+/// every rank throws a CollectiveError with the message of the lowest failing rank, so a
+/// setup failure ends the whole job with one message and no rank left waiting.
+void run_agreed(Communicator& comm, const std::function<void()>& fn);
+
+class Trainer {
+ public:
+  /// Collective over comm. log: where rank 0 prints progress (nullptr: silent).
+  Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log);
+  ~Trainer();
+
+  /// Trains for training.epochs (or training.max_steps), evaluating after each epoch.
+  /// Collective. Writes metrics and the final weights on rank 0.
+  TrainSummary run();
+
+  /// The model's parameters as named tensors (layers.{i}.weight [out,in], layers.{i}.bias [out]).
+  std::vector<NamedTensor> weights() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace ddp

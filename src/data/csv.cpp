@@ -1,0 +1,108 @@
+// CSV reader for "f1,...,fd,label" rows. Numbers are parsed with std::from_chars, which is
+// locale-independent, and every failure names the file, line and column.
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string_view>
+
+#include "ddp/check.h"
+#include "ddp/data/dataset.h"
+
+namespace ddp {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  const auto not_space = [](char c) { return c != ' ' && c != '\t' && c != '\r'; };
+  while (!s.empty() && !not_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && !not_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split_fields(std::string_view line) {
+  std::vector<std::string_view> fields;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = line.find(',', start);
+    fields.push_back(trim(line.substr(start, comma - start)));
+    if (comma == std::string_view::npos) return fields;
+    start = comma + 1;
+  }
+}
+
+/// Where a field sits, for messages: "file:line L, column C".
+struct Place {
+  const std::string& path;
+  int64_t line;
+};
+
+std::ostream& operator<<(std::ostream& os, const Place& p) { return os << p.path << ":" << p.line; }
+
+float parse_feature(std::string_view f, const Place& at, size_t column) {
+  float v = 0.0f;
+  const auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+  DDP_CHECK(ec == std::errc() && end == f.data() + f.size() && !f.empty(),
+            at << ", column " << column << ": '" << f << "' is not a number");
+  DDP_CHECK(std::isfinite(v),
+            at << ", column " << column << ": '" << f << "' is not a finite number");
+  return v;
+}
+
+int32_t parse_label(std::string_view f, const Place& at, size_t column) {
+  int32_t v = -1;
+  const auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+  DDP_CHECK(ec == std::errc() && end == f.data() + f.size() && !f.empty() && v >= 0,
+            at << ", column " << column << " (label): '" << f << "' is not a non-negative integer");
+  return v;
+}
+
+void parse_row(std::string_view line, const Place& at, Dataset& ds) {
+  const auto fields = split_fields(line);
+  if (ds.features == 0) {
+    DDP_CHECK(fields.size() >= 2, at << ": expected at least one feature and a label, got "
+                                     << fields.size() << " field");
+    ds.features = static_cast<int64_t>(fields.size()) - 1;
+  }
+  DDP_CHECK(static_cast<int64_t>(fields.size()) == ds.features + 1,
+            at << ": expected " << ds.features + 1 << " fields (as in the first row), got "
+               << fields.size());
+  for (size_t c = 0; c + 1 < fields.size(); ++c)
+    ds.x.push_back(parse_feature(fields[c], at, c + 1));
+  ds.y.push_back(parse_label(fields.back(), at, fields.size()));
+  ++ds.size;
+}
+
+}  // namespace
+
+Dataset load_csv(const std::string& path, bool header) {
+  errno = 0;
+  std::ifstream in(path);
+  DDP_CHECK(in.is_open(),
+            path << ": cannot open (" << (errno ? std::strerror(errno) : "open failed") << ")");
+  // A directory opens fine on Linux and then fails every read; say so instead.
+  DDP_CHECK(!std::filesystem::is_directory(path), path << ": cannot read: it is a directory");
+  Dataset ds;
+  ds.source = path;
+  std::string line;
+  int64_t line_no = 0;
+  int64_t first_blank = 0;  // blank lines are only allowed after the last row
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (header && line_no == 1) continue;
+    if (trim(line).empty()) {
+      if (first_blank == 0) first_blank = line_no;
+      continue;
+    }
+    DDP_CHECK(first_blank == 0, path << ":" << first_blank << ": blank line before more data (line "
+                                     << line_no << ")");
+    parse_row(line, Place{path, line_no}, ds);
+  }
+  DDP_CHECK(!in.bad(), path << ": read error after line " << line_no);
+  DDP_CHECK(ds.size > 0, path << ": no data rows" << (header ? " after the header" : ""));
+  return ds;
+}
+
+}  // namespace ddp

@@ -1,0 +1,70 @@
+// Dataset checks against the model shape, and building a split from the data config: the one
+// place that knows which config fields each format reads.
+#include "ddp/data/dataset.h"
+
+#include <filesystem>
+
+#include "ddp/check.h"
+
+namespace ddp {
+
+namespace {
+
+/// data.dir joined with a relative path; absolute paths and an empty dir pass through.
+std::string resolve(const DataConfig& data, const std::string& path) {
+  const std::filesystem::path p(path);
+  if (data.dir.empty() || p.is_absolute()) return path;
+  return (std::filesystem::path(data.dir) / p).string();
+}
+
+Dataset load_source(const DataConfig& data, const SplitSource& split, bool is_test,
+                    int64_t features, int64_t classes, const std::string& what) {
+  if (data.format == "idx") {
+    DDP_CHECK(!split.images.empty() && !split.labels.empty(), what << ": data.format is idx but "
+                                                                   << what << ".images and " << what
+                                                                   << ".labels are not both set");
+    return load_idx(resolve(data, split.images), resolve(data, split.labels));
+  }
+  if (data.format == "csv") {
+    DDP_CHECK(!split.path.empty(),
+              what << ": data.format is csv but " << what << ".path is not set");
+    return load_csv(resolve(data, split.path), data.csv_header);
+  }
+  if (data.format == "synthetic") {
+    DDP_CHECK(split.samples > 0,
+              what << ".samples: must be positive for synthetic data, got " << split.samples);
+    return make_synthetic(split.samples, features, classes, data.seed + (is_test ? 1 : 0));
+  }
+  DDP_THROW("data.format: unknown format '" << data.format << "' (expected idx, csv or synthetic)");
+}
+
+}  // namespace
+
+void check_dataset(const Dataset& ds, int64_t features, int64_t classes, const std::string& what) {
+  DDP_CHECK(ds.features == features, what << ": " << ds.source << " has " << ds.features
+                                          << " features per sample but model.layers[0] is "
+                                          << features);
+  for (size_t i = 0; i < ds.y.size(); ++i) {
+    const int64_t label = ds.y[i];
+    DDP_CHECK(label >= 0 && label < classes,
+              what << ": " << ds.source << ": label " << label << " at sample " << i
+                   << " is outside [0, " << classes << ") (model.layers[-1] = " << classes << ")");
+  }
+}
+
+Dataset load_split(const DataConfig& data, const SplitSource& split, bool is_test, int64_t features,
+                   int64_t classes) {
+  const std::string what = is_test ? "data.test" : "data.train";
+  Dataset ds;
+  try {
+    ds = load_source(data, split, is_test, features, classes, what);
+  } catch (const Error& e) {
+    // Loader messages name the file; the prefix adds which config entry pointed at it.
+    if (e.message().rfind(what, 0) == 0 || e.message().rfind("data.format", 0) == 0) throw;
+    DDP_THROW(what << ": " << e.message());
+  }
+  check_dataset(ds, features, classes, what);
+  return ds;
+}
+
+}  // namespace ddp

@@ -1,0 +1,138 @@
+// MNIST-format IDX reader. zlib's gzread reads gzipped and raw files alike, so one path serves
+// both; every check names the file, because a wrong or half-downloaded file is the usual cause.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "ddp/check.h"
+#include "ddp/data/dataset.h"
+
+namespace ddp {
+
+namespace {
+
+constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned byte, 3 dimensions
+constexpr uint32_t kLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
+constexpr size_t kChunk = size_t{1} << 20;
+
+std::string hex32(uint32_t v) {
+  std::ostringstream oss;
+  oss << "0x" << std::hex << std::setw(8) << std::setfill('0') << v;
+  return oss.str();
+}
+
+/// RAII gzFile; throws naming the path when it cannot be opened.
+class GzReader {
+ public:
+  explicit GzReader(const std::string& path) : path_(path) {
+    errno = 0;
+    file_ = gzopen(path.c_str(), "rb");
+    DDP_CHECK(file_ != nullptr,
+              path << ": cannot open (" << (errno ? std::strerror(errno) : "gzopen failed") << ")");
+  }
+  ~GzReader() { gzclose(file_); }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  /// Reads up to n bytes (fewer only at end of file); throws on a decompression error.
+  size_t read(unsigned char* dst, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const unsigned want = static_cast<unsigned>(std::min(n - got, kChunk));
+      const int r = gzread(file_, dst + got, want);
+      if (r < 0) {
+        int code = 0;
+        const char* msg = gzerror(file_, &code);
+        DDP_THROW(path_ << ": read error after " << got << " bytes (" << msg << ")");
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    return got;
+  }
+
+ private:
+  std::string path_;
+  gzFile file_ = nullptr;
+};
+
+uint32_t be32(const unsigned char* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+/// Reads the magic and `dims` big-endian sizes; checks the magic against `expected`.
+std::vector<uint32_t> read_header(GzReader& in, const std::string& path, uint32_t expected,
+                                  const char* kind, int dims) {
+  const size_t header_bytes = 4 + 4 * static_cast<size_t>(dims);
+  unsigned char buf[16];
+  size_t got = in.read(buf, 4);
+  DDP_CHECK(got == 4,
+            path << ": truncated header: expected " << header_bytes << " bytes, got " << got);
+  const uint32_t magic = be32(buf);
+  if (magic != expected) {
+    const bool swapped = magic == (expected == kImagesMagic ? kLabelsMagic : kImagesMagic);
+    DDP_THROW(path << ": wrong magic number " << hex32(magic) << ", expected " << hex32(expected)
+                   << " (IDX " << kind << ")"
+                   << (swapped ? "; the images and labels files look swapped"
+                               : "; is this an IDX file?"));
+  }
+  got += in.read(buf + 4, header_bytes - 4);
+  DDP_CHECK(got == header_bytes,
+            path << ": truncated header: expected " << header_bytes << " bytes, got " << got);
+  std::vector<uint32_t> sizes;
+  for (int d = 0; d < dims; ++d) sizes.push_back(be32(buf + 4 + 4 * d));
+  return sizes;
+}
+
+/// Reads exactly n payload bytes, growing the buffer as data arrives so a corrupt header that
+/// claims a huge size fails with "truncated" rather than a giant allocation.
+std::vector<unsigned char> read_payload(GzReader& in, const std::string& path, size_t n,
+                                        size_t header_bytes) {
+  std::vector<unsigned char> data;
+  size_t got = 0;
+  while (got < n) {
+    const size_t want = std::min(n - got, kChunk);
+    data.resize(got + want);
+    const size_t r = in.read(data.data() + got, want);
+    got += r;
+    if (r < want) break;
+  }
+  DDP_CHECK(got == n, path << ": truncated data: expected " << n << " bytes after the "
+                           << header_bytes << "-byte header, got " << got);
+  return data;
+}
+
+}  // namespace
+
+Dataset load_idx(const std::string& images_path, const std::string& labels_path) {
+  GzReader images(images_path);
+  GzReader labels(labels_path);
+  const auto img_dims = read_header(images, images_path, kImagesMagic, "images: ubyte, 3 dims", 3);
+  const auto lbl_dims = read_header(labels, labels_path, kLabelsMagic, "labels: ubyte, 1 dim", 1);
+  const int64_t n = img_dims[0];
+  const int64_t features = int64_t{img_dims[1]} * img_dims[2];
+  DDP_CHECK(n == int64_t{lbl_dims[0]},
+            "image/label count mismatch: " << images_path << " has " << n << " images but "
+                                           << labels_path << " has " << lbl_dims[0] << " labels");
+  DDP_CHECK(n > 0, images_path << ": zero samples (labels " << labels_path << ")");
+  DDP_CHECK(features > 0, images_path << ": images are " << img_dims[1] << "x" << img_dims[2]
+                                      << " pixels; need at least one");
+
+  const auto pixels = read_payload(images, images_path, static_cast<size_t>(n * features), 16);
+  const auto label_bytes = read_payload(labels, labels_path, static_cast<size_t>(n), 8);
+
+  Dataset ds;
+  ds.size = n;
+  ds.features = features;
+  ds.source = images_path + " (labels " + labels_path + ")";
+  ds.x.resize(pixels.size());
+  for (size_t i = 0; i < pixels.size(); ++i) ds.x[i] = static_cast<float>(pixels[i]) / 255.0f;
+  ds.y.assign(label_bytes.begin(), label_bytes.end());
+  return ds;
+}
+
+}  // namespace ddp

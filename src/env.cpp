@@ -1,0 +1,69 @@
+// MPI session and rank discovery (see env.h).
+#include "ddp/env.h"
+
+#include <unistd.h>
+
+#include <map>
+#include <sstream>
+
+#include "ddp/check.h"
+
+namespace ddp {
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int provided = 0;
+  DDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    DDP_THROW("the MPI library provides thread level " << provided
+              << " but MPI_THREAD_SERIALIZED is needed for the communication thread");
+  }
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Environment discover_environment(MPI_Comm comm) {
+  Environment env;
+  DDP_MPI_CHECK(MPI_Comm_rank(comm, &env.rank));
+  DDP_MPI_CHECK(MPI_Comm_size(comm, &env.world));
+  set_error_rank(env.rank);
+  MPI_Comm local = MPI_COMM_NULL;
+  DDP_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, env.rank, MPI_INFO_NULL, &local));
+  DDP_MPI_CHECK(MPI_Comm_rank(local, &env.local_rank));
+  DDP_MPI_CHECK(MPI_Comm_size(local, &env.local_size));
+  MPI_Comm_free(&local);
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  DDP_MPI_CHECK(MPI_Get_processor_name(name, &len));
+  env.host.assign(name, static_cast<size_t>(len));
+  return env;
+}
+
+std::vector<std::string> describe_layout(MPI_Comm comm, const Environment& env) {
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  env.host.copy(mine, sizeof(mine) - 1);
+  std::vector<char> all(static_cast<size_t>(env.world) * MPI_MAX_PROCESSOR_NAME);
+  DDP_MPI_CHECK(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                              MPI_CHAR, comm));
+  std::map<std::string, std::vector<int>> by_host;
+  std::vector<std::string> order;
+  for (int r = 0; r < env.world; ++r) {
+    std::string host(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    if (!by_host.count(host)) order.push_back(host);
+    by_host[host].push_back(r);
+  }
+  std::vector<std::string> lines;
+  for (const auto& host : order) {
+    std::ostringstream oss;
+    oss << host << ": ranks";
+    for (int r : by_host[host]) oss << ' ' << r;
+    lines.push_back(oss.str());
+  }
+  return lines;
+}
+
+}  // namespace ddp

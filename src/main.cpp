@@ -1,0 +1,76 @@
+// ddp-train: one MPI rank of a data-parallel training job.
+//   mpirun -n 2 ddp-train --config configs/fashion_mnist.yaml [--set key.path=value ...]
+// Errors every rank agreed on end the job cleanly with one message; an error on some ranks
+// only ends it with MPI_Abort so no rank is left waiting in a collective.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "ddp/check.h"
+#include "ddp/comm.h"
+#include "ddp/config.h"
+#include "ddp/env.h"
+#include "ddp/trainer.h"
+
+namespace {
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+};
+
+int train(const Options& opt) {
+  ddp::Environment env = ddp::discover_environment(MPI_COMM_WORLD);
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp::TrainConfig cfg;
+  ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, opt.overrides); });
+  if (opt.print_config) {
+    if (env.rank == 0) std::cout << ddp::to_yaml(cfg);
+    return 0;
+  }
+  if (env.rank == 0) {
+    std::cout << "ddp-train: " << env.world << " rank(s), config " << opt.config << "\n";
+    for (const auto& line : ddp::describe_layout(MPI_COMM_WORLD, env)) std::cout << "  " << line << "\n";
+  } else {
+    ddp::describe_layout(MPI_COMM_WORLD, env);
+  }
+  ddp::Trainer trainer(cfg, *comm, env.rank == 0 ? &std::cout : nullptr);
+  trainer.run();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-train: data-parallel MLP training, one process per MPI rank.\n"
+               "Launch with mpirun/srun (or launch/ddp-run -n N CONFIG)."};
+  Options opt;
+  app.add_option("-c,--config", opt.config, "YAML config file (see docs/config.md)")->required();
+  app.add_option("-s,--set", opt.overrides, "override a config key: key.path=value (repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  app.add_flag("--print-config", opt.print_config, "print the effective config (defaults filled in) and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  std::unique_ptr<ddp::MpiSession> mpi;
+  try {
+    mpi = std::make_unique<ddp::MpiSession>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-train: " << e.what() << std::endl;
+    return 1;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  try {
+    return train(opt);
+  } catch (const ddp::CollectiveError& e) {
+    // Every rank has this error: one message, clean exit with a failure code everywhere.
+    if (rank == 0) std::cerr << "ddp-train: error: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-train: error: " << e.what() << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

@@ -1,0 +1,123 @@
+// Sequential MLP: construction from widths, binding to flat storage, init, forward, backward.
+#include "ddp/nn/sequential.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "ddp/check.h"
+
+namespace ddp {
+
+Sequential::Sequential(const std::vector<int64_t>& widths, const std::string& activation,
+                       int64_t max_batch, Device device)
+    : widths_(widths), max_batch_(max_batch) {
+  DDP_CHECK(widths.size() >= 2, "model.layers: need at least 2 widths (input and output), got " << widths.size());
+  DDP_CHECK(activation == "relu", "model.activation: unsupported activation '" << activation << "'");
+  DDP_CHECK(max_batch > 0, "Sequential: max_batch must be positive");
+  int64_t widest = 0;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    auto linear = std::make_unique<Linear>(widths[i], widths[i + 1], "layers." + std::to_string(i));
+    first_param_.push_back(params_.size());
+    for (Parameter* p : linear->parameters()) params_.push_back(p);
+    layers_.push_back(std::move(linear));
+    if (i + 2 < widths.size()) {
+      first_param_.push_back(params_.size());
+      layers_.push_back(std::make_unique<ReLU>(widths[i + 1]));
+    }
+  }
+  for (const auto& layer : layers_) {
+    activations_.emplace_back(static_cast<size_t>(max_batch * layer->out_features()), device);
+    outputs_.push_back(Tensor{});
+  }
+  for (int64_t w : widths) widest = std::max(widest, w);
+  grad_a_ = Buffer(static_cast<size_t>(max_batch * widest), device);
+  grad_b_ = Buffer(static_cast<size_t>(max_batch * widest), device);
+}
+
+std::vector<size_t> Sequential::parameter_numels() const {
+  std::vector<size_t> n;
+  for (const Parameter* p : params_) n.push_back(static_cast<size_t>(p->numel()));
+  return n;
+}
+
+std::vector<std::string> Sequential::parameter_names() const {
+  std::vector<std::string> n;
+  for (const Parameter* p : params_) n.push_back(p->name);
+  return n;
+}
+
+std::string Sequential::describe() const {
+  std::ostringstream oss;
+  oss << "Sequential(";
+  for (size_t i = 0; i < layers_.size(); ++i) oss << (i ? ", " : "") << layers_[i]->describe();
+  oss << ")";
+  return oss.str();
+}
+
+void Sequential::bind(float* values, float* grads, const std::vector<size_t>& offsets) {
+  DDP_CHECK(offsets.size() == params_.size(), "Sequential::bind: " << offsets.size()
+                                                  << " offsets for " << params_.size() << " parameters");
+  const Device device = activations_.front().device();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1;
+    const int64_t cols = p.shape.back();
+    p.value = Tensor{values + offsets[i], rows, cols, device};
+    p.grad = Tensor{grads + offsets[i], rows, cols, device};
+  }
+}
+
+void Sequential::init_uniform(Rng& rng) {
+  for (size_t i = 0; i < params_.size(); i += 2) {
+    Parameter& w = *params_[i];
+    Parameter& b = *params_[i + 1];
+    DDP_CHECK(w.value.data != nullptr && w.value.device == Device::CPU,
+              "init_uniform: parameters must be bound to CPU storage");
+    const double bound = 1.0 / std::sqrt(static_cast<double>(w.shape[1]));
+    for (int64_t k = 0; k < w.numel(); ++k) w.value.data[k] = static_cast<float>(rng.uniform(-bound, bound));
+    for (int64_t k = 0; k < b.numel(); ++k) b.value.data[k] = static_cast<float>(rng.uniform(-bound, bound));
+  }
+}
+
+const Tensor& Sequential::forward(Backend& be, const Tensor& x) {
+  DDP_CHECK(x.cols == in_features() && x.rows >= 1 && x.rows <= max_batch_,
+            "Sequential::forward: input " << shape_string(x.rows, x.cols) << " does not fit a model of "
+                                          << in_features() << " inputs and batch <= " << max_batch_);
+  input_ = x;
+  const Tensor* in = &input_;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    outputs_[i] = Tensor::of(activations_[i], x.rows, layers_[i]->out_features());
+    layers_[i]->forward(be, *in, outputs_[i]);
+    in = &outputs_[i];
+  }
+  return outputs_.back();
+}
+
+void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate, const GradReadyHook& ready) {
+  const int64_t rows = input_.rows;
+  DDP_CHECK(dlogits.rows == rows && dlogits.cols == out_features(),
+            "Sequential::backward: dlogits " << shape_string(dlogits.rows, dlogits.cols)
+                                             << " does not match the last forward's output "
+                                             << shape_string(rows, out_features()));
+  Tensor dy = dlogits;
+  Buffer* spare = &grad_a_;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const Tensor& x = i == 0 ? input_ : outputs_[i - 1];
+    const size_t first = first_param_[i];
+    auto layer_ready = [&](size_t k) { ready(first + k); };
+    if (i == 0) {
+      layers_[i]->backward(be, x, outputs_[i], dy, nullptr, accumulate, layer_ready);
+      break;
+    }
+    // ReLU works in place; a Linear writes dx into whichever scratch buffer dy is not in.
+    Tensor dx = dynamic_cast<ReLU*>(layers_[i].get()) != nullptr
+                    ? dy
+                    : Tensor::of(*spare, rows, x.cols);
+    layers_[i]->backward(be, x, outputs_[i], dy, &dx, accumulate, layer_ready);
+    if (dx.data != dy.data) spare = (spare == &grad_a_) ? &grad_b_ : &grad_a_;
+    dy = dx;
+  }
+}
+
+}  // namespace ddp

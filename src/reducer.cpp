@@ -1,0 +1,108 @@
+// Bucket plan and Reducer (see reducer.h for the contracts).
+#include "ddp/reducer.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ddp/check.h"
+
+namespace ddp {
+
+BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t first_bucket_bytes,
+                               size_t bucket_bytes) {
+  DDP_CHECK(first_bucket_bytes > 0 && bucket_bytes > 0, "bucket caps must be positive");
+  BucketPlan plan;
+  const size_t n = param_numel.size();
+  plan.param_bucket.assign(n, 0);
+  plan.param_offset.assign(n, 0);
+  BucketPlan::Bucket current;
+  size_t offset = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t p = n - 1 - k;  // reverse registration order
+    plan.param_bucket[p] = plan.buckets.size();
+    plan.param_offset[p] = offset;
+    current.params.push_back(p);
+    current.numel += param_numel[p];
+    offset += param_numel[p];
+    const size_t cap = plan.buckets.empty() ? first_bucket_bytes : bucket_bytes;
+    if (current.numel * sizeof(float) >= cap || k + 1 == n) {
+      current.offset = offset - current.numel;
+      plan.buckets.push_back(std::move(current));
+      current = BucketPlan::Bucket{};
+    }
+  }
+  plan.total_numel = offset;
+  return plan;
+}
+
+std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>& names) {
+  std::ostringstream oss;
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bucket = plan.buckets[b];
+    oss << "bucket " << b << ": " << bucket.numel << " floats:";
+    for (size_t p : bucket.params) oss << ' ' << (p < names.size() ? names[p] : std::to_string(p));
+    oss << '\n';
+  }
+  return oss.str();
+}
+
+Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
+                 Communicator& comm)
+    : plan_(std::move(plan)), names_(std::move(param_names)), arena_(grad_arena), comm_(comm) {
+  DDP_CHECK(names_.size() == plan_.param_bucket.size(),
+            "Reducer: " << names_.size() << " names for " << plan_.param_bucket.size() << " parameters");
+  pending_.resize(plan_.buckets.size());
+  marked_.resize(names_.size());
+  work_.resize(plan_.buckets.size());
+}
+
+void Reducer::prepare_for_backward(bool sync) {
+  sync_ = sync;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    pending_[b] = plan_.buckets[b].params.size();
+    work_[b].reset();
+  }
+  std::fill(marked_.begin(), marked_.end(), 0);
+  next_to_launch_ = 0;
+}
+
+void Reducer::mark_ready(size_t param) {
+  DDP_CHECK(param < marked_.size(), "Reducer: parameter index " << param << " out of range");
+  DDP_CHECK(!marked_[param], "Reducer: gradient of " << names_[param]
+                                 << " marked ready twice in one backward pass (is the parameter "
+                                    "used twice, or prepare_for_backward() missing?)");
+  marked_[param] = 1;
+  if (!sync_) return;
+  --pending_[plan_.param_bucket[param]];
+  launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Buckets start strictly in index order so every rank issues the same sequence of
+  // collectives, even when gradients become ready in a different order on different ranks.
+  while (next_to_launch_ < plan_.buckets.size() && pending_[next_to_launch_] == 0) {
+    const auto& bucket = plan_.buckets[next_to_launch_];
+    work_[next_to_launch_] = comm_.allreduce_async(arena_ + bucket.offset, bucket.numel, true);
+    ++next_to_launch_;
+  }
+}
+
+ReducerStepStats Reducer::finalize(double backward_begin, double backward_end) {
+  ReducerStepStats stats;
+  for (size_t p = 0; p < marked_.size(); ++p) {
+    DDP_CHECK(marked_[p], "Reducer: backward finished but the gradient of "
+                              << names_[p] << " was never marked ready; buckets cannot complete");
+  }
+  if (!sync_) return stats;
+  const double wait_begin = seconds_now();
+  for (size_t b = 0; b < work_.size(); ++b) {
+    work_[b]->wait();
+    const double s = work_[b]->start_time(), e = work_[b]->end_time();
+    stats.comm_seconds += e - s;
+    stats.hidden_seconds += std::max(0.0, std::min(e, backward_end) - std::max(s, backward_begin));
+  }
+  stats.wait_seconds = seconds_now() - wait_begin;
+  return stats;
+}
+
+}  // namespace ddp

@@ -1,0 +1,51 @@
+# End to end: the seed config on 2 ranks through ddp-run, its outputs (progress, replica shapes,
+# metrics.jsonl, model.safetensors), starting from saved weights, and the launcher's choices.
+source "$(dirname "$0")/lib.sh"
+
+seed="$DDP_SOURCE_DIR/configs/seed.yaml"
+ddp_run="$DDP_SOURCE_DIR/launch/ddp-run"
+
+check() {  # check NAME COMMAND...: passes if the command succeeds
+  local name="$1"; shift
+  checks=$((checks + 1))
+  if "$@"; then pass "$name"; else fail "$name"; fi
+}
+
+out="$(timeout 120 "$ddp_run" -n 2 "$seed" --set "output.dir=$WORK/a" --set training.epochs=2 2>&1)"
+rc=$?
+echo "$out" | tail -12
+check "seed run exits 0" test "$rc" = 0
+check "progress lines with throughput" grep -qE '^epoch 1/2 step [0-9]+/20 loss [0-9.]+ acc [0-9.]+% [0-9]+ samples/s' <<<"$out"
+check "replica shapes: each rank gets half of the global batch" grep -qF 'rank 1 replica: input [50, 20] -> output [50, 3]' <<<"$out"
+check "global batch shape" grep -qF 'global batch: input [100, 20] -> output [100, 3]' <<<"$out"
+check "run summary with overlap" grep -qE '^done: 2 epoch\(s\), 40 steps, 4000 samples .* hidden behind backward' <<<"$out"
+check "metrics.jsonl: train, epoch, summary records" bash -c "
+  grep -c '\"type\":\"train\"' '$WORK/a/metrics.jsonl' | grep -qx 4 &&
+  grep -c '\"type\":\"epoch\"' '$WORK/a/metrics.jsonl' | grep -qx 2 &&
+  grep -q '\"type\":\"summary\".*\"world_size\":2' '$WORK/a/metrics.jsonl'"
+check "model.safetensors holds layers.{i}.weight [out,in] and bias [out]" bash -c "
+  head -c 600 '$WORK/a/model.safetensors' | grep -a -q '\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":\[10,20\]' &&
+  head -c 600 '$WORK/a/model.safetensors' | grep -a -q '\"layers.1.bias\":{\"dtype\":\"F32\",\"shape\":\[3\]'"
+
+# Starting from saved weights: with a learning rate too small to change any float, the saved
+# weights come back bit for bit.
+run_ranks 2 120 --config "$seed" --set "output.dir=$WORK/b" --set "model.init_from=$WORK/a/model.safetensors" \
+  --set optimizer.lr=1e-30 --set training.max_steps=2
+check "init_from run exits 0" test "$rc" = 0
+check "init_from loads the weights exactly" cmp "$WORK/a/model.safetensors" "$WORK/b/model.safetensors"
+expect_error "init_from with a different shape" 2 "layers.0.weight" --config "$seed" --set "output.dir=$WORK/c" \
+  --set "model.init_from=$WORK/a/model.safetensors" --set 'model.layers=[20, 11, 3]'
+
+# The launcher: binds one rank per core when they fit, oversubscribes unbound when not.
+cores="$(nproc)"
+dry="$(DDP_TRAIN=/bin/true "$ddp_run" -n 1 --dry-run "$seed" --set training.epochs=1)"
+check "ddp-run binds ranks to cores when they fit" grep -q -- '--bind-to core' <<<"$dry"
+check "ddp-run passes --set through" grep -q -- '--set training.epochs=1' <<<"$dry"
+dry="$(DDP_TRAIN=/bin/true "$ddp_run" -n $((cores + 1)) --dry-run "$seed")"
+check "ddp-run oversubscribes when ranks exceed cores" grep -q -- '--oversubscribe --bind-to none' <<<"$dry"
+check "ddp-run uses DDP_TRAIN" grep -q -- '/bin/true --config' <<<"$dry"
+checks=$((checks + 1))
+if "$ddp_run" -n 2 "$WORK/missing.yaml" >/dev/null 2>&1; then fail "ddp-run accepted a missing config"; else pass "ddp-run refuses a missing config"; fi
+check "ddp-train --help lists the options" bash -c "'$DDP_TRAIN' --help | grep -q -- '--set'"
+
+finish

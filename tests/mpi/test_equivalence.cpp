@@ -1,0 +1,174 @@
+// The core contract: N ranks x per-rank batch B for K steps give the weights that one process
+// gets with batch N*B on the same global sample order. Each rank trains the N-rank job on
+// MPI_COMM_WORLD and, for reference, the 1-rank job on MPI_COMM_SELF, then compares.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "ddp/check.h"
+#include "ddp/comm.h"
+#include "ddp/trainer.h"
+
+namespace {
+
+std::string scratch_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("ddp_mpi_test_" + std::to_string(getpid()) + "_" + name);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+ddp::TrainConfig small_config(const std::string& name) {
+  ddp::TrainConfig cfg;
+  cfg.model.layers = {12, 24, 16, 5};
+  cfg.data.format = "synthetic";
+  cfg.data.train.samples = 192;  // divisible by every N*B*A used below: no padding, same order
+  cfg.data.seed = 7;
+  cfg.optimizer.lr = 0.05;
+  cfg.optimizer.momentum = 0.9;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.training.seed = 3;
+  cfg.training.log_every = 0;
+  // ~26 and ~52 floats: the 5 Linear layers' parameters spread over many buckets.
+  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
+  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
+  cfg.output.dir = scratch_dir(name);
+  cfg.output.save_model = false;
+  return cfg;
+}
+
+std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm, ddp::TrainSummary* summary = nullptr) {
+  auto comm = ddp::make_mpi_communicator(mpi_comm);
+  ddp::Trainer trainer(cfg, *comm, nullptr);
+  ddp::TrainSummary s = trainer.run();
+  if (summary != nullptr) *summary = s;
+  return trainer.weights();
+}
+
+double max_abs_diff(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp::NamedTensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    REQUIRE(a[t].name == b[t].name);
+    REQUIRE(a[t].data.size() == b[t].data.size());
+    for (size_t i = 0; i < a[t].data.size(); ++i) {
+      REQUIRE(std::isfinite(a[t].data[i]));
+      worst = std::max(worst, std::fabs(static_cast<double>(a[t].data[i]) - b[t].data[i]));
+    }
+  }
+  return worst;
+}
+
+// Every rank must hold bitwise the same weights as rank 0.
+void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  for (const auto& t : w) {
+    std::vector<float> root = t.data;
+    comm->broadcast(root.data(), root.size() * sizeof(float), 0);
+    INFO(t.name);
+    REQUIRE(std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) == 0);
+  }
+}
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("N ranks x batch B equal 1 rank x batch N*B (momentum, weight decay, many buckets)", "[mpi][equivalence]") {
+  const int n = world_size();
+  ddp::TrainConfig cfg = small_config("eq");
+  cfg.training.batch_size = 8;
+  cfg.training.epochs = 2;  // 192 / (8 N) steps per epoch: 12 at N=2, 6 at N=4
+  ddp::TrainSummary summary;
+  const auto distributed = train(cfg, MPI_COMM_WORLD, &summary);
+  REQUIRE(summary.steps >= 5);
+  require_identical_replicas(distributed);
+
+  ddp::TrainConfig single = cfg;
+  single.training.batch_size = 8 * n;
+  single.output.dir = scratch_dir("eq_single");
+  ddp::TrainSummary single_summary;
+  const auto reference = train(single, MPI_COMM_SELF, &single_summary);
+  REQUIRE(single_summary.steps == summary.steps);
+  const double diff = max_abs_diff(distributed, reference);
+  INFO("max |w_N - w_1| = " << diff);
+  REQUIRE(diff <= 1e-5);
+  // The models did move: an equivalence of two untrained models would prove nothing.
+  ddp::TrainConfig untrained = single;
+  untrained.training.max_steps = 1;
+  REQUIRE(max_abs_diff(train(untrained, MPI_COMM_SELF), reference) > 1e-3);
+}
+
+TEST_CASE("gradient accumulation: N ranks x B x A micro-batches equal 1 rank x batch N*B*A", "[mpi][equivalence]") {
+  const int n = world_size();
+  ddp::TrainConfig cfg = small_config("acc");
+  cfg.training.batch_size = 8;
+  cfg.training.accumulate_steps = 3;
+  cfg.training.epochs = 3;  // 192 / (24 N) steps per epoch: 4 at N=2, 2 at N=4
+  cfg.optimizer.nesterov = true;
+  ddp::TrainSummary summary;
+  const auto distributed = train(cfg, MPI_COMM_WORLD, &summary);
+  REQUIRE(summary.steps >= 6);
+  require_identical_replicas(distributed);
+
+  ddp::TrainConfig single = cfg;
+  single.training.batch_size = 8 * 3 * n;
+  single.training.accumulate_steps = 1;
+  single.output.dir = scratch_dir("acc_single");
+  const double diff = max_abs_diff(distributed, train(single, MPI_COMM_SELF));
+  INFO("max |w_N - w_1| = " << diff);
+  REQUIRE(diff <= 1e-5);
+}
+
+TEST_CASE("same config, seed and world size give bitwise identical weights", "[mpi][determinism]") {
+  ddp::TrainConfig cfg = small_config("det");
+  cfg.training.batch_size = 6;
+  cfg.training.max_steps = 10;
+  const auto a = train(cfg, MPI_COMM_WORLD);
+  const auto b = train(cfg, MPI_COMM_WORLD);
+  REQUIRE(max_abs_diff(a, b) == 0.0);
+}
+
+TEST_CASE("allreduce overlaps backward", "[mpi][overlap]") {
+  if (world_size() < 2) return;
+  ddp::TrainConfig cfg = small_config("overlap");
+  cfg.model.layers = {256, 512, 512, 512, 10};
+  cfg.data.train.samples = 1024;
+  cfg.training.batch_size = 32;
+  cfg.training.max_steps = 20;
+  cfg.distributed.first_bucket_mb = 0.25;
+  cfg.distributed.bucket_cap_mb = 0.5;
+  ddp::TrainSummary summary;
+  train(cfg, MPI_COMM_WORLD, &summary);
+  INFO("allreduce " << summary.comm_seconds << " s, hidden " << summary.hidden_seconds << " s");
+  // Buckets of the last layers start while the first layers' backward is still running.
+  REQUIRE(summary.comm_seconds > 0);
+  REQUIRE(summary.hidden_seconds > 0);
+}
+
+TEST_CASE("a rank with a different model fails on every rank with a message naming the difference", "[mpi][startup]") {
+  if (world_size() < 2) return;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ddp::TrainConfig cfg = small_config("mismatch");
+  cfg.training.batch_size = 4;
+  if (rank == 1) cfg.model.layers = {12, 25, 16, 5};
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  try {
+    ddp::Trainer trainer(cfg, *comm, nullptr);
+    FAIL("a mismatched model was accepted");
+  } catch (const ddp::CollectiveError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    REQUIRE_THAT(msg, Catch::Contains("rank 1") && Catch::Contains("differs from rank 0") &&
+                          Catch::Contains("model.layers") && Catch::Contains("25"));
+  }
+}
