@@ -22,6 +22,9 @@ struct Options {
 
 int train(const Options& opt) {
   ddp::Environment env = ddp::discover_environment(MPI_COMM_WORLD);
+  // Collectives on MPI_COMM_WORLD from this thread happen before the communicator's thread
+  // exists: after that, only that thread calls MPI.
+  const auto layout = ddp::describe_layout(MPI_COMM_WORLD, env);
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   ddp::TrainConfig cfg;
   ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, opt.overrides); });
@@ -31,9 +34,7 @@ int train(const Options& opt) {
   }
   if (env.rank == 0) {
     std::cout << "ddp-train: " << env.world << " rank(s), config " << opt.config << "\n";
-    for (const auto& line : ddp::describe_layout(MPI_COMM_WORLD, env)) std::cout << "  " << line << "\n";
-  } else {
-    ddp::describe_layout(MPI_COMM_WORLD, env);
+    for (const auto& line : layout) std::cout << "  " << line << "\n";
   }
   ddp::Trainer trainer(cfg, *comm, env.rank == 0 ? &std::cout : nullptr);
   trainer.run();

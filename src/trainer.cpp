@@ -438,7 +438,7 @@ TrainSummary Trainer::run() {
        << ", " << world << " rank(s))";
   if (sum.evaluated) line << "; test accuracy " << percent(sum.test_accuracy);
   line << "; allreduce " << std::setprecision(3) << sum.comm_seconds << " s on rank 0, " << percent(overlap)
-       << " hidden behind backward";
+       << " hidden behind backward; data wait " << sum.data_wait_seconds << " s";
   s.say(line.str());
   s.record({{"type", "summary"}, {"epochs", sum.epochs}, {"steps", sum.steps}, {"samples", sum.samples},
             {"seconds", sum.seconds}, {"samples_per_sec", sum.samples_per_sec}, {"world_size", world},
