@@ -55,10 +55,14 @@ std::string locate(const Origin& origin, const std::string& path) {
 
 std::string describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Null: return "an empty value";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a map";
-    default: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Null:
+      return "an empty value";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "'" + node.Scalar() + "'";
   }
 }
 
@@ -119,8 +123,7 @@ void read_value(const YAML::Node& node, const std::string& path, const Origin& o
   out = v;
 }
 
-void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
-                bool& out) {
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin, bool& out) {
   if (!node.IsScalar()) fail(origin, path, "expected true or false, got " + describe(node));
   const std::string& s = node.Scalar();
   if (s == "true" || s == "True" || s == "TRUE") {
@@ -303,7 +306,8 @@ class Reader {
       if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
         fail(origin_, path, unknown_key_message(key));
       }
-      if (std::find(seen.begin(), seen.end(), key) != seen.end()) fail(origin_, path, "duplicate key");
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        fail(origin_, path, "duplicate key");
       seen.push_back(key);
     }
   }
@@ -417,7 +421,8 @@ Override parse_override(const std::string& arg) {
   std::stringstream ss(ov.key);
   for (std::string part; std::getline(ss, part, '.');) ov.parts.push_back(part);
   bool ok = !ov.key.empty() && ov.key.back() != '.' &&
-            std::none_of(ov.parts.begin(), ov.parts.end(), [](const std::string& p) { return p.empty(); });
+            std::none_of(ov.parts.begin(), ov.parts.end(),
+                         [](const std::string& p) { return p.empty(); });
   DDP_CHECK(ok, "--set " << arg << ": expected key.path=value");
   try {
     ov.value = YAML::Load(arg.substr(eq + 1));
@@ -454,26 +459,30 @@ YAML::Node parse_document(const std::string& text, const std::string& name) {
     docs = YAML::LoadAll(text);
   } catch (const YAML::ParserException& e) {
     if (e.mark.is_null()) DDP_THROW(name << ": invalid YAML: " << e.msg);
-    DDP_THROW(name << ":" << e.mark.line + 1 << ":" << e.mark.column + 1 << ": invalid YAML: " << e.msg);
+    DDP_THROW(name << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
+                   << ": invalid YAML: " << e.msg);
   } catch (const YAML::Exception& e) {
     DDP_THROW(name << ": invalid YAML: " << e.msg);
   }
   DDP_CHECK(docs.size() <= 1, name << ": expected one YAML document, found " << docs.size());
   if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
-  DDP_CHECK(docs[0].IsMap(), name << ": expected a map of sections (device, model, data, ...) at the "
-                                  << "top level, got " << describe(docs[0]));
+  DDP_CHECK(docs[0].IsMap(),
+            name << ": expected a map of sections (device, model, data, ...) at the "
+                 << "top level, got " << describe(docs[0]));
   return docs[0];
 }
 
 std::string read_text_file(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
+                                                       &std::fclose);
   if (!file) DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
   std::string text;
   char buf[1 << 14];
   size_t n = 0;
   while ((n = std::fread(buf, 1, sizeof buf, file.get())) > 0) text.append(buf, n);
   // fopen succeeds on a directory; the read is what fails (EISDIR).
-  if (std::ferror(file.get())) DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
+  if (std::ferror(file.get()))
+    DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
   return text;
 }
 
@@ -492,7 +501,8 @@ void require_non_negative(const Origin& o, const std::string& path, double v) {
   if (!(v >= 0) || !std::isfinite(v)) fail(o, path, "must be >= 0, got " + format_double(v));
 }
 
-void require_equal(const Origin& o, const std::string& path, const std::string& v, const char* allowed) {
+void require_equal(const Origin& o, const std::string& path, const std::string& v,
+                   const char* allowed) {
   if (v != allowed) fail(o, path, std::string("must be ") + allowed + ", got '" + v + "'");
 }
 
@@ -506,14 +516,17 @@ void require_file(const Origin& o, const std::string& path, const std::string& f
   if (!fs::is_regular_file(st)) fail(o, path, "not a regular file: " + shown.string());
 }
 
-void require_set(const Origin& o, const std::string& path, const std::string& v, const std::string& format) {
+void require_set(const Origin& o, const std::string& path, const std::string& v,
+                 const std::string& format) {
   if (v.empty()) fail(o, path, "required for data.format " + format);
 }
 
 void check_applies(const Origin& o, const DataConfig& d, const std::string& path, bool is_set) {
   if (!is_set || key_applies(d.format, path)) return;
   std::string hint = path == "data.seed" ? "; the shuffle seed is training.seed" : "";
-  fail(o, path, "does not apply to data.format " + d.format + " (only to " + owner_format(path) + hint + ")");
+  fail(
+      o, path,
+      "does not apply to data.format " + d.format + " (only to " + owner_format(path) + hint + ")");
 }
 
 void check_format_keys(const Origin& o, const DataConfig& d) {
@@ -536,7 +549,8 @@ void validate_idx(const Origin& o, const DataConfig& d) {
   if (d.test.images.empty() != d.test.labels.empty()) {
     bool images_missing = d.test.images.empty();
     fail(o, images_missing ? "data.test.images" : "data.test.labels",
-         std::string("required when ") + (images_missing ? "data.test.labels" : "data.test.images") +
+         std::string("required when ") +
+             (images_missing ? "data.test.labels" : "data.test.images") +
              " is set (a test split needs both images and labels)");
   }
   if (d.test.images.empty()) return;
@@ -606,7 +620,8 @@ void validate_rest(const Origin& o, const TrainConfig& c) {
 }
 
 void validate(const Origin& o, const TrainConfig& c) {
-  if (c.device == "cuda") fail(o, "device", "cuda is not available in this build (CPU only); use cpu");
+  if (c.device == "cuda")
+    fail(o, "device", "cuda is not available in this build (CPU only); use cpu");
   require_equal(o, "device", c.device, "cpu");
   validate_model(o, c.model);
   validate_data(o, c.data);

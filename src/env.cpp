@@ -15,8 +15,8 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   DDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
   if (provided < MPI_THREAD_SERIALIZED) {
     MPI_Finalize();
-    DDP_THROW("the MPI library provides thread level " << provided
-              << " but MPI_THREAD_SERIALIZED is needed for the communication thread");
+    DDP_THROW("the MPI library provides thread level "
+              << provided << " but MPI_THREAD_SERIALIZED is needed for the communication thread");
   }
 }
 
@@ -47,8 +47,8 @@ std::vector<std::string> describe_layout(MPI_Comm comm, const Environment& env) 
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   env.host.copy(mine, sizeof(mine) - 1);
   std::vector<char> all(static_cast<size_t>(env.world) * MPI_MAX_PROCESSOR_NAME);
-  DDP_MPI_CHECK(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
-                              MPI_CHAR, comm));
+  DDP_MPI_CHECK(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                              MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm));
   std::map<std::string, std::vector<int>> by_host;
   std::vector<std::string> order;
   for (int r = 0; r < env.world; ++r) {

@@ -3,7 +3,6 @@
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 
 #include "ddp/check.h"
@@ -44,14 +43,16 @@ int train(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ddp-train: data-parallel MLP training, one process per MPI rank.\n"
-               "Launch with mpirun/srun (or launch/ddp-run -n N CONFIG)."};
+  CLI::App app{
+      "ddp-train: data-parallel MLP training, one process per MPI rank.\n"
+      "Launch with mpirun/srun (or launch/ddp-run -n N CONFIG)."};
   Options opt;
   app.add_option("-c,--config", opt.config, "YAML config file (see docs/config.md)")->required();
   app.add_option("-s,--set", opt.overrides, "override a config key: key.path=value (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
-  app.add_flag("--print-config", opt.print_config, "print the effective config (defaults filled in) and exit");
+  app.add_flag("--print-config", opt.print_config,
+               "print the effective config (defaults filled in) and exit");
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<ddp::MpiSession> mpi;

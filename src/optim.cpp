@@ -13,8 +13,8 @@ Sgd::Sgd(const SgdOptions& options, size_t numel, Device device) : options_(opti
 }
 
 void Sgd::step(Backend& be, Tensor params, const Tensor& grads) {
-  DDP_CHECK(params.numel() == grads.numel(), "Sgd::step: " << params.numel() << " parameters but "
-                                                          << grads.numel() << " gradients");
+  DDP_CHECK(params.numel() == grads.numel(),
+            "Sgd::step: " << params.numel() << " parameters but " << grads.numel() << " gradients");
   Tensor buf = momentum_buffer();
   DDP_CHECK(options_.momentum == 0.0f || buf.numel() == params.numel(),
             "Sgd::step: momentum buffer holds " << buf.numel() << " values for " << params.numel()

@@ -49,8 +49,9 @@ std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>
 Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
                  Communicator& comm)
     : plan_(std::move(plan)), names_(std::move(param_names)), arena_(grad_arena), comm_(comm) {
-  DDP_CHECK(names_.size() == plan_.param_bucket.size(),
-            "Reducer: " << names_.size() << " names for " << plan_.param_bucket.size() << " parameters");
+  DDP_CHECK(
+      names_.size() == plan_.param_bucket.size(),
+      "Reducer: " << names_.size() << " names for " << plan_.param_bucket.size() << " parameters");
   pending_.resize(plan_.buckets.size());
   marked_.resize(names_.size());
   work_.resize(plan_.buckets.size());
@@ -68,7 +69,8 @@ void Reducer::prepare_for_backward(bool sync) {
 
 void Reducer::mark_ready(size_t param) {
   DDP_CHECK(param < marked_.size(), "Reducer: parameter index " << param << " out of range");
-  DDP_CHECK(!marked_[param], "Reducer: gradient of " << names_[param]
+  DDP_CHECK(!marked_[param], "Reducer: gradient of "
+                                 << names_[param]
                                  << " marked ready twice in one backward pass (is the parameter "
                                     "used twice, or prepare_for_backward() missing?)");
   marked_[param] = 1;

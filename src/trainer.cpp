@@ -51,7 +51,8 @@ constexpr int64_t kEvalBatch = 1024;
 
 // "key.path = value" lines of the effective config, in order: what ranks compare at startup,
 // so a difference is reported by the key that differs.
-void flatten_yaml(const YAML::Node& node, const std::string& prefix, std::vector<std::string>& out) {
+void flatten_yaml(const YAML::Node& node, const std::string& prefix,
+                  std::vector<std::string>& out) {
   if (node.IsMap()) {
     for (const auto& kv : node) {
       const std::string key = kv.first.as<std::string>();
@@ -165,7 +166,9 @@ struct Trainer::State {
   void record(const nlohmann::json& j) {
     if (metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
   }
-  Tensor flat(Buffer& b) { return Tensor{b.data(), 1, static_cast<int64_t>(b.numel()), b.device()}; }
+  Tensor flat(Buffer& b) {
+    return Tensor{b.data(), 1, static_cast<int64_t>(b.numel()), b.device()};
+  }
 
   void setup();
   void load_data();
@@ -187,7 +190,9 @@ void Trainer::State::setup() {
   });
   // Compare before any collective whose size depends on the model, so a mismatch is a message
   // and not a truncated broadcast or a hang.
-  run_agreed(comm, [&] { check_same_as_rank0(comm, startup_fingerprint(cfg, *model, plan, comm.size())); });
+  run_agreed(comm, [&] {
+    check_same_as_rank0(comm, startup_fingerprint(cfg, *model, plan, comm.size()));
+  });
   run_agreed(comm, [&] {
     if (is_root()) init_parameters();
   });
@@ -201,8 +206,9 @@ void Trainer::State::setup() {
   opt.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   opt.nesterov = cfg.optimizer.nesterov;
   sgd = std::make_unique<Sgd>(opt, plan.total_numel, Device::CPU);
-  sampler = std::make_unique<DistributedSampler>(train.size, comm.size(), comm.rank(), cfg.data.shuffle,
-                                                 cfg.training.seed, cfg.data.drop_last);
+  sampler =
+      std::make_unique<DistributedSampler>(train.size, comm.size(), comm.rank(), cfg.data.shuffle,
+                                           cfg.training.seed, cfg.data.drop_last);
   const int64_t b = cfg.training.batch_size;
   train_loader = std::make_unique<Loader>(train, b, cfg.data.drop_last, cfg.data.prefetch);
   if (has_test) test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch);
@@ -227,10 +233,12 @@ void Trainer::State::load_data() {
   const int world = comm.size();
   DistributedSampler probe(train.size, world, comm.rank(), false, 0, cfg.data.drop_last);
   DDP_CHECK(probe.num_samples() >= 1, "data.train: " << train.source << " has " << train.size
-                                                     << " samples, fewer than the " << world << " ranks");
+                                                     << " samples, fewer than the " << world
+                                                     << " ranks");
   DDP_CHECK(!cfg.data.drop_last || probe.num_samples() >= cfg.training.batch_size,
-            "training.batch_size: " << cfg.training.batch_size << " is larger than a rank's shard of "
-                                    << probe.num_samples() << " samples and data.drop_last is set: "
+            "training.batch_size: " << cfg.training.batch_size
+                                    << " is larger than a rank's shard of " << probe.num_samples()
+                                    << " samples and data.drop_last is set: "
                                     << "no batch would be left");
 }
 
@@ -255,10 +263,13 @@ void Trainer::State::init_parameters() {
   const std::string& path = cfg.model.init_from;
   auto tensors = load_safetensors(path);
   for (Parameter* p : model->parameters()) {
-    auto it = std::find_if(tensors.begin(), tensors.end(), [&](const NamedTensor& t) { return t.name == p->name; });
-    DDP_CHECK(it != tensors.end(), "model.init_from: " << path << " has no tensor named " << p->name);
-    DDP_CHECK(it->shape == p->shape, "model.init_from: " << path << ": tensor " << p->name
-                                                         << " has a different shape than the model's");
+    auto it = std::find_if(tensors.begin(), tensors.end(),
+                           [&](const NamedTensor& t) { return t.name == p->name; });
+    DDP_CHECK(it != tensors.end(),
+              "model.init_from: " << path << " has no tensor named " << p->name);
+    DDP_CHECK(it->shape == p->shape,
+              "model.init_from: " << path << ": tensor " << p->name
+                                  << " has a different shape than the model's");
     std::copy(it->data.begin(), it->data.end(), p->value.data);
   }
   DDP_CHECK(tensors.size() == model->parameters().size(),
@@ -281,11 +292,11 @@ void Trainer::State::open_outputs() {
 void Trainer::State::print_shapes(const Tensor& x, const Tensor& logits) {
   // Like the seed tutorial's DataParallel demo: each replica sees its part of the global batch.
   std::ostringstream mine;
-  mine << "  rank " << comm.rank() << " replica: input " << shape_string(x.rows, x.cols) << " -> output "
-       << shape_string(logits.rows, logits.cols);
+  mine << "  rank " << comm.rank() << " replica: input " << shape_string(x.rows, x.cols)
+       << " -> output " << shape_string(logits.rows, logits.cols);
   say("global batch: input " + shape_string(x.rows * comm.size(), x.cols) + " -> output " +
-      shape_string(logits.rows * comm.size(), logits.cols) + " split over " + std::to_string(comm.size()) +
-      " replicas:");
+      shape_string(logits.rows * comm.size(), logits.cols) + " split over " +
+      std::to_string(comm.size()) + " replicas:");
   for (int r = 0; r < comm.size(); ++r) say(broadcast_string(comm, mine.str(), r));
 }
 
@@ -315,7 +326,8 @@ Trainer::~Trainer() = default;
 std::vector<NamedTensor> Trainer::weights() const {
   std::vector<NamedTensor> out;
   for (const Parameter* p : s_->model->parameters()) {
-    out.push_back(NamedTensor{p->name, p->shape, std::vector<float>(p->value.data, p->value.data + p->numel())});
+    out.push_back(NamedTensor{p->name, p->shape,
+                              std::vector<float>(p->value.data, p->value.data + p->numel())});
   }
   return out;
 }
@@ -358,9 +370,11 @@ TrainSummary Trainer::run() {
         s.shapes_printed = true;
       }
       Tensor dlogits = Tensor::of(s.dlogits, batch->rows, logits.cols);
-      const XentResult r = be.softmax_xent(logits, batch->y.data(), 1.0f / static_cast<float>(group_rows), &dlogits);
-      DDP_CHECK(std::isfinite(r.loss_sum), "loss is " << r.loss_sum << " at epoch " << epoch + 1 << " step "
-                                                      << step_in_epoch + 1 << " (lower optimizer.lr?)");
+      const XentResult r =
+          be.softmax_xent(logits, batch->y.data(), 1.0f / static_cast<float>(group_rows), &dlogits);
+      DDP_CHECK(std::isfinite(r.loss_sum), "loss is " << r.loss_sum << " at epoch " << epoch + 1
+                                                      << " step " << step_in_epoch + 1
+                                                      << " (lower optimizer.lr?)");
       epoch_tally.add(r, batch->rows);
       log_tally.add(r, batch->rows);
 
@@ -383,13 +397,19 @@ TrainSummary Trainer::run() {
         const double now = seconds_now();
         const double rate = g.count / std::max(1e-9, now - log_start);
         std::ostringstream line;
-        line << "epoch " << epoch + 1 << "/" << cfg.training.epochs << " step " << step_in_epoch << "/"
-             << steps_in_epoch << " loss " << std::fixed << std::setprecision(4) << g.loss() << " acc "
-             << percent(g.accuracy()) << " " << format_rate(rate);
+        line << "epoch " << epoch + 1 << "/" << cfg.training.epochs << " step " << step_in_epoch
+             << "/" << steps_in_epoch << " loss " << std::fixed << std::setprecision(4) << g.loss()
+             << " acc " << percent(g.accuracy()) << " " << format_rate(rate);
         s.say(line.str());
-        s.record({{"type", "train"}, {"epoch", epoch + 1}, {"step", step_in_epoch}, {"global_step", sum.steps},
-                  {"loss", g.loss()}, {"accuracy", g.accuracy()}, {"samples", g.count},
-                  {"samples_per_sec", rate}, {"time", now - t_start}});
+        s.record({{"type", "train"},
+                  {"epoch", epoch + 1},
+                  {"step", step_in_epoch},
+                  {"global_step", sum.steps},
+                  {"loss", g.loss()},
+                  {"accuracy", g.accuracy()},
+                  {"samples", g.count},
+                  {"samples_per_sec", rate},
+                  {"time", now - t_start}});
         log_tally = Tally{};
         log_start = seconds_now();
       }
@@ -407,19 +427,29 @@ TrainSummary Trainer::run() {
     sum.train_accuracy = e.accuracy();
     std::ostringstream line;
     line << "epoch " << epoch + 1 << "/" << cfg.training.epochs << " done in " << std::fixed
-         << std::setprecision(epoch_seconds < 1 ? 4 : 2) << epoch_seconds << " s: train loss " << std::setprecision(4) << e.loss()
-         << " acc " << percent(e.accuracy()) << ", " << format_rate(e.count / std::max(1e-9, epoch_seconds));
-    nlohmann::json record = {{"type", "epoch"}, {"epoch", epoch + 1}, {"global_step", sum.steps},
-                             {"train_loss", e.loss()}, {"train_accuracy", e.accuracy()},
-                             {"seconds", epoch_seconds}, {"samples_per_sec", e.count / std::max(1e-9, epoch_seconds)}};
+         << std::setprecision(epoch_seconds < 1 ? 4 : 2) << epoch_seconds << " s: train loss "
+         << std::setprecision(4) << e.loss() << " acc " << percent(e.accuracy()) << ", "
+         << format_rate(e.count / std::max(1e-9, epoch_seconds));
+    nlohmann::json record = {{"type", "epoch"},
+                             {"epoch", epoch + 1},
+                             {"global_step", sum.steps},
+                             {"train_loss", e.loss()},
+                             {"train_accuracy", e.accuracy()},
+                             {"seconds", epoch_seconds},
+                             {"samples_per_sec", e.count / std::max(1e-9, epoch_seconds)}};
     if (s.has_test) {
       const Tally t = s.evaluate();
       sum.evaluated = true;
       sum.test_loss = t.loss();
       sum.test_accuracy = t.accuracy();
-      line << " | test loss " << std::setprecision(4) << t.loss() << " acc " << percent(t.accuracy());
-      s.record({{"type", "eval"}, {"epoch", epoch + 1}, {"global_step", sum.steps}, {"loss", t.loss()},
-                {"accuracy", t.accuracy()}, {"samples", t.count}});
+      line << " | test loss " << std::setprecision(4) << t.loss() << " acc "
+           << percent(t.accuracy());
+      s.record({{"type", "eval"},
+                {"epoch", epoch + 1},
+                {"global_step", sum.steps},
+                {"loss", t.loss()},
+                {"accuracy", t.accuracy()},
+                {"samples", t.count}});
     }
     s.say(line.str());
     s.record(record);
@@ -433,21 +463,30 @@ TrainSummary Trainer::run() {
   s.comm.allreduce(comm_totals, 2, ReduceOp::Sum);
   const double overlap = comm_totals[0] > 0 ? comm_totals[1] / comm_totals[0] : 1.0;
   std::ostringstream line;
-  line << "done: " << sum.epochs << " epoch(s), " << sum.steps << " steps, " << sum.samples << " samples in "
-       << std::fixed << std::setprecision(sum.seconds < 1 ? 4 : 2) << sum.seconds << " s (" << format_rate(sum.samples_per_sec)
-       << ", " << world << " rank(s))";
+  line << "done: " << sum.epochs << " epoch(s), " << sum.steps << " steps, " << sum.samples
+       << " samples in " << std::fixed << std::setprecision(sum.seconds < 1 ? 4 : 2) << sum.seconds
+       << " s (" << format_rate(sum.samples_per_sec) << ", " << world << " rank(s))";
   if (sum.evaluated) line << "; test accuracy " << percent(sum.test_accuracy);
-  line << "; allreduce " << std::setprecision(3) << sum.comm_seconds << " s on rank 0, " << percent(overlap)
-       << " hidden behind backward; data wait " << sum.data_wait_seconds << " s";
+  line << "; allreduce " << std::setprecision(3) << sum.comm_seconds << " s on rank 0, "
+       << percent(overlap) << " hidden behind backward; data wait " << sum.data_wait_seconds
+       << " s";
   s.say(line.str());
-  s.record({{"type", "summary"}, {"epochs", sum.epochs}, {"steps", sum.steps}, {"samples", sum.samples},
-            {"seconds", sum.seconds}, {"samples_per_sec", sum.samples_per_sec}, {"world_size", world},
+  s.record({{"type", "summary"},
+            {"epochs", sum.epochs},
+            {"steps", sum.steps},
+            {"samples", sum.samples},
+            {"seconds", sum.seconds},
+            {"samples_per_sec", sum.samples_per_sec},
+            {"world_size", world},
             {"test_accuracy", sum.evaluated ? nlohmann::json(sum.test_accuracy) : nlohmann::json()},
             {"test_loss", sum.evaluated ? nlohmann::json(sum.test_loss) : nlohmann::json()},
-            {"allreduce_seconds", sum.comm_seconds}, {"allreduce_hidden_fraction", overlap},
-            {"allreduce_wait_seconds", sum.wait_seconds}, {"data_wait_seconds", sum.data_wait_seconds}});
+            {"allreduce_seconds", sum.comm_seconds},
+            {"allreduce_hidden_fraction", overlap},
+            {"allreduce_wait_seconds", sum.wait_seconds},
+            {"data_wait_seconds", sum.data_wait_seconds}});
   run_agreed(s.comm, [&] { s.save_weights(weights()); });
-  if (s.is_root() && cfg.output.save_model) s.say("weights: " + cfg.output.dir + "/model.safetensors");
+  if (s.is_root() && cfg.output.save_model)
+    s.say("weights: " + cfg.output.dir + "/model.safetensors");
   return sum;
 }
 

@@ -33,8 +33,8 @@ class Backend {
 
   /// y[b,out] = x[b,in] · wᵀ + bias[out] (w is [out,in] like nn.Linear); if fuse_relu,
   /// y = max(y, 0). bias is a 1 x out view.
-  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                              bool fuse_relu, Tensor& y) = 0;
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
+                              Tensor& y) = 0;
 
   /// dx[b,in] = dy[b,out] · w. If relu_output is given (the [b,in] output of the ReLU that fed
   /// this layer), dx is multiplied by (relu_output > 0): the ReLU backward, fused.

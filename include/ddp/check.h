@@ -36,23 +36,23 @@ class CollectiveError : public std::runtime_error {
 
 }  // namespace ddp
 
-#define DDP_THROW(msg_expr)                                        \
-  do {                                                             \
-    std::ostringstream ddp_oss_;                                   \
-    ddp_oss_ << msg_expr;                                          \
-    ::ddp::throw_error(ddp_oss_.str(), __FILE__, __LINE__);        \
+#define DDP_THROW(msg_expr)                                 \
+  do {                                                      \
+    std::ostringstream ddp_oss_;                            \
+    ddp_oss_ << msg_expr;                                   \
+    ::ddp::throw_error(ddp_oss_.str(), __FILE__, __LINE__); \
   } while (0)
 
 /// DDP_CHECK(cond, "message " << value): throws ddp::Error when cond is false.
-#define DDP_CHECK(cond, msg_expr) \
-  do {                            \
+#define DDP_CHECK(cond, msg_expr)     \
+  do {                                \
     if (!(cond)) DDP_THROW(msg_expr); \
   } while (0)
 
 /// DDP_MPI_CHECK(MPI_Allreduce(...)): throws with the MPI error string on failure.
-#define DDP_MPI_CHECK(call)                                                  \
-  do {                                                                       \
-    int ddp_mpi_rc_ = (call);                                                \
+#define DDP_MPI_CHECK(call)                                                                        \
+  do {                                                                                             \
+    int ddp_mpi_rc_ = (call);                                                                      \
     if (ddp_mpi_rc_ != 0) DDP_THROW(#call << " failed: " << ::ddp::mpi_error_string(ddp_mpi_rc_)); \
   } while (0)
 

@@ -10,9 +10,9 @@
 namespace ddp {
 
 struct ModelConfig {
-  std::vector<int64_t> layers;     ///< widths, input first: [784, 256, 256, 10]; >= 2 entries
-  std::string activation = "relu"; ///< between Linear layers; "relu" (only choice for now)
-  std::string init_from;           ///< optional .safetensors with initial weights
+  std::vector<int64_t> layers;      ///< widths, input first: [784, 256, 256, 10]; >= 2 entries
+  std::string activation = "relu";  ///< between Linear layers; "relu" (only choice for now)
+  std::string init_from;            ///< optional .safetensors with initial weights
 };
 
 /// One split's source. Which fields apply depends on data.format.
@@ -22,7 +22,9 @@ struct SplitSource {
   std::string path;     ///< csv: the file (features..., label per row)
   int64_t samples = 0;  ///< synthetic: number of samples
   /// True when a source was configured (test split is optional: no test → no evaluation).
-  bool configured() const { return !images.empty() || !labels.empty() || !path.empty() || samples > 0; }
+  bool configured() const {
+    return !images.empty() || !labels.empty() || !path.empty() || samples > 0;
+  }
 };
 
 struct DataConfig {
@@ -30,11 +32,11 @@ struct DataConfig {
   std::string dir;                   ///< base directory for relative data paths
   SplitSource train;
   SplitSource test;
-  bool shuffle = true;               ///< reshuffle every epoch (seed + epoch)
-  bool drop_last = false;            ///< drop the tail instead of padding / partial batch
-  bool csv_header = false;           ///< csv: first line is a header
-  uint64_t seed = 0;                 ///< synthetic: generator seed
-  int64_t prefetch = 2;              ///< batches assembled ahead by the loader thread
+  bool shuffle = true;      ///< reshuffle every epoch (seed + epoch)
+  bool drop_last = false;   ///< drop the tail instead of padding / partial batch
+  bool csv_header = false;  ///< csv: first line is a header
+  uint64_t seed = 0;        ///< synthetic: generator seed
+  int64_t prefetch = 2;     ///< batches assembled ahead by the loader thread
 };
 
 struct OptimizerConfig {
@@ -48,34 +50,34 @@ struct OptimizerConfig {
 
 struct TrainingConfig {
   int64_t epochs = 1;
-  int64_t batch_size = 64;        ///< per rank, per micro-batch
-  int64_t accumulate_steps = 1;   ///< micro-batches per optimizer step (communication on the last)
-  uint64_t seed = 0;              ///< init and shuffle seed
-  int64_t log_every = 50;         ///< optimizer steps between progress lines; 0 = epoch lines only
-  int64_t max_steps = 0;          ///< stop after this many optimizer steps in total; 0 = no limit
-  bool print_shapes = false;      ///< each rank prints its replica's input/output shapes once
+  int64_t batch_size = 64;       ///< per rank, per micro-batch
+  int64_t accumulate_steps = 1;  ///< micro-batches per optimizer step (communication on the last)
+  uint64_t seed = 0;             ///< init and shuffle seed
+  int64_t log_every = 50;        ///< optimizer steps between progress lines; 0 = epoch lines only
+  int64_t max_steps = 0;         ///< stop after this many optimizer steps in total; 0 = no limit
+  bool print_shapes = false;     ///< each rank prints its replica's input/output shapes once
 };
 
 struct DistributedConfig {
   std::string backend = "mpi";
-  double bucket_cap_mb = 25.0;     ///< MiB, buckets after the first
-  double first_bucket_mb = 1.0;    ///< MiB, the first bucket (gradients ready earliest)
+  double bucket_cap_mb = 25.0;   ///< MiB, buckets after the first
+  double first_bucket_mb = 1.0;  ///< MiB, the first bucket (gradients ready earliest)
 };
 
 struct OutputConfig {
   std::string dir = "runs/default";
-  bool save_model = true;          ///< write <dir>/model.safetensors at the end
+  bool save_model = true;  ///< write <dir>/model.safetensors at the end
 };
 
 struct TrainConfig {
-  std::string device = "cpu";      ///< cpu (cuda arrives with the CUDA backend)
+  std::string device = "cpu";  ///< cpu (cuda arrives with the CUDA backend)
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
   TrainingConfig training;
   DistributedConfig distributed;
   OutputConfig output;
-  std::string source;              ///< the file it was loaded from ("" if built in code)
+  std::string source;  ///< the file it was loaded from ("" if built in code)
 };
 
 /// Loads `path`, applies `overrides` ("key.path=value", value parsed as YAML), validates.

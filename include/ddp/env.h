@@ -13,7 +13,7 @@ namespace ddp {
 struct Environment {
   int rank = 0;
   int world = 1;
-  int local_rank = 0;   ///< rank among the processes sharing this node's memory
+  int local_rank = 0;  ///< rank among the processes sharing this node's memory
   int local_size = 1;
   std::string host;
 };

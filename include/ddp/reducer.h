@@ -39,9 +39,10 @@ std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>
 
 /// Where the time of one synchronised step went, for the overlap report.
 struct ReducerStepStats {
-  double comm_seconds = 0.0;    ///< sum over buckets of allreduce execution time
-  double hidden_seconds = 0.0;  ///< part of comm_seconds that ran inside [backward_begin, backward_end]
-  double wait_seconds = 0.0;    ///< time finalize() blocked the training thread
+  double comm_seconds = 0.0;  ///< sum over buckets of allreduce execution time
+  double hidden_seconds =
+      0.0;  ///< part of comm_seconds that ran inside [backward_begin, backward_end]
+  double wait_seconds = 0.0;  ///< time finalize() blocked the training thread
 };
 
 class Reducer {
@@ -76,8 +77,8 @@ class Reducer {
   float* arena_;
   Communicator& comm_;
   bool sync_ = true;
-  std::vector<size_t> pending_;       // per bucket: gradients not yet ready
-  std::vector<char> marked_;          // per parameter: marked in this backward
+  std::vector<size_t> pending_;  // per bucket: gradients not yet ready
+  std::vector<char> marked_;     // per parameter: marked in this backward
   std::vector<std::shared_ptr<Work>> work_;
   size_t next_to_launch_ = 0;
 };

@@ -17,19 +17,19 @@
 namespace ddp {
 
 struct TrainSummary {
-  int64_t epochs = 0;          ///< epochs started
-  int64_t steps = 0;           ///< optimizer steps taken
-  int64_t samples = 0;         ///< training samples processed, all ranks
-  double seconds = 0.0;        ///< wall time of the training loop (evaluation excluded)
+  int64_t epochs = 0;    ///< epochs started
+  int64_t steps = 0;     ///< optimizer steps taken
+  int64_t samples = 0;   ///< training samples processed, all ranks
+  double seconds = 0.0;  ///< wall time of the training loop (evaluation excluded)
   double samples_per_sec = 0.0;
-  double train_loss = 0.0;     ///< mean over the last epoch, all ranks
+  double train_loss = 0.0;  ///< mean over the last epoch, all ranks
   double train_accuracy = 0.0;
   bool evaluated = false;
   double test_loss = 0.0;
   double test_accuracy = 0.0;
-  double comm_seconds = 0.0;   ///< this rank's allreduce execution time
-  double hidden_seconds = 0.0; ///< part of it that ran while backward was computing
-  double wait_seconds = 0.0;   ///< time the training thread waited for allreduces
+  double comm_seconds = 0.0;    ///< this rank's allreduce execution time
+  double hidden_seconds = 0.0;  ///< part of it that ran while backward was computing
+  double wait_seconds = 0.0;    ///< time the training thread waited for allreduces
   double data_wait_seconds = 0.0;
   /// Share of allreduce time hidden behind backward (1 when nothing was communicated).
   double overlap() const { return comm_seconds > 0 ? hidden_seconds / comm_seconds : 1.0; }

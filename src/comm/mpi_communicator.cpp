@@ -58,9 +58,12 @@ class MpiWork : public Work {
 
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return MPI_SUM;
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -93,9 +96,11 @@ class MpiCommunicator : public Communicator {
   int size() const override { return size_; }
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override {
-    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX), "allreduce of " << count << " floats is too large");
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " floats is too large");
     return submit([this, data, count, average] {
-      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+      DDP_MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
       if (average && size_ > 1) {
         const float inv = 1.0f / static_cast<float>(size_);
         for (size_t i = 0; i < count; ++i) data[i] *= inv;
@@ -105,12 +110,14 @@ class MpiCommunicator : public Communicator {
 
   void allreduce(double* data, size_t count, ReduceOp op) override {
     submit([this, data, count, op] {
-      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE, to_mpi(op), comm_));
+      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
+                                  to_mpi(op), comm_));
     })->wait();
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
-    DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "broadcast of " << bytes << " bytes is too large");
+    DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
+              "broadcast of " << bytes << " bytes is too large");
     submit([this, data, bytes, root] {
       DDP_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
     })->wait();

@@ -51,7 +51,8 @@ std::string describe(const char* name, const Tensor& t) {
 void check_cpu(const char* op, const char* name, const Tensor& t) {
   DDP_CHECK(t.device == Device::CPU, op << ": " << name << " is a " << device_name(t.device)
                                         << " tensor, the cpu backend needs cpu tensors");
-  DDP_CHECK(t.rows >= 0 && t.cols >= 0, op << ": " << describe(name, t) << " has a negative extent");
+  DDP_CHECK(t.rows >= 0 && t.cols >= 0,
+            op << ": " << describe(name, t) << " has a negative extent");
   DDP_CHECK(t.data != nullptr || t.numel() == 0, op << ": " << describe(name, t) << " has no data");
 }
 
@@ -197,8 +198,8 @@ void CpuBackend::check_linear_forward(const Tensor& x, const Tensor& w, const Te
   check_cpu(op, "y", y);
   DDP_CHECK(x.cols == w.cols && bias.rows == 1 && bias.cols == w.rows && y.rows == x.rows &&
                 y.cols == w.rows,
-            op << ": shapes do not match: " << describe("x", x) << ", " << describe("w", w)
-               << ", " << describe("bias", bias) << ", " << describe("y", y)
+            op << ": shapes do not match: " << describe("x", x) << ", " << describe("w", w) << ", "
+               << describe("bias", bias) << ", " << describe("y", y)
                << " (expected x [b, in], w [out, in], bias [1, out], y [b, out])");
   check_disjoint(op, "y", y, "x", x);
   check_disjoint(op, "y", y, "w", w);
@@ -280,8 +281,8 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
   XentResult result;
   for (int64_t r = 0; r < logits.rows; ++r) {
     const int32_t label = labels[r];
-    DDP_CHECK(label >= 0 && label < classes, op << ": row " << r << " has label " << label
-                                                << ", outside [0, " << classes << ")");
+    DDP_CHECK(label >= 0 && label < classes,
+              op << ": row " << r << " has label " << label << ", outside [0, " << classes << ")");
     float* d = dlogits != nullptr ? dlogits->data + r * classes : nullptr;
     const auto [loss, correct] = xent_row(logits.data + r * classes, classes, label, grad_scale, d);
     result.loss_sum += loss;
@@ -301,8 +302,8 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_
   check_same_size(op, "params", params, "grads", grads);
   if (use_momentum) check_same_size(op, "params", params, "momentum_buf", momentum_buf);
   DDP_CHECK(!opt.nesterov || (opt.momentum > 0.0f && opt.dampening == 0.0f),
-            op << ": nesterov needs momentum > 0 and dampening == 0 (got momentum "
-               << opt.momentum << ", dampening " << opt.dampening << ")");
+            op << ": nesterov needs momentum > 0 and dampening == 0 (got momentum " << opt.momentum
+               << ", dampening " << opt.dampening << ")");
   const float lr = opt.lr, wd = opt.weight_decay, momentum = opt.momentum;
   const float keep = static_cast<float>(1.0 - static_cast<double>(opt.dampening));
   float* p = params.data;

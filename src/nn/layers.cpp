@@ -20,7 +20,8 @@ Linear::Linear(int64_t in, int64_t out, const std::string& prefix) : in_(in), ou
 }
 
 std::string Linear::describe() const {
-  return "Linear(in_features=" + std::to_string(in_) + ", out_features=" + std::to_string(out_) + ")";
+  return "Linear(in_features=" + std::to_string(in_) + ", out_features=" + std::to_string(out_) +
+         ")";
 }
 
 void Linear::forward(Backend& be, const Tensor& x, Tensor& y) {

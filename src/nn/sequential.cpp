@@ -12,8 +12,10 @@ namespace ddp {
 Sequential::Sequential(const std::vector<int64_t>& widths, const std::string& activation,
                        int64_t max_batch, Device device)
     : widths_(widths), max_batch_(max_batch) {
-  DDP_CHECK(widths.size() >= 2, "model.layers: need at least 2 widths (input and output), got " << widths.size());
-  DDP_CHECK(activation == "relu", "model.activation: unsupported activation '" << activation << "'");
+  DDP_CHECK(widths.size() >= 2,
+            "model.layers: need at least 2 widths (input and output), got " << widths.size());
+  DDP_CHECK(activation == "relu",
+            "model.activation: unsupported activation '" << activation << "'");
   DDP_CHECK(max_batch > 0, "Sequential: max_batch must be positive");
   int64_t widest = 0;
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
@@ -56,8 +58,9 @@ std::string Sequential::describe() const {
 }
 
 void Sequential::bind(float* values, float* grads, const std::vector<size_t>& offsets) {
-  DDP_CHECK(offsets.size() == params_.size(), "Sequential::bind: " << offsets.size()
-                                                  << " offsets for " << params_.size() << " parameters");
+  DDP_CHECK(
+      offsets.size() == params_.size(),
+      "Sequential::bind: " << offsets.size() << " offsets for " << params_.size() << " parameters");
   const Device device = activations_.front().device();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
@@ -75,15 +78,18 @@ void Sequential::init_uniform(Rng& rng) {
     DDP_CHECK(w.value.data != nullptr && w.value.device == Device::CPU,
               "init_uniform: parameters must be bound to CPU storage");
     const double bound = 1.0 / std::sqrt(static_cast<double>(w.shape[1]));
-    for (int64_t k = 0; k < w.numel(); ++k) w.value.data[k] = static_cast<float>(rng.uniform(-bound, bound));
-    for (int64_t k = 0; k < b.numel(); ++k) b.value.data[k] = static_cast<float>(rng.uniform(-bound, bound));
+    for (int64_t k = 0; k < w.numel(); ++k)
+      w.value.data[k] = static_cast<float>(rng.uniform(-bound, bound));
+    for (int64_t k = 0; k < b.numel(); ++k)
+      b.value.data[k] = static_cast<float>(rng.uniform(-bound, bound));
   }
 }
 
 const Tensor& Sequential::forward(Backend& be, const Tensor& x) {
   DDP_CHECK(x.cols == in_features() && x.rows >= 1 && x.rows <= max_batch_,
-            "Sequential::forward: input " << shape_string(x.rows, x.cols) << " does not fit a model of "
-                                          << in_features() << " inputs and batch <= " << max_batch_);
+            "Sequential::forward: input " << shape_string(x.rows, x.cols)
+                                          << " does not fit a model of " << in_features()
+                                          << " inputs and batch <= " << max_batch_);
   input_ = x;
   const Tensor* in = &input_;
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -94,7 +100,8 @@ const Tensor& Sequential::forward(Backend& be, const Tensor& x) {
   return outputs_.back();
 }
 
-void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate, const GradReadyHook& ready) {
+void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate,
+                          const GradReadyHook& ready) {
   const int64_t rows = input_.rows;
   DDP_CHECK(dlogits.rows == rows && dlogits.cols == out_features(),
             "Sequential::backward: dlogits " << shape_string(dlogits.rows, dlogits.cols)
@@ -111,9 +118,8 @@ void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate, c
       break;
     }
     // ReLU works in place; a Linear writes dx into whichever scratch buffer dy is not in.
-    Tensor dx = dynamic_cast<ReLU*>(layers_[i].get()) != nullptr
-                    ? dy
-                    : Tensor::of(*spare, rows, x.cols);
+    Tensor dx =
+        dynamic_cast<ReLU*>(layers_[i].get()) != nullptr ? dy : Tensor::of(*spare, rows, x.cols);
     layers_[i]->backward(be, x, outputs_[i], dy, &dx, accumulate, layer_ready);
     if (dx.data != dy.data) spare = (spare == &grad_a_) ? &grad_b_ : &grad_a_;
     dy = dx;

@@ -1,8 +1,7 @@
 // Collectives on exact, rank-valued data (so every check is ==, not a tolerance), and the
 // agreement helper that turns one rank's setup failure into the same error on every rank.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 
 #include "ddp/check.h"
@@ -16,11 +15,14 @@ std::unique_ptr<ddp::Communicator> world() { return ddp::make_mpi_communicator(M
 // Rank-valued data whose sum over ranks is exact in float: (rank + 1) * (i % 7 + 1).
 std::vector<float> rank_valued(size_t n, int rank) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
   return v;
 }
 
-float expected_sum(size_t i, int size) { return static_cast<float>(size * (size + 1) / 2 * static_cast<int>(i % 7 + 1)); }
+float expected_sum(size_t i, int size) {
+  return static_cast<float>(size * (size + 1) / 2 * static_cast<int>(i % 7 + 1));
+}
 
 }  // namespace
 
@@ -47,14 +49,17 @@ TEST_CASE("many buckets in flight complete with the right data", "[mpi]") {
   auto comm = world();
   std::vector<std::vector<float>> buckets;
   std::vector<std::shared_ptr<ddp::Work>> work;
-  for (int b = 0; b < 32; ++b) buckets.push_back(rank_valued(static_cast<size_t>(100 + 37 * b), comm->rank() + b));
-  for (auto& bucket : buckets) work.push_back(comm->allreduce_async(bucket.data(), bucket.size(), false));
+  for (int b = 0; b < 32; ++b)
+    buckets.push_back(rank_valued(static_cast<size_t>(100 + 37 * b), comm->rank() + b));
+  for (auto& bucket : buckets)
+    work.push_back(comm->allreduce_async(bucket.data(), bucket.size(), false));
   for (auto& w : work) w->wait();
   const int n = comm->size();
   for (int b = 0; b < 32; ++b) {
     // Sum over ranks r of (r + b + 1) * k = (n(n+1)/2 + n*b) * k.
     for (size_t i = 0; i < buckets[b].size(); ++i) {
-      REQUIRE(buckets[b][i] == static_cast<float>((n * (n + 1) / 2 + n * b) * static_cast<int>(i % 7 + 1)));
+      REQUIRE(buckets[b][i] ==
+              static_cast<float>((n * (n + 1) / 2 + n * b) * static_cast<int>(i % 7 + 1)));
     }
   }
 }
@@ -77,7 +82,8 @@ TEST_CASE("broadcast from every root", "[mpi]") {
     int64_t value = comm->rank() == root ? 1000 + root : -1;
     comm->broadcast(&value, sizeof(value), root);
     REQUIRE(value == 1000 + root);
-    const std::string s = ddp::broadcast_string(*comm, "from rank " + std::to_string(comm->rank()), root);
+    const std::string s =
+        ddp::broadcast_string(*comm, "from rank " + std::to_string(comm->rank()), root);
     REQUIRE(s == "from rank " + std::to_string(root));
     REQUIRE(ddp::broadcast_string(*comm, comm->rank() == root ? "" : "x", root).empty());
   }
@@ -100,7 +106,8 @@ TEST_CASE("run_agreed: one rank's failure becomes every rank's error", "[mpi]") 
   // Several failing ranks: the lowest one's message wins, on every rank.
   try {
     ddp::run_agreed(*comm, [&] {
-      if (comm->rank() >= 1 || n == 1) throw std::runtime_error("failed at " + std::to_string(comm->rank()));
+      if (comm->rank() >= 1 || n == 1)
+        throw std::runtime_error("failed at " + std::to_string(comm->rank()));
     });
     FAIL("run_agreed did not throw");
   } catch (const ddp::CollectiveError& e) {

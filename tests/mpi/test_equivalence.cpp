@@ -1,10 +1,9 @@
 // The core contract: N ranks x per-rank batch B for K steps give the weights that one process
 // gets with batch N*B on the same global sample order. Each rank trains the N-rank job on
 // MPI_COMM_WORLD and, for reference, the 1-rank job on MPI_COMM_SELF, then compares.
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -41,7 +40,8 @@ ddp::TrainConfig small_config(const std::string& name) {
   return cfg;
 }
 
-std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm, ddp::TrainSummary* summary = nullptr) {
+std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
+                                    ddp::TrainSummary* summary = nullptr) {
   auto comm = ddp::make_mpi_communicator(mpi_comm);
   ddp::Trainer trainer(cfg, *comm, nullptr);
   ddp::TrainSummary s = trainer.run();
@@ -49,7 +49,8 @@ std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_co
   return trainer.weights();
 }
 
-double max_abs_diff(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp::NamedTensor>& b) {
+double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
+                    const std::vector<ddp::NamedTensor>& b) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (size_t t = 0; t < a.size(); ++t) {
@@ -82,7 +83,8 @@ int world_size() {
 
 }  // namespace
 
-TEST_CASE("N ranks x batch B equal 1 rank x batch N*B (momentum, weight decay, many buckets)", "[mpi][equivalence]") {
+TEST_CASE("N ranks x batch B equal 1 rank x batch N*B (momentum, weight decay, many buckets)",
+          "[mpi][equivalence]") {
   const int n = world_size();
   ddp::TrainConfig cfg = small_config("eq");
   cfg.training.batch_size = 8;
@@ -107,7 +109,8 @@ TEST_CASE("N ranks x batch B equal 1 rank x batch N*B (momentum, weight decay, m
   REQUIRE(max_abs_diff(train(untrained, MPI_COMM_SELF), reference) > 1e-3);
 }
 
-TEST_CASE("gradient accumulation: N ranks x B x A micro-batches equal 1 rank x batch N*B*A", "[mpi][equivalence]") {
+TEST_CASE("gradient accumulation: N ranks x B x A micro-batches equal 1 rank x batch N*B*A",
+          "[mpi][equivalence]") {
   const int n = world_size();
   ddp::TrainConfig cfg = small_config("acc");
   cfg.training.batch_size = 8;
@@ -154,7 +157,8 @@ TEST_CASE("allreduce overlaps backward", "[mpi][overlap]") {
   REQUIRE(summary.hidden_seconds > 0);
 }
 
-TEST_CASE("a rank with a different model fails on every rank with a message naming the difference", "[mpi][startup]") {
+TEST_CASE("a rank with a different model fails on every rank with a message naming the difference",
+          "[mpi][startup]") {
   if (world_size() < 2) return;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

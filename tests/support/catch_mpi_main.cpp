@@ -2,8 +2,9 @@
 // the tests, and makes all ranks exit with the same code (any rank's failure fails every rank),
 // so mpiexec never reports success for a test that failed on one rank only.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+
+#include <catch2/catch.hpp>
 
 #include "ddp/check.h"
 

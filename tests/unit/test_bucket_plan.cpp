@@ -1,7 +1,6 @@
 // Bucket plan (a pure function) and the Reducer's launch logic against a recording fake
 // communicator: order, timing of launches, averaging requests and misuse errors.
 #include <catch2/catch.hpp>
-
 #include <numeric>
 
 #include "ddp/check.h"
@@ -54,7 +53,8 @@ TEST_CASE("bucket plan takes parameters in reverse registration order", "[reduce
   REQUIRE(all_params(plan) == std::vector<size_t>{5, 4, 3, 2, 1, 0});
 }
 
-TEST_CASE("bucket plan closes the first bucket at its own cap, later ones at bucket_cap", "[reducer]") {
+TEST_CASE("bucket plan closes the first bucket at its own cap, later ones at bucket_cap",
+          "[reducer]") {
   // 256 floats = 1 KiB. First cap 1 KiB, later caps 2 KiB.
   const std::vector<size_t> numel = {256, 256, 256, 256, 256, 256};
   const BucketPlan plan = compute_bucket_plan(numel, 1 * kKiB, 2 * kKiB);
@@ -87,7 +87,8 @@ TEST_CASE("a parameter larger than the cap is never split", "[reducer]") {
   REQUIRE(plan.buckets[0].numel == 5020);
 }
 
-TEST_CASE("bucket plan of the Fashion-MNIST MLP with DDP's default caps is one bucket", "[reducer]") {
+TEST_CASE("bucket plan of the Fashion-MNIST MLP with DDP's default caps is one bucket",
+          "[reducer]") {
   // 784-256-256-10: weights and biases in registration order.
   const std::vector<size_t> numel = {256 * 784, 256, 256 * 256, 256, 10 * 256, 10};
   const BucketPlan one = compute_bucket_plan(numel, 1 << 20, 25 << 20);
@@ -142,7 +143,7 @@ class RecordingComm : public ddp::Communicator {
 }  // namespace
 
 TEST_CASE("Reducer launches buckets in index order as soon as they are complete", "[reducer]") {
-  const std::vector<size_t> numel(6, 256);  // 1 KiB each
+  const std::vector<size_t> numel(6, 256);                       // 1 KiB each
   BucketPlan plan = compute_bucket_plan(numel, kKiB, 2 * kKiB);  // {5} {4,3} {2,1} {0}
   std::vector<float> arena(plan.total_numel);
   RecordingComm comm;
@@ -202,10 +203,12 @@ TEST_CASE("Reducer rejects a gradient marked twice or never marked", "[reducer]"
   ddp::Reducer reducer(plan, {"w0", "b0", "w1"}, arena.data(), comm);
   reducer.prepare_for_backward(true);
   reducer.mark_ready(2);
-  REQUIRE_THROWS_WITH(reducer.mark_ready(2), Catch::Contains("w1") && Catch::Contains("marked ready twice"));
+  REQUIRE_THROWS_WITH(reducer.mark_ready(2),
+                      Catch::Contains("w1") && Catch::Contains("marked ready twice"));
   reducer.prepare_for_backward(true);
   reducer.mark_ready(2);
   reducer.mark_ready(0);
-  REQUIRE_THROWS_WITH(reducer.finalize(0, 0), Catch::Contains("b0") && Catch::Contains("never marked ready"));
+  REQUIRE_THROWS_WITH(reducer.finalize(0, 0),
+                      Catch::Contains("b0") && Catch::Contains("never marked ready"));
   REQUIRE_THROWS_AS(reducer.mark_ready(7), ddp::Error);
 }

@@ -1,10 +1,9 @@
 // Tests for the YAML config loader: every key mapped, --set overrides, strict types, unknown
 // keys, every validation rule, file errors, the to_yaml round trip, and the shipped configs.
 // Messages are compared in full: they are the user interface of this module.
-#include <catch2/catch.hpp>
-
 #include <stdlib.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -148,12 +147,16 @@ TEST_CASE("config: every key of every section is read", "[config]") {
   std::string init = tmp.file("init.safetensors");
   TrainConfig c = parse(
       "device: cpu\n"
-      "model:\n  layers: [7, 5, 3, 2]\n  activation: relu\n  init_from: " + init + "\n"
-      "data:\n  format: synthetic\n  dir: some/dir\n  train:\n    samples: 123\n  test:\n    samples: 45\n"
+      "model:\n  layers: [7, 5, 3, 2]\n  activation: relu\n  init_from: " +
+      init +
+      "\n"
+      "data:\n  format: synthetic\n  dir: some/dir\n  train:\n    samples: 123\n  test:\n    "
+      "samples: 45\n"
       "  shuffle: false\n  drop_last: true\n  seed: 18446744073709551615\n  prefetch: 5\n"
       "optimizer:\n  name: sgd\n  lr: 0.125\n  momentum: 0.9\n  dampening: 0.25\n"
       "  weight_decay: 1e-4\n  nesterov: false\n"
-      "training:\n  epochs: 9\n  batch_size: 17\n  accumulate_steps: 3\n  seed: 42\n  log_every: 0\n"
+      "training:\n  epochs: 9\n  batch_size: 17\n  accumulate_steps: 3\n  seed: 42\n  log_every: "
+      "0\n"
       "  max_steps: 1000\n  print_shapes: true\n"
       "distributed:\n  backend: mpi\n  bucket_cap_mb: 0.5\n  first_bucket_mb: 2.5\n"
       "output:\n  dir: out/x\n  save_model: false\n");
@@ -197,17 +200,20 @@ TEST_CASE("config: idx and csv split keys are read", "[config]") {
   CHECK(idx.data.test.labels == "te-lab");
 
   std::string csv_file = tmp.file("d.csv", "1,2,0\n");
-  TrainConfig csv = parse("model: {layers: [2, 3]}\ndata:\n  format: csv\n  csv_header: true\n"
-                          "  train: {path: " + csv_file + "}\n  test: {path: " + csv_file + "}\n");
+  TrainConfig csv = parse(
+      "model: {layers: [2, 3]}\ndata:\n  format: csv\n  csv_header: true\n"
+      "  train: {path: " +
+      csv_file + "}\n  test: {path: " + csv_file + "}\n");
   CHECK(csv.data.train.path == csv_file);
   CHECK(csv.data.test.path == csv_file);
   CHECK(csv.data.csv_header);
 }
 
 TEST_CASE("config: --set overrides are parsed as YAML and create sections", "[config]") {
-  TrainConfig c = parse_min("training:\n  epochs: 3\n",
-                            {"training.epochs=7", "optimizer.lr=0.5", " training.print_shapes = true",
-                             "model.layers=[8, 6, 2]", "distributed.bucket_cap_mb=0.25", "output.dir=a=b"});
+  TrainConfig c =
+      parse_min("training:\n  epochs: 3\n",
+                {"training.epochs=7", "optimizer.lr=0.5", " training.print_shapes = true",
+                 "model.layers=[8, 6, 2]", "distributed.bucket_cap_mb=0.25", "output.dir=a=b"});
   CHECK(c.training.epochs == 7);  // the override beats the file
   CHECK(c.optimizer.lr == 0.5);
   CHECK(c.training.print_shapes);
@@ -225,42 +231,50 @@ TEST_CASE("config: --set overrides are parsed as YAML and create sections", "[co
 }
 
 TEST_CASE("config: malformed or bad --set overrides name the override", "[config]") {
-  for (std::string bad : {"training.epochs", "=3", "training..epochs=3", ".epochs=3", "training.=3", " =1"}) {
+  for (std::string bad :
+       {"training.epochs", "=3", "training..epochs=3", ".epochs=3", "training.=3", " =1"}) {
     INFO(bad);
     CHECK(parse_error(kMinimal, {bad}) == "--set " + bad + ": expected key.path=value");
   }
   CHECK(parse_error(kMinimal, {"training.batch_size=abc"}) ==
         "--set training.batch_size: expected an integer, got 'abc'");
-  CHECK(parse_error(kMinimal, {"training.epochs=0"}) == "--set training.epochs: must be >= 1, got 0");
+  CHECK(parse_error(kMinimal, {"training.epochs=0"}) ==
+        "--set training.epochs: must be >= 1, got 0");
   CHECK(parse_error(kMinimal, {"model.layers=[4, 0, 3]"}) ==
         "--set model.layers: model.layers[1]: must be >= 1, got 0");
   CHECK(parse_error(kMinimal, {"training.bach_size=2"}) ==
-        "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in training: epochs, "
+        "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
+        "training: epochs, "
         "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
-        "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, training, "
+        "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
+        "training, "
         "distributed, output)");
   CHECK(parse_error(kMinimal + "training:\n  epochs: 1\n", {"training.epochs.x=1"}) ==
         "--set training.epochs.x: training.epochs is '1', not a section, so it has no key 'x'");
   CHECK(parse_error(kMinimal, {"model.layers=[4, 3"}) ==
         "--set model.layers=[4, 3: invalid YAML value: end of sequence flow not found");
   // A bad key in the file is still blamed on the file when an override touches its section.
-  CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n", {"training.epochs=3"}).rfind(
-            "run.yaml: training.bach_size: unknown key", 0) == 0);
+  CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n", {"training.epochs=3"})
+            .rfind("run.yaml: training.bach_size: unknown key", 0) == 0);
 }
 
 TEST_CASE("config: unknown and repeated keys are errors at every level", "[config]") {
   CHECK(parse_error(kMinimal + "trainig:\n  epochs: 2\n") ==
-        "run.yaml: trainig: unknown key, did you mean 'training'? (known top-level keys: device, model, "
+        "run.yaml: trainig: unknown key, did you mean 'training'? (known top-level keys: device, "
+        "model, "
         "data, optimizer, training, distributed, output)");
-  CHECK(parse_error(kMinimal + "zzz: 1\n") ==
-        "run.yaml: zzz: unknown key (known top-level keys: device, model, data, optimizer, training, "
-        "distributed, output)");
+  CHECK(
+      parse_error(kMinimal + "zzz: 1\n") ==
+      "run.yaml: zzz: unknown key (known top-level keys: device, model, data, optimizer, training, "
+      "distributed, output)");
   CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n") ==
-        "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in training: "
+        "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
+        "training: "
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
-        "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: images, "
+        "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
+        "images, "
         "labels, path, samples)");
   CHECK(parse_error(kMinimal + "training:\n  epochs: 2\n  epochs: 3\n") ==
         "run.yaml: training.epochs: duplicate key");
@@ -278,9 +292,11 @@ TEST_CASE("config: values of the wrong type name the key", "[config]") {
       {"training:\n  seed: -1\n", "training.seed: must be >= 0, got -1"},
       {"training:\n  max_steps: 99999999999999999999\n",
        "training.max_steps: integer out of range, got '99999999999999999999'"},
-      {"training:\n  print_shapes: yes\n", "training.print_shapes: expected true or false, got 'yes'"},
+      {"training:\n  print_shapes: yes\n",
+       "training.print_shapes: expected true or false, got 'yes'"},
       {"training:\n  print_shapes: 1\n", "training.print_shapes: expected true or false, got '1'"},
-      {"optimizer:\n  nesterov: [true]\n", "optimizer.nesterov: expected true or false, got a list"},
+      {"optimizer:\n  nesterov: [true]\n",
+       "optimizer.nesterov: expected true or false, got a list"},
       {"optimizer:\n  lr: fast\n", "optimizer.lr: expected a finite number, got 'fast'"},
       {"optimizer:\n  lr: .inf\n", "optimizer.lr: expected a finite number, got '.inf'"},
       {"optimizer:\n  lr: 0x10\n", "optimizer.lr: expected a finite number, got '0x10'"},
@@ -311,27 +327,37 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.device = "tpu"; }, "device: must be cpu, got 'tpu'"},
       {[](TrainConfig& c) { c.model.layers = {4}; },
        "model.layers: needs at least 2 widths (input and output), got 1"},
-      {[](TrainConfig& c) { c.model.layers = {4, 5, 0}; }, "model.layers[2]: must be >= 1, got 0"},
-      {[](TrainConfig& c) { c.model.activation = "tanh"; }, "model.activation: must be relu, got 'tanh'"},
+      {[](TrainConfig& c) {
+         c.model.layers = {4, 5, 0};
+       },
+       "model.layers[2]: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.model.activation = "tanh"; },
+       "model.activation: must be relu, got 'tanh'"},
       {[](TrainConfig& c) { c.data.format = "parquet"; },
        "data.format: must be one of idx, synthetic, csv; got 'parquet'"},
       {[](TrainConfig& c) { c.data.train.samples = 0; }, "data.train.samples: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.data.test.samples = -1; }, "data.test.samples: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.data.prefetch = 0; }, "data.prefetch: must be >= 1, got 0"},
-      {[](TrainConfig& c) { c.optimizer.name = "adam"; }, "optimizer.name: must be sgd, got 'adam'"},
+      {[](TrainConfig& c) { c.optimizer.name = "adam"; },
+       "optimizer.name: must be sgd, got 'adam'"},
       {[](TrainConfig& c) { c.optimizer.lr = 0; }, "optimizer.lr: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.optimizer.lr = -0.5; }, "optimizer.lr: must be > 0, got -0.5"},
       {[](TrainConfig& c) { c.optimizer.lr = std::nan(""); }, "optimizer.lr: must be > 0, got nan"},
-      {[](TrainConfig& c) { c.optimizer.momentum = -0.1; }, "optimizer.momentum: must be >= 0, got -0.1"},
-      {[](TrainConfig& c) { c.optimizer.dampening = -1; }, "optimizer.dampening: must be >= 0, got -1.0"},
+      {[](TrainConfig& c) { c.optimizer.momentum = -0.1; },
+       "optimizer.momentum: must be >= 0, got -0.1"},
+      {[](TrainConfig& c) { c.optimizer.dampening = -1; },
+       "optimizer.dampening: must be >= 0, got -1.0"},
       {[](TrainConfig& c) { c.optimizer.weight_decay = -1e-4; },
        "optimizer.weight_decay: must be >= 0, got -0.0001"},
       {[](TrainConfig& c) { c.training.epochs = 0; }, "training.epochs: must be >= 1, got 0"},
-      {[](TrainConfig& c) { c.training.batch_size = 0; }, "training.batch_size: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.training.batch_size = 0; },
+       "training.batch_size: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.training.accumulate_steps = 0; },
        "training.accumulate_steps: must be >= 1, got 0"},
-      {[](TrainConfig& c) { c.training.log_every = -1; }, "training.log_every: must be >= 0, got -1"},
-      {[](TrainConfig& c) { c.training.max_steps = -1; }, "training.max_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.training.log_every = -1; },
+       "training.log_every: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.training.max_steps = -1; },
+       "training.max_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.distributed.backend = "nccl"; },
        "distributed.backend: nccl needs the CUDA build; this build supports mpi"},
       {[](TrainConfig& c) { c.distributed.backend = "gloo"; },
@@ -366,20 +392,24 @@ TEST_CASE("config: range boundaries that are allowed pass", "[config]") {
 TEST_CASE("config: range errors from a file name the file", "[config]") {
   CHECK(parse_error(kMinimal + "training:\n  epochs: 0\n") ==
         "run.yaml: training.epochs: must be >= 1, got 0");
-  CHECK(parse_error("model: {layers: [4, 0, 3]}\n") == "run.yaml: model.layers[1]: must be >= 1, got 0");
+  CHECK(parse_error("model: {layers: [4, 0, 3]}\n") ==
+        "run.yaml: model.layers[1]: must be >= 1, got 0");
   TrainConfig c = valid_config();
   c.source = "mine.yaml";
   c.training.batch_size = -2;
-  CHECK(error_of([&] { ddp::validate_config(c); }) == "mine.yaml: training.batch_size: must be >= 1, got -2");
+  CHECK(error_of([&] { ddp::validate_config(c); }) ==
+        "mine.yaml: training.batch_size: must be >= 1, got -2");
 }
 
 TEST_CASE("config: nesterov needs momentum and no dampening, as in PyTorch", "[config]") {
-  CHECK(parse_error(kMinimal + "optimizer: {nesterov: true}\n") ==
-        "run.yaml: optimizer.nesterov: requires momentum > 0 and dampening == 0 (as in PyTorch), got "
-        "momentum 0.0, dampening 0.0");
-  CHECK(parse_error(kMinimal + "optimizer: {nesterov: true, momentum: 0.9, dampening: 0.1}\n") ==
-        "run.yaml: optimizer.nesterov: requires momentum > 0 and dampening == 0 (as in PyTorch), got "
-        "momentum 0.9, dampening 0.1");
+  CHECK(
+      parse_error(kMinimal + "optimizer: {nesterov: true}\n") ==
+      "run.yaml: optimizer.nesterov: requires momentum > 0 and dampening == 0 (as in PyTorch), got "
+      "momentum 0.0, dampening 0.0");
+  CHECK(
+      parse_error(kMinimal + "optimizer: {nesterov: true, momentum: 0.9, dampening: 0.1}\n") ==
+      "run.yaml: optimizer.nesterov: requires momentum > 0 and dampening == 0 (as in PyTorch), got "
+      "momentum 0.9, dampening 0.1");
   CHECK(parse_min("optimizer: {nesterov: true, momentum: 0.9}\n").optimizer.nesterov);
 }
 
@@ -395,9 +425,11 @@ TEST_CASE("config: unreadable and malformed files", "[config]") {
         bad + ":3:9: invalid YAML: end of sequence flow not found");
   CHECK(parse_error("model: {layers: [4, 3]}\ntraining: epochs: 2\n") ==
         "run.yaml:2:17: invalid YAML: illegal map value");
-  CHECK(parse_error("- 1\n- 2\n") == "run.yaml: expected a map of sections (device, model, data, ...) at the "
-                                     "top level, got a list");
-  CHECK(parse_error(kMinimal + "---\n" + kMinimal) == "run.yaml: expected one YAML document, found 2");
+  CHECK(parse_error("- 1\n- 2\n") ==
+        "run.yaml: expected a map of sections (device, model, data, ...) at the "
+        "top level, got a list");
+  CHECK(parse_error(kMinimal + "---\n" + kMinimal) ==
+        "run.yaml: expected one YAML document, found 2");
   std::string empty = tmp.file("empty.yaml", "# nothing yet\n");
   CHECK(error_of([&] { ddp::load_config(empty); }) ==
         empty + ": model.layers: needs at least 2 widths (input and output), got 0");
@@ -418,12 +450,16 @@ TEST_CASE("config: idx data files must exist, resolved against data.dir", "[conf
         "run.yaml: data.train.images: file not found: " + tmp.path() + "/nope.gz");
   CHECK(parse_error(head + "  train: {images: img.gz}\n") ==
         "run.yaml: data.train.labels: required for data.format idx");
-  CHECK(parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n  test: {images: img.gz}\n") ==
-        "run.yaml: data.test.labels: required when data.test.images is set (a test split needs both images "
-        "and labels)");
-  CHECK(parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n  test: {labels: lab.gz}\n") ==
-        "run.yaml: data.test.images: required when data.test.labels is set (a test split needs both images "
-        "and labels)");
+  CHECK(
+      parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n  test: {images: img.gz}\n") ==
+      "run.yaml: data.test.labels: required when data.test.images is set (a test split needs both "
+      "images "
+      "and labels)");
+  CHECK(
+      parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n  test: {labels: lab.gz}\n") ==
+      "run.yaml: data.test.images: required when data.test.labels is set (a test split needs both "
+      "images "
+      "and labels)");
   CHECK(parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n"
                            "  test: {images: t.gz, labels: lab.gz}\n") ==
         "run.yaml: data.test.images: file not found: " + tmp.path() + "/t.gz");
@@ -432,11 +468,15 @@ TEST_CASE("config: idx data files must exist, resolved against data.dir", "[conf
         "run.yaml: data.train.images: not a regular file: " + tmp.path() + "/sub");
 
   // Absolute paths ignore data.dir; relative ones with no data.dir resolve against the cwd.
-  CHECK_NOTHROW(parse("model: {layers: [4, 3]}\ndata:\n  format: idx\n  dir: /nonexistent\n"
-                      "  train: {images: " + tmp.path() + "/img.gz, labels: " + tmp.path() + "/lab.gz}\n"));
-  CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  format: idx\n  train: {images: no-such-dir/i.gz, "
-                    "labels: no-such-dir/l.gz}\n") ==
-        "run.yaml: data.train.images: file not found: " + (fs::current_path() / "no-such-dir/i.gz").string());
+  CHECK_NOTHROW(
+      parse("model: {layers: [4, 3]}\ndata:\n  format: idx\n  dir: /nonexistent\n"
+            "  train: {images: " +
+            tmp.path() + "/img.gz, labels: " + tmp.path() + "/lab.gz}\n"));
+  CHECK(parse_error(
+            "model: {layers: [4, 3]}\ndata:\n  format: idx\n  train: {images: no-such-dir/i.gz, "
+            "labels: no-such-dir/l.gz}\n") ==
+        "run.yaml: data.train.images: file not found: " +
+            (fs::current_path() / "no-such-dir/i.gz").string());
 }
 
 TEST_CASE("config: csv and init_from files must exist", "[config]") {
@@ -446,7 +486,8 @@ TEST_CASE("config: csv and init_from files must exist", "[config]") {
   CHECK(parse_error(head) == "run.yaml: data.train.path: required for data.format csv");
   CHECK(parse_error(head + "  train: {path: " + tmp.path() + "/x.csv}\n") ==
         "run.yaml: data.train.path: file not found: " + tmp.path() + "/x.csv");
-  CHECK(parse_error(head + "  train: {path: " + csv + "}\n  test: {path: " + tmp.path() + "/t.csv}\n") ==
+  CHECK(parse_error(head + "  train: {path: " + csv + "}\n  test: {path: " + tmp.path() +
+                    "/t.csv}\n") ==
         "run.yaml: data.test.path: file not found: " + tmp.path() + "/t.csv");
   CHECK(parse_error(kMinimal, {"model.init_from=" + tmp.path() + "/w.safetensors"}) ==
         "--set model.init_from: file not found: " + tmp.path() + "/w.safetensors");
@@ -457,20 +498,23 @@ TEST_CASE("config: keys of another data.format are rejected", "[config]") {
   std::string img = tmp.file("img"), lab = tmp.file("lab"), csv = tmp.file("d.csv");
   CHECK(parse_error(kMinimal, {"data.train.images=" + img}) ==
         "--set data.train.images: does not apply to data.format synthetic (only to idx)");
-  CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 5}\n  test: {path: x.csv}\n") ==
+  CHECK(parse_error(
+            "model: {layers: [4, 3]}\ndata:\n  train: {samples: 5}\n  test: {path: x.csv}\n") ==
         "run.yaml: data.test.path: does not apply to data.format synthetic (only to csv)");
-  std::string idx = "model: {layers: [4, 3]}\ndata:\n  format: idx\n  train: {images: " + img + ", labels: " +
-                    lab + "}\n";
+  std::string idx = "model: {layers: [4, 3]}\ndata:\n  format: idx\n  train: {images: " + img +
+                    ", labels: " + lab + "}\n";
   CHECK(parse_error(idx, {"data.train.samples=100"}) ==
         "--set data.train.samples: does not apply to data.format idx (only to synthetic)");
   CHECK(parse_error(idx, {"data.csv_header=true"}) ==
         "--set data.csv_header: does not apply to data.format idx (only to csv)");
-  std::string csv_head = "model: {layers: [2, 3]}\ndata:\n  format: csv\n  train: {path: " + csv + "}\n";
+  std::string csv_head =
+      "model: {layers: [2, 3]}\ndata:\n  format: csv\n  train: {path: " + csv + "}\n";
   CHECK(parse_error(csv_head, {"data.test.labels=" + lab}) ==
         "--set data.test.labels: does not apply to data.format csv (only to idx)");
-  CHECK(parse_error(csv_head, {"data.seed=3"}) ==
-        "--set data.seed: does not apply to data.format csv (only to synthetic; the shuffle seed is "
-        "training.seed)");
+  CHECK(
+      parse_error(csv_head, {"data.seed=3"}) ==
+      "--set data.seed: does not apply to data.format csv (only to synthetic; the shuffle seed is "
+      "training.seed)");
   CHECK_NOTHROW(parse(csv_head, {"data.seed=0", "data.csv_header=true"}));
 }
 
@@ -550,7 +594,8 @@ TEST_CASE("config: configs/seed.yaml and configs/csv_example.yaml load", "[confi
   CHECK(seed.output.dir == "runs/seed");
 
   // Its data path is relative to the repository root, where the docs say to run it from.
-  TrainConfig csv = ddp::load_config(kSourceDir + "/configs/csv_example.yaml", {"data.dir=" + kSourceDir});
+  TrainConfig csv =
+      ddp::load_config(kSourceDir + "/configs/csv_example.yaml", {"data.dir=" + kSourceDir});
   CHECK(csv.data.format == "csv");
   CHECK(csv.model.layers.front() == 4);
   CHECK(csv.model.layers.back() == 3);

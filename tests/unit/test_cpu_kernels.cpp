@@ -1,9 +1,8 @@
 // The CPU backend's kernels against naive double-precision references written here (plain loops),
 // against finite differences, and SGD against a transcription of torch.optim.SGD. Outputs are
 // pre-filled with NaN so an element a kernel forgets to write fails the comparison.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
@@ -18,8 +17,8 @@
 
 namespace {
 
-using ddp::Tensor;
 using Catch::Contains;
+using ddp::Tensor;
 
 constexpr double kTol = 1e-5;
 constexpr double kFiniteDiffTol = 1e-3;
@@ -30,7 +29,9 @@ Tensor view(std::vector<float>& v, int64_t rows, int64_t cols) {
   return Tensor{v.data(), rows, cols, ddp::Device::CPU};
 }
 
-std::vector<float> nan_vector(int64_t n) { return std::vector<float>(static_cast<size_t>(n), kNaN); }
+std::vector<float> nan_vector(int64_t n) {
+  return std::vector<float>(static_cast<size_t>(n), kNaN);
+}
 
 void require_equal(const std::vector<float>& actual, const std::vector<float>& expected) {
   REQUIRE(actual.size() == expected.size());
@@ -53,7 +54,8 @@ std::vector<LinearShape> linear_shapes() {
       for (int64_t out : {1, 3, 17, 65, 130}) shapes.push_back({b, in, out});
   ddp::Rng rng(2024);
   for (int i = 0; i < 6; ++i) {
-    shapes.push_back({static_cast<int64_t>(rng.below(150) + 1), static_cast<int64_t>(rng.below(300) + 1),
+    shapes.push_back({static_cast<int64_t>(rng.below(150) + 1),
+                      static_cast<int64_t>(rng.below(300) + 1),
                       static_cast<int64_t>(rng.below(300) + 1)});
   }
   return shapes;
@@ -83,7 +85,8 @@ std::vector<double> ref_linear_backward_input(const std::vector<float>& dy,
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < s.in; ++i) {
       double acc = 0.0;
-      for (int64_t o = 0; o < s.out; ++o) acc += double(dy[b * s.out + o]) * double(w[o * s.in + i]);
+      for (int64_t o = 0; o < s.out; ++o)
+        acc += double(dy[b * s.out + o]) * double(w[o * s.in + i]);
       if (relu_output && !((*relu_output)[b * s.in + i] > 0.0f)) acc = 0.0;
       dx[b * s.in + i] = acc;
     }
@@ -98,7 +101,8 @@ std::pair<std::vector<double>, std::vector<double>> ref_linear_backward_params(
   std::vector<double> dw(dw0.begin(), dw0.end()), db(db0.begin(), db0.end());
   for (int64_t o = 0; o < s.out; ++o) {
     for (int64_t i = 0; i < s.in; ++i) {
-      for (int64_t b = 0; b < s.batch; ++b) dw[o * s.in + i] += double(dy[b * s.out + o]) * double(x[b * s.in + i]);
+      for (int64_t b = 0; b < s.batch; ++b)
+        dw[o * s.in + i] += double(dy[b * s.out + o]) * double(x[b * s.in + i]);
     }
     for (int64_t b = 0; b < s.batch; ++b) db[o] += dy[b * s.out + o];
   }
@@ -149,7 +153,8 @@ std::vector<float> relu_of(std::vector<float> v) {
 
 // ---- linear -------------------------------------------------------------------------------
 
-TEST_CASE("cpu linear_forward matches a double reference, with and without fused relu", "[kernels]") {
+TEST_CASE("cpu linear_forward matches a double reference, with and without fused relu",
+          "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   uint64_t seed = 1;
   for (const auto& s : linear_shapes()) {
@@ -193,15 +198,17 @@ TEST_CASE("cpu linear_backward_params overwrites or accumulates dw and db", "[ke
   uint64_t seed = 200;
   for (const auto& s : linear_shapes()) {
     for (bool accumulate : {false, true}) {
-      INFO("batch " << s.batch << " in " << s.in << " out " << s.out << " accumulate " << accumulate);
+      INFO("batch " << s.batch << " in " << s.in << " out " << s.out << " accumulate "
+                    << accumulate);
       auto dy = ddp_test::random_vector(s.batch * s.out, seed++);
       auto x = ddp_test::random_vector(s.batch * s.in, seed++);
       // Accumulation needs defined starting values; overwriting must ignore NaN ones.
-      auto dw = accumulate ? ddp_test::random_vector(s.out * s.in, seed++) : nan_vector(s.out * s.in);
+      auto dw =
+          accumulate ? ddp_test::random_vector(s.out * s.in, seed++) : nan_vector(s.out * s.in);
       auto db = accumulate ? ddp_test::random_vector(s.out, seed++) : nan_vector(s.out);
       const std::vector<float> zero_w(dw.size(), 0.0f), zero_b(db.size(), 0.0f);
-      auto ref = ref_linear_backward_params(dy, x, accumulate ? dw : zero_w,
-                                            accumulate ? db : zero_b, s);
+      auto ref =
+          ref_linear_backward_params(dy, x, accumulate ? dw : zero_w, accumulate ? db : zero_b, s);
       Tensor dwt = view(dw, s.out, s.in), dbt = view(db, 1, s.out);
       backend->linear_backward_params(view(dy, s.batch, s.out), view(x, s.batch, s.in), accumulate,
                                       dwt, dbt);
@@ -279,7 +286,8 @@ TEST_CASE("cpu linear backward kernels agree with finite differences of the forw
     std::vector<double> fd_x, fd_w, fd_b;
     for (size_t i = 0; i < x.size(); ++i) fd_x.push_back(central_difference(x, i, h, objective));
     for (size_t i = 0; i < w.size(); ++i) fd_w.push_back(central_difference(w, i, h, objective));
-    for (size_t i = 0; i < bias.size(); ++i) fd_b.push_back(central_difference(bias, i, h, objective));
+    for (size_t i = 0; i < bias.size(); ++i)
+      fd_b.push_back(central_difference(bias, i, h, objective));
     ddp_test::require_close(dx, fd_x, kFiniteDiffTol);
     ddp_test::require_close(dw, fd_w, kFiniteDiffTol);
     ddp_test::require_close(db, fd_b, kFiniteDiffTol);
@@ -298,8 +306,9 @@ TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]
     Tensor bad_w{b.data(), 4, 5, ddp::Device::CPU};
     REQUIRE_THROWS_AS(backend->linear_forward(x, bad_w, bias, false, y), ddp::Error);
     REQUIRE_THROWS_WITH(backend->linear_forward(x, bad_w, bias, false, y),
-                        Contains("linear_forward") && Contains("x [2, 3]") && Contains("w [4, 5]") &&
-                            Contains("bias [1, 4]") && Contains("y [2, 4]"));
+                        Contains("linear_forward") && Contains("x [2, 3]") &&
+                            Contains("w [4, 5]") && Contains("bias [1, 4]") &&
+                            Contains("y [2, 4]"));
   }
   SECTION("forward: bias and y") {
     Tensor bad_bias{c.data(), 1, 3, ddp::Device::CPU};
@@ -324,7 +333,8 @@ TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]
                         Contains("linear_backward_input") && Contains("dy [2, 5]") &&
                             Contains("w [4, 3]") && Contains("dx [2, 3]"));
     Tensor bad_dx{a.data(), 2, 4, ddp::Device::CPU};
-    REQUIRE_THROWS_WITH(backend->linear_backward_input(y, w, nullptr, bad_dx), Contains("dx [2, 4]"));
+    REQUIRE_THROWS_WITH(backend->linear_backward_input(y, w, nullptr, bad_dx),
+                        Contains("dx [2, 4]"));
     Tensor bad_relu{c.data(), 3, 3, ddp::Device::CPU};
     REQUIRE_THROWS_WITH(backend->linear_backward_input(y, w, &bad_relu, dx),
                         Contains("relu_output [3, 3]"));
@@ -334,9 +344,9 @@ TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]
     Tensor db{c.data(), 1, 4, ddp::Device::CPU};
     Tensor x_in{b.data(), 2, 3, ddp::Device::CPU};
     Tensor bad_x{b.data(), 3, 3, ddp::Device::CPU};
-    REQUIRE_THROWS_WITH(backend->linear_backward_params(y, bad_x, false, dw, db),
-                        Contains("linear_backward_params") && Contains("x [3, 3]") &&
-                            Contains("dy [2, 4]"));
+    REQUIRE_THROWS_WITH(
+        backend->linear_backward_params(y, bad_x, false, dw, db),
+        Contains("linear_backward_params") && Contains("x [3, 3]") && Contains("dy [2, 4]"));
     Tensor bad_dw{a.data(), 3, 4, ddp::Device::CPU};
     REQUIRE_THROWS_WITH(backend->linear_backward_params(y, x_in, false, bad_dw, db),
                         Contains("dw [3, 4]"));
@@ -351,7 +361,8 @@ TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]
 TEST_CASE("cpu relu forward and backward, out of place and in place", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   uint64_t seed = 300;
-  const std::vector<std::pair<int64_t, int64_t>> shapes{{1, 1}, {1, 7}, {3, 17}, {17, 130}, {65, 33}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes{
+      {1, 1}, {1, 7}, {3, 17}, {17, 130}, {65, 33}};
   for (auto [rows, cols] : shapes) {
     INFO("shape " << ddp::shape_string(rows, cols));
     auto x = ddp_test::random_vector(rows * cols, seed++);
@@ -422,12 +433,14 @@ TEST_CASE("cpu softmax_xent matches a double reference", "[kernels]") {
       auto ref = ref_softmax_xent(logits, labels, classes, grad_scale);
       auto d = nan_vector(rows * classes);
       Tensor dt = view(d, rows, classes);
-      auto result = backend->softmax_xent(view(logits, rows, classes), labels.data(), grad_scale, &dt);
-      ddp_test::require_close(std::vector<double>{result.loss_sum}, std::vector<double>{ref.loss_sum},
-                              kTol);
+      auto result =
+          backend->softmax_xent(view(logits, rows, classes), labels.data(), grad_scale, &dt);
+      ddp_test::require_close(std::vector<double>{result.loss_sum},
+                              std::vector<double>{ref.loss_sum}, kTol);
       REQUIRE(result.correct == ref.correct);
       ddp_test::require_close(d, ref.dlogits, kTol);
-      auto no_grad = backend->softmax_xent(view(logits, rows, classes), labels.data(), grad_scale, nullptr);
+      auto no_grad =
+          backend->softmax_xent(view(logits, rows, classes), labels.data(), grad_scale, nullptr);
       REQUIRE(no_grad.loss_sum == result.loss_sum);
       REQUIRE(no_grad.correct == result.correct);
     }
@@ -436,8 +449,8 @@ TEST_CASE("cpu softmax_xent matches a double reference", "[kernels]") {
 
 TEST_CASE("cpu softmax_xent stays finite for huge logits", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
-  std::vector<float> logits{1000.0f, -1000.0f, 0.0f,  //
-                            1000.0f, -1000.0f, 0.0f,  //
+  std::vector<float> logits{1000.0f,  -1000.0f, 0.0f,  //
+                            1000.0f,  -1000.0f, 0.0f,  //
                             -1000.0f, -1000.0f, -1000.0f};
   std::vector<int32_t> labels{0, 1, 2};
   auto d = nan_vector(9);
@@ -449,7 +462,8 @@ TEST_CASE("cpu softmax_xent stays finite for huge logits", "[kernels]") {
   // Row 0 is right; row 1 (label 1) is not; row 2 is a three-way tie won by index 0, not label 2.
   REQUIRE(result.correct == 1);
   const double third = 1.0 / 3.0;
-  ddp_test::require_close(d, std::vector<double>{0, 0, 0, 1, -1, 0, third, third, -2 * third}, kTol);
+  ddp_test::require_close(d, std::vector<double>{0, 0, 0, 1, -1, 0, third, third, -2 * third},
+                          kTol);
 }
 
 TEST_CASE("cpu softmax_xent counts a tie as the first maximum", "[kernels]") {
@@ -475,7 +489,8 @@ TEST_CASE("cpu softmax_xent dlogits agree with finite differences of its loss", 
            double(grad_scale);
   };
   std::vector<double> fd;
-  for (size_t i = 0; i < logits.size(); ++i) fd.push_back(central_difference(logits, i, 1e-2f, objective));
+  for (size_t i = 0; i < logits.size(); ++i)
+    fd.push_back(central_difference(logits, i, 1e-2f, objective));
   ddp_test::require_close(d, fd, kFiniteDiffTol);
 }
 
@@ -493,7 +508,8 @@ TEST_CASE("cpu softmax_xent rejects bad labels and shapes", "[kernels]") {
   Tensor bad_d{d.data(), 4, 3, ddp::Device::CPU};
   REQUIRE_THROWS_WITH(backend->softmax_xent(lt, good.data(), 1.0f, &bad_d),
                       Contains("logits [3, 4]") && Contains("dlogits [4, 3]"));
-  REQUIRE_THROWS_WITH(backend->softmax_xent(lt, nullptr, 1.0f, nullptr), Contains("labels is null"));
+  REQUIRE_THROWS_WITH(backend->softmax_xent(lt, nullptr, 1.0f, nullptr),
+                      Contains("labels is null"));
 }
 
 // ---- SGD ----------------------------------------------------------------------------------
@@ -505,8 +521,8 @@ namespace {
 float aten_add(float self, float other, float alpha) { return std::fma(other, alpha, self); }
 
 // torch.optim.SGD's _single_tensor_sgd, transcribed op for op in float32.
-void torch_sgd_reference(std::vector<float>& p, const std::vector<float>& grad, std::vector<float>& buf,
-                         const ddp::SgdOptions& o, bool first_step) {
+void torch_sgd_reference(std::vector<float>& p, const std::vector<float>& grad,
+                         std::vector<float>& buf, const ddp::SgdOptions& o, bool first_step) {
   for (size_t i = 0; i < p.size(); ++i) {
     float g = grad[i];
     if (o.weight_decay != 0.0f) g = aten_add(g, p[i], o.weight_decay);
@@ -514,7 +530,7 @@ void torch_sgd_reference(std::vector<float>& p, const std::vector<float>& grad, 
       if (first_step) {
         buf[i] = g;  // torch.clone(grad)
       } else {
-        buf[i] = buf[i] * o.momentum;                                               // mul_
+        buf[i] = buf[i] * o.momentum;                                                 // mul_
         buf[i] = aten_add(buf[i], g, static_cast<float>(1.0 - double(o.dampening)));  // add_
       }
       g = o.nesterov ? aten_add(g, buf[i], o.momentum) : buf[i];
@@ -563,7 +579,8 @@ void check_sgd_three_steps(ddp::Backend& backend, const ddp::SgdOptions& o) {
 
 }  // namespace
 
-TEST_CASE("cpu sgd_step matches torch.optim.SGD exactly for every option combination", "[kernels]") {
+TEST_CASE("cpu sgd_step matches torch.optim.SGD exactly for every option combination",
+          "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   int combinations = 0;
   for (float momentum : {0.0f, 0.9f})

@@ -2,7 +2,6 @@
 // the ready hook (each gradient announced once, in reverse registration order, already final),
 // PyTorch-default init bounds, and SGD driving the loss down.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "ddp/backend.h"
@@ -16,7 +15,8 @@ namespace {
 struct Model {
   ddp::Sequential net;
   ddp::Buffer values, grads;
-  Model(const std::vector<int64_t>& widths, int64_t batch, uint64_t seed) : net(widths, "relu", batch) {
+  Model(const std::vector<int64_t>& widths, int64_t batch, uint64_t seed)
+      : net(widths, "relu", batch) {
     size_t total = 0;
     std::vector<size_t> offsets;
     for (size_t n : net.parameter_numels()) {
@@ -74,7 +74,8 @@ TEST_CASE("MLP gradients match central finite differences", "[model]") {
   REQUIRE(checked == 7 * 9 + 9 + 9 * 6 + 6 + 6 * 4 + 4);
 }
 
-TEST_CASE("backward announces each gradient once, in reverse registration order, when final", "[model]") {
+TEST_CASE("backward announces each gradient once, in reverse registration order, when final",
+          "[model]") {
   auto be = ddp::make_cpu_backend();
   Model m({6, 8, 8, 3}, 4, 2);
   auto xs = ddp_test::random_vector(4 * 6, 9);
@@ -97,9 +98,9 @@ TEST_CASE("backward announces each gradient once, in reverse registration order,
     const ddp::Tensor& g = m.net.parameters()[p]->grad;
     REQUIRE(at_hook[p] == std::vector<float>(g.data, g.data + g.numel()));
   }
-  REQUIRE(m.net.parameter_names() ==
-          std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
-                                   "layers.2.weight", "layers.2.bias"});
+  REQUIRE(m.net.parameter_names() == std::vector<std::string>{"layers.0.weight", "layers.0.bias",
+                                                              "layers.1.weight", "layers.1.bias",
+                                                              "layers.2.weight", "layers.2.bias"});
 }
 
 TEST_CASE("accumulating backward adds to the existing gradients", "[model]") {
@@ -114,7 +115,8 @@ TEST_CASE("accumulating backward adds to the existing gradients", "[model]") {
   m.net.backward(*be, dlogits, false, [](size_t) {});
   std::vector<float> once(m.grads.data(), m.grads.data() + m.grads.numel());
   m.net.backward(*be, dlogits, true, [](size_t) {});
-  for (size_t i = 0; i < once.size(); ++i) REQUIRE(m.grads.data()[i] == Approx(2 * once[i]).epsilon(1e-6));
+  for (size_t i = 0; i < once.size(); ++i)
+    REQUIRE(m.grads.data()[i] == Approx(2 * once[i]).epsilon(1e-6));
 }
 
 TEST_CASE("init is PyTorch's nn.Linear default: U(+-1/sqrt(fan_in)), seeded", "[model]") {
@@ -143,8 +145,8 @@ TEST_CASE("forward rejects inputs that do not fit the model", "[model]") {
   auto be = ddp::make_cpu_backend();
   Model m({4, 3}, 2, 1);
   std::vector<float> xs(3 * 5);
-  REQUIRE_THROWS_AS(m.net.forward(*be, ddp::Tensor{xs.data(), 2, 5}), ddp::Error);   // width
-  REQUIRE_THROWS_AS(m.net.forward(*be, ddp::Tensor{xs.data(), 3, 4}), ddp::Error);   // batch > max
+  REQUIRE_THROWS_AS(m.net.forward(*be, ddp::Tensor{xs.data(), 2, 5}), ddp::Error);  // width
+  REQUIRE_THROWS_AS(m.net.forward(*be, ddp::Tensor{xs.data(), 3, 4}), ddp::Error);  // batch > max
   REQUIRE_THROWS_WITH(ddp::Sequential({4}, "relu", 2), Catch::Contains("model.layers"));
   REQUIRE_THROWS_WITH(ddp::Sequential({4, 2}, "tanh", 2), Catch::Contains("model.activation"));
 }

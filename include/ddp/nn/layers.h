@@ -14,10 +14,10 @@
 namespace ddp {
 
 struct Parameter {
-  std::string name;             ///< e.g. "layers.0.weight" (the safetensors name)
-  std::vector<int64_t> shape;   ///< [out, in] for weights, [out] for biases
-  Tensor value;                 ///< view into the parameter arena (2-D: rows x cols)
-  Tensor grad;                  ///< view into the gradient arena, same shape as value
+  std::string name;            ///< e.g. "layers.0.weight" (the safetensors name)
+  std::vector<int64_t> shape;  ///< [out, in] for weights, [out] for biases
+  Tensor value;                ///< view into the parameter arena (2-D: rows x cols)
+  Tensor grad;                 ///< view into the gradient arena, same shape as value
   int64_t numel() const;
 };
 

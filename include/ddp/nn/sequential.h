@@ -46,11 +46,11 @@ class Sequential {
   int64_t max_batch_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Parameter*> params_;
-  std::vector<size_t> first_param_;      // per layer: index of its first parameter
-  std::vector<Buffer> activations_;      // per layer output [max_batch, width]
-  Buffer grad_a_, grad_b_;               // ping-pong activation gradients
-  Tensor input_;                         // the last forward's input
-  std::vector<Tensor> outputs_;          // the last forward's outputs
+  std::vector<size_t> first_param_;  // per layer: index of its first parameter
+  std::vector<Buffer> activations_;  // per layer output [max_batch, width]
+  Buffer grad_a_, grad_b_;           // ping-pong activation gradients
+  Tensor input_;                     // the last forward's input
+  std::vector<Tensor> outputs_;      // the last forward's outputs
 };
 
 }  // namespace ddp
