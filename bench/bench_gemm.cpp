@@ -50,83 +50,112 @@ double time_calls(const std::function<void()>& f, int64_t calls) {
   return seconds_now() - t0;
 }
 
-/// Median seconds per call of f over `repeats` timed runs. Each run batches enough calls to last
-/// >= 5 ms, so clock resolution and call overhead do not dominate microsecond kernels; a
-/// warm-up run first brings caches and the CPU clock to their steady state.
-double median_seconds_per_call(const std::function<void()>& f, int repeats) {
+/// Seconds per call: the median (the typical cost) and the best (what the core can do when
+/// nothing else disturbs it) of the timed runs.
+struct Timing {
+  double median = 0.0;
+  double best = 0.0;
+};
+
+/// Times f over `repeats` runs. Each run batches enough calls to last >= 5 ms, so clock
+/// resolution and call overhead do not dominate microsecond kernels; the calibration runs
+/// double as warm-up, bringing caches and the CPU clock to their steady state.
+Timing time_per_call(const std::function<void()>& f, int repeats) {
   int64_t calls = 1;
   while (time_calls(f, calls) < 5e-3) calls *= 2;
   std::vector<double> per_call;
-  for (int r = 0; r < repeats; ++r) per_call.push_back(time_calls(f, calls) / static_cast<double>(calls));
+  for (int r = 0; r < repeats; ++r)
+    per_call.push_back(time_calls(f, calls) / static_cast<double>(calls));
   std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
+  return Timing{per_call[per_call.size() / 2], per_call.front()};
 }
 
 /// A buffer of n values drawn from U(-1, 1), so no kernel runs on zeros or denormals.
-Buffer random_buffer(size_t n, Rng& rng) {
-  Buffer b(n);
-  for (size_t i = 0; i < n; ++i) b.data()[i] = static_cast<float>(rng.uniform(-1.0, 1.0));
+Buffer random_buffer(int64_t n, Rng& rng) {
+  Buffer b(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) b.data()[i] = static_cast<float>(rng.uniform(-1.0, 1.0));
   return b;
 }
 
 void print_header() {
-  std::printf("%-34s %-16s %12s %9s\n", "op", "m x n x k", "time/call", "GFLOP/s");
-  std::printf("%-34s %-16s %12s %9s\n", std::string(34, '-').c_str(), std::string(16, '-').c_str(),
-              std::string(12, '-').c_str(), std::string(9, '-').c_str());
+  std::printf("%-34s %-16s %12s %10s %10s\n", "op", "m x n x k", "time/call", "GFLOP/s", "best");
+  std::printf("%-34s %-16s %12s %10s %10s\n", std::string(34, '-').c_str(),
+              std::string(16, '-').c_str(), std::string(12, '-').c_str(),
+              std::string(10, '-').c_str(), std::string(10, '-').c_str());
 }
 
-void print_row(const std::string& op, const std::string& shape, double flops, double seconds) {
-  char time[32];
+std::string format_seconds(double seconds) {
+  char text[32];
   if (seconds < 1e-3) {
-    std::snprintf(time, sizeof time, "%.2f us", seconds * 1e6);
+    std::snprintf(text, sizeof text, "%.2f us", seconds * 1e6);
   } else {
-    std::snprintf(time, sizeof time, "%.3f ms", seconds * 1e3);
+    std::snprintf(text, sizeof text, "%.3f ms", seconds * 1e3);
   }
-  std::printf("%-34s %-16s %12s %9.2f\n", op.c_str(), shape.c_str(), time, flops / seconds * 1e-9);
+  return text;
+}
+
+/// One table row: median time per call, GFLOP/s at the median and at the best time (flops = 0
+/// for the non-GEMM parts of a step, which get no rate).
+void print_row(const std::string& op, const std::string& shape, double flops, const Timing& t) {
+  if (flops > 0.0) {
+    std::printf("%-34s %-16s %12s %10.2f %10.2f\n", op.c_str(), shape.c_str(),
+                format_seconds(t.median).c_str(), flops / t.median * 1e-9, flops / t.best * 1e-9);
+  } else {
+    std::printf("%-34s %-16s %12s %10s %10s\n", op.c_str(), shape.c_str(),
+                format_seconds(t.median).c_str(), "-", "-");
+  }
 }
 
 /// A row for one GEMM of m x n x k (2·m·n·k FLOPs).
-void print_row(const std::string& op, int64_t m, int64_t n, int64_t k, double seconds) {
+void print_row(const std::string& op, int64_t m, int64_t n, int64_t k, const Timing& t) {
   const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
-  print_row(op, shape, 2.0 * static_cast<double>(m * n * k), seconds);
+  print_row(op, shape, 2.0 * static_cast<double>(m * n * k), t);
 }
 
-/// Plain Eigen C = A * B on n x n row-major matrices; at n = 1024 this is the ceiling the
-/// training throughput is reported against.
-double bench_eigen_gemm(int64_t n, int repeats, Rng& rng) {
+/// Plain Eigen C = A * B on n x n row-major matrices. At n = 1024 its best time is the ceiling
+/// the training throughput is reported against.
+Timing bench_eigen_gemm(int64_t n, int repeats, Rng& rng) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Buffer a = random_buffer(static_cast<size_t>(n * n), rng);
-  Buffer b = random_buffer(static_cast<size_t>(n * n), rng);
-  Buffer c(static_cast<size_t>(n * n));
+  Buffer a = random_buffer(n * n, rng), b = random_buffer(n * n, rng),
+         c(static_cast<size_t>(n * n));
   Eigen::Map<const Matrix> ma(a.data(), n, n), mb(b.data(), n, n);
   Eigen::Map<Matrix> mc(c.data(), n, n);
-  const double s = median_seconds_per_call([&] { mc.noalias() = ma * mb; }, repeats);
-  print_row(n == 1024 ? "eigen gemm C=A*B (ceiling)" : "eigen gemm C=A*B", n, n, n, s);
-  return s;
+  const Timing t = time_per_call([&] { mc.noalias() = ma * mb; }, repeats);
+  print_row(n == 1024 ? "eigen gemm C=A*B (ceiling)" : "eigen gemm C=A*B", n, n, n, t);
+  return t;
 }
 
 /// The three Linear kernels for x [batch, in] -> y [batch, out]. The (m, n, k) shown is the GEMM
 /// each one runs: forward [b,out] = [b,in]·[in,out], backward_input [b,in] = [b,out]·[out,in],
 /// backward_params [out,in] = [out,b]·[b,in].
 void bench_linear(Backend& be, int64_t batch, int64_t in, int64_t out, int repeats, Rng& rng) {
-  Buffer x = random_buffer(static_cast<size_t>(batch * in), rng);
-  Buffer w = random_buffer(static_cast<size_t>(out * in), rng);
-  Buffer bias = random_buffer(static_cast<size_t>(out), rng);
-  Buffer y(static_cast<size_t>(batch * out));
-  Buffer dy = random_buffer(static_cast<size_t>(batch * out), rng);
-  Buffer dx(static_cast<size_t>(batch * in));
-  Buffer dw(static_cast<size_t>(out * in));
-  Buffer db(static_cast<size_t>(out));
+  Buffer x = random_buffer(batch * in, rng), w = random_buffer(out * in, rng),
+         bias = random_buffer(out, rng);
+  Buffer dy = random_buffer(batch * out, rng);
+  Buffer y(static_cast<size_t>(batch * out)), dx(static_cast<size_t>(batch * in));
+  Buffer dw(static_cast<size_t>(out * in)), db(static_cast<size_t>(out));
   Tensor tx = Tensor::of(x, batch, in), tw = Tensor::of(w, out, in), tb = Tensor::of(bias, 1, out);
   Tensor ty = Tensor::of(y, batch, out), tdy = Tensor::of(dy, batch, out);
-  Tensor tdx = Tensor::of(dx, batch, in), tdw = Tensor::of(dw, out, in), tdb = Tensor::of(db, 1, out);
+  Tensor tdx = Tensor::of(dx, batch, in), tdw = Tensor::of(dw, out, in),
+         tdb = Tensor::of(db, 1, out);
   const std::string tag = " " + std::to_string(in) + "->" + std::to_string(out);
   print_row("linear_forward" + tag, batch, out, in,
-            median_seconds_per_call([&] { be.linear_forward(tx, tw, tb, false, ty); }, repeats));
+            time_per_call([&] { be.linear_forward(tx, tw, tb, false, ty); }, repeats));
   print_row("linear_backward_input" + tag, batch, in, out,
-            median_seconds_per_call([&] { be.linear_backward_input(tdy, tw, nullptr, tdx); }, repeats));
+            time_per_call([&] { be.linear_backward_input(tdy, tw, nullptr, tdx); }, repeats));
   print_row("linear_backward_params" + tag, out, in, batch,
-            median_seconds_per_call([&] { be.linear_backward_params(tdy, tx, false, tdw, tdb); }, repeats));
+            time_per_call([&] { be.linear_backward_params(tdy, tx, false, tdw, tdb); }, repeats));
+}
+
+/// linear_forward on a square 1024 problem: the backend's overhead over plain Eigen.
+void bench_linear_square(Backend& be, int repeats, Rng& rng) {
+  const int64_t n = 1024;
+  Buffer x = random_buffer(n * n, rng), w = random_buffer(n * n, rng), bias = random_buffer(n, rng);
+  Buffer y(static_cast<size_t>(n * n));
+  Tensor tx = Tensor::of(x, n, n), tw = Tensor::of(w, n, n), tb = Tensor::of(bias, 1, n);
+  Tensor ty = Tensor::of(y, n, n);
+  print_row("linear_forward 1024->1024", n, n, n,
+            time_per_call([&] { be.linear_forward(tx, tw, tb, false, ty); }, repeats));
 }
 
 /// GEMM FLOPs of one training step (2 per multiply-add; bias, ReLU, softmax and SGD are left
@@ -148,73 +177,100 @@ StepFlops step_flops(const std::vector<int64_t>& widths, int64_t batch) {
   return f;
 }
 
-/// One training step with no communication and no data loading: forward, softmax
-/// cross-entropy, backward and the SGD update of the real model on one core. Its rate is the
-/// most one rank of ddp-train can reach.
-double bench_train_step(Backend& be, const Options& opt, Rng& rng) {
-  Sequential model(opt.widths, "relu", opt.batch);
-  std::vector<size_t> offsets;
-  size_t total = 0;
-  for (size_t n : model.parameter_numels()) {
-    offsets.push_back(total);
-    total += n;
+/// The real model on one core with no communication and no data loading: what one rank of
+/// ddp-train could reach at best. Random inputs and labels; a small lr keeps the weights finite
+/// over the thousands of timed steps.
+class TrainStepBench {
+ public:
+  TrainStepBench(const Options& opt, Rng& rng)
+      : batch_(opt.batch), model_(opt.widths, "relu", opt.batch) {
+    std::vector<size_t> offsets;
+    for (size_t n : model_.parameter_numels()) {
+      offsets.push_back(numel_);
+      numel_ += static_cast<int64_t>(n);
+    }
+    values_ = Buffer(static_cast<size_t>(numel_));
+    grads_ = Buffer(static_cast<size_t>(numel_));
+    momentum_ = Buffer(static_cast<size_t>(numel_));
+    model_.bind(values_.data(), grads_.data(), offsets);
+    model_.init_uniform(rng);
+    x_ = random_buffer(batch_ * model_.in_features(), rng);
+    dlogits_ = Buffer(static_cast<size_t>(batch_ * model_.out_features()));
+    for (int64_t i = 0; i < batch_; ++i)
+      labels_.push_back(static_cast<int32_t>(rng.below(model_.out_features())));
+    sgd_.lr = 1e-4f;
+    sgd_.momentum = 0.9f;
   }
-  Buffer values(total), grads(total), momentum(total);
-  model.bind(values.data(), grads.data(), offsets);
-  model.init_uniform(rng);
-  const int64_t in = opt.widths.front(), classes = opt.widths.back();
-  Buffer x = random_buffer(static_cast<size_t>(opt.batch * in), rng);
-  Buffer dlogits(static_cast<size_t>(opt.batch * classes));
-  std::vector<int32_t> labels;
-  for (int64_t i = 0; i < opt.batch; ++i) labels.push_back(static_cast<int32_t>(rng.below(classes)));
-  Tensor tx = Tensor::of(x, opt.batch, in), tdl = Tensor::of(dlogits, opt.batch, classes);
-  Tensor tv = Tensor::of(values, 1, static_cast<int64_t>(total));
-  Tensor tg = Tensor::of(grads, 1, static_cast<int64_t>(total));
-  Tensor tm = Tensor::of(momentum, 1, static_cast<int64_t>(total));
-  // A small lr keeps the weights finite over thousands of steps on random labels.
-  SgdOptions sgd;
-  sgd.lr = 1e-4f;
-  sgd.momentum = 0.9f;
+
+  int64_t numel() const { return numel_; }
+  void forward(Backend& be) { model_.forward(be, Tensor::of(x_, batch_, model_.in_features())); }
+  void forward_xent(Backend& be) {
+    const Tensor& logits = model_.forward(be, Tensor::of(x_, batch_, model_.in_features()));
+    Tensor dl = Tensor::of(dlogits_, batch_, model_.out_features());
+    be.softmax_xent(logits, labels_.data(), 1.0f / static_cast<float>(batch_), &dl);
+  }
+  void backward(Backend& be) {
+    model_.backward(be, Tensor::of(dlogits_, batch_, model_.out_features()), false, [](size_t) {});
+  }
+  void sgd(Backend& be) {
+    Tensor v = Tensor::of(values_, 1, numel_), m = Tensor::of(momentum_, 1, numel_);
+    be.sgd_step(v, Tensor::of(grads_, 1, numel_), m, sgd_, false);
+  }
+  void step(Backend& be) {
+    forward_xent(be);
+    backward(be);
+    sgd(be);
+  }
+
+ private:
+  int64_t batch_;
+  Sequential model_;
+  int64_t numel_ = 0;
+  Buffer values_, grads_, momentum_, x_, dlogits_;
+  std::vector<int32_t> labels_;
+  SgdOptions sgd_;
+};
+
+/// Times the parts of a step and the whole; returns the whole step's timing.
+Timing bench_train_step(Backend& be, const Options& opt, Rng& rng) {
+  TrainStepBench bench(opt, rng);
   const StepFlops f = step_flops(opt.widths, opt.batch);
   const std::string shape = "b=" + std::to_string(opt.batch);
-  const float scale = 1.0f / static_cast<float>(opt.batch);
-  const double fwd = median_seconds_per_call([&] { model.forward(be, tx); }, opt.repeats);
+  const Timing fwd = time_per_call([&] { bench.forward(be); }, opt.repeats);
   print_row("  step part: model forward", shape, f.forward, fwd);
-  const double fwd_xent = median_seconds_per_call(
-      [&] { be.softmax_xent(model.forward(be, tx), labels.data(), scale, &tdl); }, opt.repeats);
-  print_row("  step part: softmax_xent", shape, 0.0, std::max(0.0, fwd_xent - fwd));
+  const Timing fwd_xent = time_per_call([&] { bench.forward_xent(be); }, opt.repeats);
+  print_row("  step part: softmax_xent", shape, 0.0,
+            Timing{std::max(0.0, fwd_xent.median - fwd.median), 0.0});
   print_row("  step part: model backward", shape, f.backward,
-            median_seconds_per_call([&] { model.backward(be, tdl, false, [](size_t) {}); }, opt.repeats));
-  print_row("  step part: sgd_step (momentum)", "n=" + std::to_string(total), 0.0,
-            median_seconds_per_call([&] { be.sgd_step(tv, tg, tm, sgd, false); }, opt.repeats));
-  const double step = median_seconds_per_call(
-      [&] {
-        const Tensor& logits = model.forward(be, tx);
-        be.softmax_xent(logits, labels.data(), scale, &tdl);
-        model.backward(be, tdl, false, [](size_t) {});
-        be.sgd_step(tv, tg, tm, sgd, false);
-      },
-      opt.repeats);
+            time_per_call([&] { bench.backward(be); }, opt.repeats));
+  print_row("  step part: sgd_step (momentum)", "n=" + std::to_string(bench.numel()), 0.0,
+            time_per_call([&] { bench.sgd(be); }, opt.repeats));
+  const Timing step = time_per_call([&] { bench.step(be); }, opt.repeats);
   print_row("train step (fwd+xent+bwd+sgd)", shape, f.total(), step);
   return step;
 }
 
-void print_step_flops(const Options& opt) {
+void print_step_flops(const Options& opt, const Timing& step) {
   const StepFlops f = step_flops(opt.widths, opt.batch);
   std::string model;
-  for (size_t i = 0; i < opt.widths.size(); ++i) model += (i ? "-" : "") + std::to_string(opt.widths[i]);
+  for (size_t i = 0; i < opt.widths.size(); ++i)
+    model += (i ? "-" : "") + std::to_string(opt.widths[i]);
   std::printf("\nmodel %s, batch %lld per rank: GEMM FLOPs per step\n", model.c_str(),
               static_cast<long long>(opt.batch));
-  std::printf("  forward  %12.0f\n  backward %12.0f  (dW all layers + dX all but the first)\n", f.forward,
-              f.backward);
-  std::printf("  total    %12.0f  = %.0f per sample\n", f.total(), f.total() / static_cast<double>(opt.batch));
+  std::printf("  forward  %12.0f\n  backward %12.0f  (dW all layers + dX all but the first)\n",
+              f.forward, f.backward);
+  std::printf("  total    %12.0f  = %.0f per sample\n", f.total(),
+              f.total() / static_cast<double>(opt.batch));
+  std::printf("one core, compute only (train step above, median): %.0f samples/s\n",
+              static_cast<double>(opt.batch) / step.median);
 }
 
 int64_t parse_int(const std::string& flag, const char* value) {
   DDP_CHECK(value != nullptr, flag << ": missing value");
   char* end = nullptr;
   const long long v = std::strtoll(value, &end, 10);
-  DDP_CHECK(end != value && *end == '\0' && v >= 1, flag << ": expected a positive integer, got '" << value << "'");
+  DDP_CHECK(end != value && *end == '\0' && v >= 1,
+            flag << ": expected a positive integer, got '" << value << "'");
   return v;
 }
 
@@ -240,34 +296,29 @@ int run(int argc, char** argv) {
   const Options opt = parse_options(argc, argv);
   Rng rng(0);
   auto be = make_cpu_backend();
-  std::printf("single core, Eigen %d.%d.%d, %s; median of %d timed runs after a warm-up\n\n",
-              EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse(),
-              opt.repeats);
+  std::printf(
+      "single core, Eigen %d.%d.%d (%s); time/call and GFLOP/s: median of %d timed runs after a "
+      "warm-up; best: the fastest run\n\n",
+      EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION,
+      Eigen::SimdInstructionSetsInUse(), opt.repeats);
   print_header();
   const int64_t n = 1024;
-  const double gemm_s = bench_eigen_gemm(n, opt.repeats, rng);
-  for (int64_t small : {512, 256}) bench_eigen_gemm(small, opt.repeats, rng);
-  {
-    Buffer x = random_buffer(static_cast<size_t>(n * n), rng), w = random_buffer(static_cast<size_t>(n * n), rng);
-    Buffer bias = random_buffer(static_cast<size_t>(n), rng), y(static_cast<size_t>(n * n));
-    Tensor tx = Tensor::of(x, n, n), tw = Tensor::of(w, n, n), tb = Tensor::of(bias, 1, n);
-    Tensor ty = Tensor::of(y, n, n);
-    print_row("linear_forward 1024->1024", n, n, n,
-              median_seconds_per_call([&] { be->linear_forward(tx, tw, tb, false, ty); }, opt.repeats));
-  }
+  const Timing gemm = bench_eigen_gemm(n, opt.repeats, rng);
+  for (int64_t smaller : {512, 256}) bench_eigen_gemm(smaller, opt.repeats, rng);
+  bench_linear_square(*be, opt.repeats, rng);
   for (size_t i = 0; i + 1 < opt.widths.size(); ++i) {
     bench_linear(*be, opt.batch, opt.widths[i], opt.widths[i + 1], opt.repeats, rng);
   }
-  const StepFlops f = step_flops(opt.widths, opt.batch);
-  const double step_s = bench_train_step(*be, opt, rng);
-  print_step_flops(opt);
-  std::printf("  one core, compute only (train step above): %.0f samples/s\n",
-              static_cast<double>(opt.batch) / step_s);
+  const Timing step = bench_train_step(*be, opt, rng);
+  print_step_flops(opt, step);
   // Machine-readable lines for bench/compare_ddp.sh.
-  std::printf("\nresult.gemm_ceiling_gflops=%.3f\n", 2.0 * static_cast<double>(n * n * n) / gemm_s * 1e-9);
+  const StepFlops f = step_flops(opt.widths, opt.batch);
+  std::printf("\nresult.gemm_ceiling_gflops=%.3f\n",
+              2.0 * static_cast<double>(n * n * n) / gemm.best * 1e-9);
   std::printf("result.step_flops=%.0f\n", f.total());
   std::printf("result.flops_per_sample=%.0f\n", f.total() / static_cast<double>(opt.batch));
-  std::printf("result.train_step_samples_per_sec=%.1f\n", static_cast<double>(opt.batch) / step_s);
+  std::printf("result.train_step_samples_per_sec=%.1f\n",
+              static_cast<double>(opt.batch) / step.median);
   return 0;
 }
 

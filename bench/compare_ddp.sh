@@ -3,7 +3,8 @@
 # Fashion-MNIST MLP at 1 and 2 ranks, same model, per-rank batch and optimizer; prints one
 # markdown table (paste it into docs/performance.md as is). Builds nothing.
 #   bench/compare_ddp.sh [--repeats N] [--ddp-steps N] [--torch-steps N] [--ranks "1 2"]
-#                        [--blas-as-detected] [--set key.path=value ...] [-- MPIRUN_ARGS...]
+#                        [--only ddp|torch] [--blas-as-detected] [--set key.path=value ...]
+#                        [-- MPIRUN_ARGS...]   (--set and MPIRUN_ARGS go to ddp-train's runs)
 # Binaries: $DDP_TRAIN (default build/ddp-train) and $DDP_BENCH_GEMM (default bench/ddp_bench_gemm
 # next to ddp-train). Python: $TORCH_PYTHON (default /usr/bin/python3, Debian's, with torch).
 # If OpenBLAS does not know the CPU it falls back to SSE3 kernels ("Prescott"); unless
@@ -18,7 +19,7 @@ usage() {
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-repeats=3; ddp_steps=3000; torch_steps=6000; ranks_list="1 2"; blas_as_detected=0
+repeats=3; ddp_steps=5000; torch_steps=6000; ranks_list="1 2"; blas_as_detected=0; only=""
 ddp_sets=(); mpi_extra=()
 while (($#)); do
   case "$1" in
@@ -27,12 +28,14 @@ while (($#)); do
     --torch-steps) torch_steps="${2:?--torch-steps needs a number}"; shift 2 ;;
     --ranks) ranks_list="${2:?--ranks needs a list like \"1 2\"}"; shift 2 ;;
     --blas-as-detected) blas_as_detected=1; shift ;;
+    --only) only="${2:?--only needs ddp or torch}"; shift 2 ;;
     --set) ddp_sets+=(--set "${2:?--set needs key.path=value}"); shift 2 ;;
     --) shift; mpi_extra=(-- "$@"); break ;;
     -h|--help) usage 0 ;;
     *) echo "compare_ddp.sh: unknown argument $1" >&2; usage ;;
   esac
 done
+[[ -z "$only" || "$only" == ddp || "$only" == torch ]] || { echo "compare_ddp.sh: --only takes ddp or torch, got '$only'" >&2; exit 2; }
 for n in "$repeats" "$ddp_steps" "$torch_steps"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "compare_ddp.sh: expected a positive integer, got '$n'" >&2; exit 2; }
 done
@@ -77,8 +80,24 @@ trap 'rm -rf "$work"' EXIT
 results="$work/results.jsonl"
 : > "$results"
 
+# How busy the CPUs are with other work right now, in percent over 3 s (the load average lags by
+# minutes and also counts this script's own previous runs).
+cpu_busy_percent() {
+  local a b
+  a=($(head -1 /proc/stat)); sleep 3; b=($(head -1 /proc/stat))
+  local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) ))
+  local total=$(( (b[1] + b[2] + b[3] + b[4] + b[5] + b[6] + b[7] + b[8]) - (a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7] + a[8]) ))
+  echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
+}
+
+busy="$(cpu_busy_percent)"
+if ((busy > 10)); then
+  echo "compare_ddp.sh: warning: the CPUs are ${busy}% busy with other work; the numbers will be low and noisy" >&2
+fi
+
 # The machine as the table header reports it; the load is read before and after the runs.
 {
+  echo "busy_before=$busy"
   echo "load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
   echo "cores=$(nproc)"
@@ -113,10 +132,14 @@ run_torch() {  # ranks repeat
 # machine's load during the script hits all configurations alike.
 for ((r = 1; r <= repeats; r++)); do
   for n in $ranks_list; do
-    echo "compare_ddp.sh: repeat $r/$repeats, $n rank(s): ddp-train, $ddp_steps steps" >&2
-    run_ddp "$n" "$r"
-    echo "compare_ddp.sh: repeat $r/$repeats, $n rank(s): torch DDP, $torch_steps steps" >&2
-    run_torch "$n" "$r"
+    if [[ "$only" != torch ]]; then
+      echo "compare_ddp.sh: repeat $r/$repeats, $n rank(s): ddp-train, $ddp_steps steps" >&2
+      run_ddp "$n" "$r"
+    fi
+    if [[ "$only" != ddp ]]; then
+      echo "compare_ddp.sh: repeat $r/$repeats, $n rank(s): torch DDP, $torch_steps steps" >&2
+      run_torch "$n" "$r"
+    fi
   done
 done
 echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >> "$work/machine.txt"

@@ -48,9 +48,10 @@ def header(machine, gemm, runs):
     torch_run = next((r[0] for (impl, _), r in sorted(runs.items()) if impl == "torch"), None)
     ddp_run = next((r[0] for (impl, _), r in sorted(runs.items()) if impl == "ddp"), None)
     lines = [
-        "### ddp-train vs PyTorch DDP: Fashion-MNIST MLP 784-256-256-10, batch 64 per rank",
+        "#### ddp-train vs PyTorch DDP: Fashion-MNIST MLP 784-256-256-10, batch 64 per rank",
         "",
-        f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores; load average "
+        f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores; CPUs "
+        f"{machine.get('busy_before', '?')}% busy with other work just before the runs; load average "
         f"(1/5/15 min) {machine.get('load_before', '?')} before, {machine.get('load_after', '?')} after",
         f"- single-core GEMM ceiling (Eigen, 1024x1024x1024): {float(gemm['gemm_ceiling_gflops']):.1f} GFLOP/s; "
         f"GEMM FLOPs per sample (forward + backward): {fmt_int(float(gemm['flops_per_sample']))}; "
@@ -86,7 +87,8 @@ def table(runs, gemm):
         "| % of ceiling x ranks | ddp/torch | allreduce hidden |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for key in sorted(runs, key=lambda k: (k[0] != "ddp", k[1])):
+    order = {"ddp": 0, "torch": 1}
+    for key in sorted(runs, key=lambda k: (order.get(k[0], 2), k[0], k[1])):
         impl, ranks = key
         rates = [r["samples_per_sec"] for r in runs[key]]
         one = med.get((impl, 1))
@@ -97,7 +99,7 @@ def table(runs, gemm):
         hidden = "-"
         if impl == "ddp" and ranks > 1:
             hidden = f"{statistics.median(r['allreduce_hidden_fraction'] for r in runs[key]):.0%}"
-        name = "ddp-train" if impl == "ddp" else "PyTorch DDP"
+        name = {"ddp": "ddp-train", "torch": "PyTorch DDP", "torch-plain": "PyTorch, no DDP"}.get(impl, impl)
         lines.append(f"| {name} | {ranks} | {fmt_int(med[key])} | {fmt_int(min(rates))}-{fmt_int(max(rates))} "
                      f"| {speedup} | {gflops:.1f} | {gflops / (ceiling * ranks):.0%} | {ratio} | {hidden} |")
     return lines, med

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
+TRAIN_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
 
 
 def parse_args(argv):
@@ -46,11 +47,19 @@ def parse_args(argv):
     p.add_argument("--data-dir", default=DEFAULT_DATA)
     p.add_argument("--no-bind", action="store_true",
                    help="do not pin rank r to core r (ddp-run pins ranks to cores)")
+    p.add_argument("--plain", action="store_true",
+                   help="1 process without DistributedDataParallel: what DDP costs on top of the model")
     p.add_argument("--openblas-core", action="store_true",
                    help="print the kernel family OpenBLAS picks on this machine and exit")
     args = p.parse_args(argv)
     if args.world_size < 1 or args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
         p.error("--world-size, --steps and --batch-size must be >= 1 and --warmup >= 0")
+    if args.plain and args.world_size != 1:
+        p.error("--plain runs one process: it needs --world-size 1")
+    for name in TRAIN_FILES:
+        path = os.path.join(args.data_dir, name)
+        if not os.path.isfile(path):
+            p.error(f"--data-dir: file not found: {os.path.abspath(path)}")
     return args
 
 
@@ -71,8 +80,7 @@ def read_idx(path):
 
 def load_fashion_mnist(data_dir):
     """The training split as in-memory tensors: X float32 [N, 784] in [0, 1], y int64 [N]."""
-    images = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
+    images, labels = (read_idx(os.path.join(data_dir, name)) for name in TRAIN_FILES)
     x = torch.from_numpy(images.reshape(images.shape[0], -1).astype(np.float32) / 255.0)
     y = torch.from_numpy(labels.astype(np.int64))
     return x, y
@@ -128,7 +136,9 @@ def train(rank, args, port, results):
     x_all, y_all = load_fashion_mnist(args.data_dir)
     widths = [int(w) for w in args.layers.split(",")]
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(make_model(widths), bucket_cap_mb=args.bucket_cap_mb)
+    model = make_model(widths)
+    if not args.plain:
+        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     sampler = DistributedSampler(range(x_all.shape[0]), num_replicas=args.world_size, rank=rank,
@@ -160,7 +170,7 @@ def train(rank, args, port, results):
         # DistributedSampler pads every rank's shard to the same length, so the batches of one
         # step have the same size on every rank.
         results.put({
-            "impl": "torch", "world_size": args.world_size, "steps": args.steps,
+            "impl": "torch-plain" if args.plain else "torch", "world_size": args.world_size, "steps": args.steps,
             "batch_size": args.batch_size, "samples": samples * args.world_size,
             "seconds": seconds, "samples_per_sec": samples * args.world_size / seconds,
             "final_loss": float(loss.item()), "bucket_cap_mb": args.bucket_cap_mb,
