@@ -84,12 +84,12 @@ void Reducer::launch_ready_buckets() {
   // collectives, even when gradients become ready in a different order on different ranks.
   while (next_to_launch_ < plan_.buckets.size() && pending_[next_to_launch_] == 0) {
     const auto& bucket = plan_.buckets[next_to_launch_];
-    work_[next_to_launch_] = comm_.allreduce_async(arena_ + bucket.offset, bucket.numel, true);
+    work_[next_to_launch_] = comm_.allreduce_async(arena_ + bucket.offset, bucket.numel, false);
     ++next_to_launch_;
   }
 }
 
-ReducerStepStats Reducer::finalize(double backward_begin, double backward_end) {
+ReducerStepStats Reducer::finalize(const BackwardWindow& backward) {
   ReducerStepStats stats;
   for (size_t p = 0; p < marked_.size(); ++p) {
     DDP_CHECK(marked_[p], "Reducer: backward finished but the gradient of "
@@ -97,12 +97,15 @@ ReducerStepStats Reducer::finalize(double backward_begin, double backward_end) {
   }
   if (!sync_) return stats;
   const double wait_begin = seconds_now();
+  double inside = 0.0;
   for (size_t b = 0; b < work_.size(); ++b) {
     work_[b]->wait();
     const double s = work_[b]->start_time(), e = work_[b]->end_time();
     stats.comm_seconds += e - s;
-    stats.hidden_seconds += std::max(0.0, std::min(e, backward_end) - std::max(s, backward_begin));
+    inside += std::max(0.0, std::min(e, backward.end) - std::max(s, backward.begin));
   }
+  const double off_core = std::max(0.0, backward.end - backward.begin - backward.cpu_seconds);
+  stats.hidden_seconds = std::max(0.0, inside - off_core);
   stats.wait_seconds = seconds_now() - wait_begin;
   return stats;
 }

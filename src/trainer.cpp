@@ -183,6 +183,7 @@ struct Trainer::State {
 void Trainer::State::setup() {
   DDP_CHECK(cfg.device == "cpu", "device: '" << cfg.device << "' is not available in this build");
   backend = make_cpu_backend();
+  set_flush_denormals(true);  // this is the thread that computes (see backend.h)
   run_agreed(comm, [&] {
     load_data();
     build_model();
@@ -360,8 +361,9 @@ TrainSummary Trainer::run() {
       const int64_t group_begin = (i / A) * A;
       const int64_t group_end = std::min(group_begin + A, nb);
       const bool last_micro = i + 1 == group_end;
-      // The loss is a mean over every sample of the optimizer step (all micro-batches; the
-      // average over ranks is the Reducer's), so the step means what one process would do.
+      // The gradient is a mean over every sample of the optimizer step: all micro-batches and,
+      // because the Reducer sums over ranks, all ranks (DDP's 1/world pre-scale, folded in
+      // here). So the step means what one process would do with the global batch.
       const int64_t group_rows = std::min(group_end * B, shard) - group_begin * B;
       Tensor x{const_cast<float*>(batch->x.data()), batch->rows, features, Device::CPU};
       const Tensor& logits = s.model->forward(be, x);
@@ -370,8 +372,8 @@ TrainSummary Trainer::run() {
         s.shapes_printed = true;
       }
       Tensor dlogits = Tensor::of(s.dlogits, batch->rows, logits.cols);
-      const XentResult r =
-          be.softmax_xent(logits, batch->y.data(), 1.0f / static_cast<float>(group_rows), &dlogits);
+      const XentResult r = be.softmax_xent(logits, batch->y.data(),
+                                           1.0f / static_cast<float>(group_rows * world), &dlogits);
       DDP_CHECK(std::isfinite(r.loss_sum), "loss is " << r.loss_sum << " at epoch " << epoch + 1
                                                       << " step " << step_in_epoch + 1
                                                       << " (lower optimizer.lr?)");
@@ -379,11 +381,12 @@ TrainSummary Trainer::run() {
       log_tally.add(r, batch->rows);
 
       s.reducer->prepare_for_backward(last_micro);
-      const double bw_begin = seconds_now();
+      BackwardWindow bw{seconds_now(), 0.0, thread_cpu_seconds()};
       s.model->backward(be, dlogits, i > group_begin, [&](size_t p) { s.reducer->mark_ready(p); });
-      const double bw_end = seconds_now();
+      bw.end = seconds_now();
+      bw.cpu_seconds = thread_cpu_seconds() - bw.cpu_seconds;
       if (!last_micro) continue;
-      const ReducerStepStats st = s.reducer->finalize(bw_begin, bw_end);
+      const ReducerStepStats st = s.reducer->finalize(bw);
       sum.comm_seconds += st.comm_seconds;
       sum.hidden_seconds += st.hidden_seconds;
       sum.wait_seconds += st.wait_seconds;

@@ -54,4 +54,8 @@ std::string broadcast_string(Communicator& comm, const std::string& s, int root)
 /// Monotonic clock in seconds, shared by timings on all threads.
 double seconds_now();
 
+/// CPU time consumed by the calling thread, in seconds (what it really computed, as opposed
+/// to the wall time during which it may have waited for a core).
+double thread_cpu_seconds();
+
 }  // namespace ddp

@@ -37,11 +37,21 @@ BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t fi
 /// for comparing plans across ranks.
 std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>& param_names);
 
+/// When backward ran, for the overlap statistics: wall-clock bounds (seconds_now()) and the
+/// CPU time the training thread got in between (thread_cpu_seconds()).
+struct BackwardWindow {
+  double begin = 0.0;
+  double end = 0.0;
+  double cpu_seconds = 0.0;
+};
+
 /// Where the time of one synchronised step went, for the overlap report.
 struct ReducerStepStats {
   double comm_seconds = 0.0;  ///< sum over buckets of allreduce execution time
-  double hidden_seconds =
-      0.0;  ///< part of comm_seconds that ran inside [backward_begin, backward_end]
+  /// The part of comm_seconds during which backward was really computing: allreduce time inside
+  /// the backward window, less the time the training thread was off its core in that window
+  /// (communication that ran on the same core as backward took turns with it; it hid nothing).
+  double hidden_seconds = 0.0;
   double wait_seconds = 0.0;  ///< time finalize() blocked the training thread
 };
 
@@ -59,11 +69,13 @@ class Reducer {
   /// every bucket that is now complete, strictly in index order. Throws if marked twice.
   void mark_ready(size_t param);
 
-  /// Waits for every bucket; afterwards the arena holds gradients averaged over ranks.
+  /// Waits for every bucket; afterwards the arena holds the gradients summed over ranks. To
+  /// average (DDP's semantics) the caller pre-scales by 1/size(): the Trainer folds it into the
+  /// loss gradient's scale, which costs nothing, where dividing every bucket would be one more
+  /// pass over all gradients on a core that backward needs.
   /// Must run before the optimizer reads gradients. Throws naming any parameter whose
-  /// gradient was never marked ready. `backward_begin/end` (seconds_now()) bound the backward
-  /// pass, for the overlap statistics.
-  ReducerStepStats finalize(double backward_begin, double backward_end);
+  /// gradient was never marked ready. `backward` is only used for the statistics.
+  ReducerStepStats finalize(const BackwardWindow& backward = {});
 
   const BucketPlan& plan() const { return plan_; }
   /// Buckets launched so far in this backward (tests use it to observe launch order).

@@ -1,6 +1,14 @@
 // MPI communicator: one communication thread per rank executes every MPI call in submission
 // order, so async allreduces overlap the training thread's compute, and only one thread ever
 // calls MPI (MPI_THREAD_SERIALIZED suffices).
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <time.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -17,6 +25,12 @@ namespace ddp {
 double seconds_now() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 namespace {
@@ -55,6 +69,17 @@ class MpiWork : public Work {
   std::exception_ptr error_;
   double start_ = 0.0, end_ = 0.0;
 };
+
+// The comm thread yields the core to computation. Where a rank has a core to itself the
+// training thread and this one share it: Open MPI busy-polls while waiting for a peer, and at
+// equal priority that polling takes turns with backward; at the lowest priority it runs when
+// backward does not need the core (Linux gives each thread its own nice value). Where spare
+// cores exist the thread simply runs on one of them.
+void lower_thread_priority() {
+#if defined(__linux__)
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+#endif
+}
 
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
@@ -144,6 +169,7 @@ class MpiCommunicator : public Communicator {
   }
 
   void loop() {
+    lower_thread_priority();
     for (;;) {
       Task task;
       {

@@ -16,6 +16,11 @@
 #pragma GCC diagnostic pop
 #endif
 
+#if defined(__SSE2__)
+#include <pmmintrin.h>
+#include <xmmintrin.h>
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -324,5 +329,16 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+bool set_flush_denormals(bool on) {
+#if defined(__SSE2__)
+  _MM_SET_FLUSH_ZERO_MODE(on ? _MM_FLUSH_ZERO_ON : _MM_FLUSH_ZERO_OFF);
+  _MM_SET_DENORMALS_ZERO_MODE(on ? _MM_DENORMALS_ZERO_ON : _MM_DENORMALS_ZERO_OFF);
+  return true;
+#else
+  (void)on;
+  return false;
+#endif
+}
 
 }  // namespace ddp

@@ -160,8 +160,8 @@ TEST_CASE("Reducer launches buckets in index order as soon as they are complete"
   REQUIRE(comm.calls[0].count == 256);
   REQUIRE(comm.calls[1].data == arena.data() + plan.buckets[1].offset);
   REQUIRE(comm.calls[1].count == 512);
-  REQUIRE(comm.calls[0].average);
-  reducer.mark_ready(0);  // bucket 3 complete, bucket 2 not: nothing may start
+  REQUIRE_FALSE(comm.calls[0].average);  // summed: the loss is pre-scaled by 1/world
+  reducer.mark_ready(0);                 // bucket 3 complete, bucket 2 not: nothing may start
   reducer.mark_ready(2);
   REQUIRE(comm.calls.size() == 2);
   reducer.mark_ready(1);  // bucket 2 complete: 2 and 3 start, in that order
@@ -169,14 +169,14 @@ TEST_CASE("Reducer launches buckets in index order as soon as they are complete"
   REQUIRE(comm.calls[2].data == arena.data() + plan.buckets[2].offset);
   REQUIRE(comm.calls[3].data == arena.data() + plan.buckets[3].offset);
   REQUIRE(reducer.launched() == 4);
-  reducer.finalize(0, 0);
+  reducer.finalize();
 
   // The next backward starts over.
   reducer.prepare_for_backward(true);
   REQUIRE(reducer.launched() == 0);
   for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
   REQUIRE(comm.calls.size() == 8);
-  reducer.finalize(0, 0);
+  reducer.finalize();
 }
 
 TEST_CASE("Reducer in no_sync mode communicates nothing", "[reducer]") {
@@ -187,11 +187,11 @@ TEST_CASE("Reducer in no_sync mode communicates nothing", "[reducer]") {
   ddp::Reducer reducer(plan, {"a", "b", "c"}, arena.data(), comm);
   reducer.prepare_for_backward(false);
   for (size_t p = 0; p < 3; ++p) reducer.mark_ready(p);
-  reducer.finalize(0, 0);
+  reducer.finalize();
   REQUIRE(comm.calls.empty());
   reducer.prepare_for_backward(true);
   for (size_t p = 0; p < 3; ++p) reducer.mark_ready(p);
-  reducer.finalize(0, 0);
+  reducer.finalize();
   REQUIRE(comm.calls.size() == 3);
 }
 
@@ -208,7 +208,7 @@ TEST_CASE("Reducer rejects a gradient marked twice or never marked", "[reducer]"
   reducer.prepare_for_backward(true);
   reducer.mark_ready(2);
   reducer.mark_ready(0);
-  REQUIRE_THROWS_WITH(reducer.finalize(0, 0),
+  REQUIRE_THROWS_WITH(reducer.finalize(),
                       Catch::Contains("b0") && Catch::Contains("never marked ready"));
   REQUIRE_THROWS_AS(reducer.mark_ready(7), ddp::Error);
 }
