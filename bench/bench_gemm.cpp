@@ -1,18 +1,7 @@
 // ddp_bench_gemm: the single-core GEMM ceiling (Eigen, 1024^3) and the CPU backend's Linear
 // kernels at the Fashion-MNIST model's shapes, as a table; plus the FLOPs of one training step,
 // which bench/compare_ddp.sh uses to turn samples/s into GFLOP/s.
-// GCC 12.1-12.2 report false "may be used uninitialized" warnings from their own AVX-512
-// intrinsics headers under -march=native (gcc.gnu.org/bugzilla PR105593); Eigen is included first
-// so the suppression covers <immintrin.h> and nothing of ours.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <Eigen/Core>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "cpu/eigen_core.h"  // first: see there
 
 #include <algorithm>
 #include <chrono>

@@ -2,19 +2,7 @@
 // Eigen (row-major, never Eigen-owned storage). Single-threaded by design: the library is built
 // with EIGEN_DONT_PARALLELIZE because one rank per core is the parallelism.
 
-// GCC 12.1-12.2 report false "may be used uninitialized" warnings from its own AVX-512
-// intrinsics headers (gcc.gnu.org/bugzilla PR105593, fixed in 12.3) when Eigen is built with
-// -march=native on an AVX-512 machine. Eigen must stay the first include so the suppression
-// covers <immintrin.h>; it ends with this include and applies to nothing of ours.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <Eigen/Core>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "eigen_core.h"  // first: see there
 
 #if defined(__SSE2__)
 #include <pmmintrin.h>
