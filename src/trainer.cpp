@@ -150,7 +150,8 @@ struct Trainer::State {
   bool has_test = false;
   std::unique_ptr<Sequential> model;
   BucketPlan plan;
-  Buffer values, grads, dlogits;
+  Buffer values, dlogits;
+  float* grads = nullptr;  // the communicator's gradient arena (bucket memory)
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<Sgd> sgd;
   std::unique_ptr<DistributedSampler> sampler;
@@ -195,11 +196,15 @@ void Trainer::State::setup() {
     check_same_as_rank0(comm, startup_fingerprint(cfg, *model, plan, comm.size()));
   });
   run_agreed(comm, [&] {
+    grads = comm.gradient_arena(plan.total_numel);
+    model->bind(values.data(), grads, plan.param_offset);
+  });
+  run_agreed(comm, [&] {
     if (is_root()) init_parameters();
   });
   comm.broadcast(values.data(), values.bytes(), 0);
 
-  reducer = std::make_unique<Reducer>(plan, model->parameter_names(), grads.data(), comm);
+  reducer = std::make_unique<Reducer>(plan, model->parameter_names(), grads, comm);
   SgdOptions opt;
   opt.lr = static_cast<float>(cfg.optimizer.lr);
   opt.momentum = static_cast<float>(cfg.optimizer.momentum);
@@ -250,9 +255,7 @@ void Trainer::State::build_model() {
                              static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
                              static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB));
   values = Buffer(plan.total_numel);
-  grads = Buffer(plan.total_numel);
   dlogits = Buffer(static_cast<size_t>(max_batch * model->out_features()));
-  model->bind(values.data(), grads.data(), plan.param_offset);
 }
 
 void Trainer::State::init_parameters() {
@@ -390,7 +393,8 @@ TrainSummary Trainer::run() {
       sum.comm_seconds += st.comm_seconds;
       sum.hidden_seconds += st.hidden_seconds;
       sum.wait_seconds += st.wait_seconds;
-      s.sgd->step(be, s.flat(s.values), s.flat(s.grads));
+      s.sgd->step(be, s.flat(s.values),
+                  Tensor{s.grads, 1, static_cast<int64_t>(s.plan.total_numel), Device::CPU});
       ++step_in_epoch;
       ++sum.steps;
 

@@ -37,6 +37,12 @@ class Communicator {
   /// size(). The buffer must not be touched until wait() returns. Collectives start in call order.
   virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) = 0;
 
+  /// Collective, once: `numel` zero-initialised floats for the gradient buckets, owned by the
+  /// communicator until it is destroyed. allreduce_async on ranges of this memory may take a
+  /// zero-copy path (MPI: when every rank is on one node, the memory is an MPI shared-memory
+  /// window and ranks reduce straight out of each other's buckets).
+  virtual float* gradient_arena(size_t numel) = 0;
+
   /// Blocking allreduce of doubles (metrics, agreement flags).
   virtual void allreduce(double* data, size_t count, ReduceOp op) = 0;
   /// Blocking broadcast of raw bytes from `root`.

@@ -9,6 +9,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -16,9 +17,12 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "ddp/check.h"
 #include "ddp/comm.h"
+#include "ddp/tensor.h"
 
 namespace ddp {
 
@@ -104,6 +108,12 @@ class MpiCommunicator : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
     DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    MPI_Comm node = MPI_COMM_NULL;
+    DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    int node_size = 0;
+    DDP_MPI_CHECK(MPI_Comm_size(node, &node_size));
+    MPI_Comm_free(&node);
+    single_node_ = node_size == size_;
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -114,18 +124,39 @@ class MpiCommunicator : public Communicator {
     }
     cv_.notify_all();
     thread_.join();
+    if (window_ != MPI_WIN_NULL) {
+      MPI_Win_unlock_all(window_);
+      MPI_Win_free(&window_);
+    }
     MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
+  float* gradient_arena(size_t numel) override {
+    DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
+    if (!single_node_ || size_ == 1 || numel == 0) {
+      arena_storage_ = Buffer(numel);
+      arena_ = arena_storage_.data();
+      return arena_;
+    }
+    submit([this, numel] { allocate_window(numel); })->wait();
+    return arena_;
+  }
+
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " floats is too large");
-    return submit([this, data, count, average] {
-      DDP_MPI_CHECK(
-          MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+    const bool shared =
+        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
+    return submit([this, data, count, average, shared] {
+      if (shared) {
+        shared_memory_allreduce(static_cast<size_t>(data - arena_), count);
+      } else {
+        DDP_MPI_CHECK(
+            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+      }
       if (average && size_ > 1) {
         const float inv = 1.0f / static_cast<float>(size_);
         for (size_t i = 0; i < count; ++i) data[i] *= inv;
@@ -168,6 +199,73 @@ class MpiCommunicator : public Communicator {
     return work;
   }
 
+  // One shared window holds every rank's gradient arena; each rank knows where its peers'
+  // arenas are mapped, so a bucket's allreduce is a reduce-scatter and an allgather done with
+  // loads and stores, with no copy through MPI's buffers.
+  void allocate_window(size_t numel) {
+    void* base = nullptr;
+    const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
+    DDP_MPI_CHECK(
+        MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base, &window_));
+    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_));
+    peers_.resize(static_cast<size_t>(size_));
+    for (int q = 0; q < size_; ++q) {
+      MPI_Aint peer_bytes = 0;
+      int disp = 0;
+      void* peer = nullptr;
+      DDP_MPI_CHECK(MPI_Win_shared_query(window_, q, &peer_bytes, &disp, &peer));
+      DDP_CHECK(static_cast<size_t>(peer_bytes) == numel * sizeof(float),
+                "rank " << q << "'s gradient arena holds " << peer_bytes << " bytes, this rank's "
+                        << numel * sizeof(float));
+      peers_[static_cast<size_t>(q)] = static_cast<float*>(peer);
+    }
+    arena_ = static_cast<float*>(base);
+    arena_numel_ = numel;
+    std::fill(arena_, arena_ + numel, 0.0f);
+    sync_all();
+  }
+
+  // Makes every rank's stores visible to every other rank, then waits for all of them.
+  void sync_all() {
+    DDP_MPI_CHECK(MPI_Win_sync(window_));
+    DDP_MPI_CHECK(MPI_Barrier(comm_));
+    DDP_MPI_CHECK(MPI_Win_sync(window_));
+  }
+
+  // Sum of [offset, offset + count) over all ranks' arenas, into every rank's arena. Rank r sums
+  // chunk r (in rank order 0..N-1, so the result is the same bits on every rank and every run)
+  // into its own arena; then every rank copies the other chunks from their owners.
+  void shared_memory_allreduce(size_t offset, size_t count) {
+    const size_t n = static_cast<size_t>(size_);
+    const size_t chunk = (count + n - 1) / n;
+    auto range = [&](size_t q) {
+      const size_t lo = std::min(count, q * chunk);
+      return std::make_pair(lo, std::min(count, lo + chunk));
+    };
+    sync_all();  // every rank's bucket is written
+    const auto [lo, hi] = range(static_cast<size_t>(rank_));
+    float* mine = peers_[static_cast<size_t>(rank_)] + offset;
+    constexpr size_t kBlock = 1024;
+    float acc[kBlock];
+    for (size_t b = lo; b < hi; b += kBlock) {
+      const size_t len = std::min(kBlock, hi - b);
+      const float* first = peers_[0] + offset + b;
+      std::copy(first, first + len, acc);
+      for (size_t q = 1; q < n; ++q) {
+        const float* src = peers_[q] + offset + b;
+        for (size_t i = 0; i < len; ++i) acc[i] += src[i];
+      }
+      std::copy(acc, acc + len, mine + b);
+    }
+    sync_all();  // every chunk is reduced
+    for (size_t q = 0; q < n; ++q) {
+      if (q == static_cast<size_t>(rank_)) continue;
+      const auto [qlo, qhi] = range(q);
+      std::copy(peers_[q] + offset + qlo, peers_[q] + offset + qhi, mine + qlo);
+    }
+    sync_all();  // nobody reads this bucket any more: backward may overwrite it
+  }
+
   void loop() {
     lower_thread_priority();
     for (;;) {
@@ -184,6 +282,12 @@ class MpiCommunicator : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool single_node_ = false;
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::vector<float*> peers_;  // every rank's arena, mapped here
+  float* arena_ = nullptr;
+  size_t arena_numel_ = 0;
+  Buffer arena_storage_;  // the arena when there is no shared window
   int rank_ = 0, size_ = 1;
   std::thread thread_;
   std::mutex mutex_;

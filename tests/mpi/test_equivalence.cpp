@@ -11,6 +11,7 @@
 #include "ddp/check.h"
 #include "ddp/comm.h"
 #include "ddp/trainer.h"
+#include "mpi_test_helpers.h"
 
 namespace {
 
@@ -49,30 +50,32 @@ std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_co
   return trainer.weights();
 }
 
+// Largest |a - b| over all tensors and all ranks (infinite if the structure differs or a value is
+// not finite), agreed by every rank so a failure fails everywhere at once (mpi_test_helpers.h).
 double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
                     const std::vector<ddp::NamedTensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t t = 0; t < a.size(); ++t) {
-    REQUIRE(a[t].name == b[t].name);
-    REQUIRE(a[t].data.size() == b[t].data.size());
-    for (size_t i = 0; i < a[t].data.size(); ++i) {
-      REQUIRE(std::isfinite(a[t].data[i]));
-      worst = std::max(worst, std::fabs(static_cast<double>(a[t].data[i]) - b[t].data[i]));
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
+    if (a[t].name != b[t].name || a[t].data.size() != b[t].data.size()) worst = INFINITY;
+    for (size_t i = 0; i < std::min(a[t].data.size(), b[t].data.size()); ++i) {
+      const double d = std::fabs(static_cast<double>(a[t].data[i]) - b[t].data[i]);
+      worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
     }
   }
-  return worst;
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  return ddp_test::max_over_ranks(*comm, worst);
 }
 
 // Every rank must hold bitwise the same weights as rank 0.
 void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  long errors = 0;
   for (const auto& t : w) {
     std::vector<float> root = t.data;
     comm->broadcast(root.data(), root.size() * sizeof(float), 0);
-    INFO(t.name);
-    REQUIRE(std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) == 0);
+    errors += std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) != 0;
   }
+  ddp_test::require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
 }
 
 int world_size() {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -26,7 +25,8 @@ void require_close(const A& actual, const B& expected, double tol) {
   }
 }
 
-inline std::vector<float> random_vector(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+inline std::vector<float> random_vector(size_t n, uint64_t seed, double lo = -1.0,
+                                        double hi = 1.0) {
   ddp::Rng rng(seed);
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
