@@ -244,6 +244,7 @@ void visit_config(TrainConfig& c, V& v) {
     s.field("backend", c.distributed.backend);
     s.field("bucket_cap_mb", c.distributed.bucket_cap_mb);
     s.field("first_bucket_mb", c.distributed.first_bucket_mb);
+    s.field("shared_memory", c.distributed.shared_memory);
   });
   v.section("output", [&](V& s) {
     s.field("dir", c.output.dir);

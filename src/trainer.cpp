@@ -196,7 +196,7 @@ void Trainer::State::setup() {
     check_same_as_rank0(comm, startup_fingerprint(cfg, *model, plan, comm.size()));
   });
   run_agreed(comm, [&] {
-    grads = comm.gradient_arena(plan.total_numel);
+    grads = comm.gradient_arena(plan.total_numel, cfg.distributed.shared_memory);
     model->bind(values.data(), grads, plan.param_offset);
   });
   run_agreed(comm, [&] {

@@ -41,7 +41,8 @@ class Communicator {
   /// communicator until it is destroyed. allreduce_async on ranges of this memory may take a
   /// zero-copy path (MPI: when every rank is on one node, the memory is an MPI shared-memory
   /// window and ranks reduce straight out of each other's buckets).
-  virtual float* gradient_arena(size_t numel) = 0;
+  /// shared=false asks for ordinary memory (and so MPI_Allreduce) even on one node.
+  virtual float* gradient_arena(size_t numel, bool shared = true) = 0;
 
   /// Blocking allreduce of doubles (metrics, agreement flags).
   virtual void allreduce(double* data, size_t count, ReduceOp op) = 0;

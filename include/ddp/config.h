@@ -62,6 +62,8 @@ struct DistributedConfig {
   std::string backend = "mpi";
   double bucket_cap_mb = 25.0;   ///< MiB, buckets after the first
   double first_bucket_mb = 1.0;  ///< MiB, the first bucket (gradients ready earliest)
+  /// All ranks on one node: allreduce buckets in place in an MPI shared-memory window.
+  bool shared_memory = true;
 };
 
 struct OutputConfig {

@@ -134,9 +134,9 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  float* gradient_arena(size_t numel) override {
+  float* gradient_arena(size_t numel, bool shared) override {
     DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
-    if (!single_node_ || size_ == 1 || numel == 0) {
+    if (!shared || !single_node_ || size_ == 1 || numel == 0) {
       arena_storage_ = Buffer(numel);
       arena_ = arena_storage_.data();
       return arena_;

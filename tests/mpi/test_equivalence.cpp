@@ -120,6 +120,7 @@ TEST_CASE("gradient accumulation: N ranks x B x A micro-batches equal 1 rank x b
   cfg.training.accumulate_steps = 3;
   cfg.training.epochs = 3;  // 192 / (24 N) steps per epoch: 4 at N=2, 2 at N=4
   cfg.optimizer.nesterov = true;
+  cfg.distributed.shared_memory = false;  // MPI_Allreduce here; the first test uses the window
   ddp::TrainSummary summary;
   const auto distributed = train(cfg, MPI_COMM_WORLD, &summary);
   REQUIRE(summary.steps >= 6);

@@ -129,7 +129,7 @@ class RecordingComm : public ddp::Communicator {
     calls.push_back({data, count, average});
     return std::make_shared<DoneWork>();
   }
-  float* gradient_arena(size_t numel) override {
+  float* gradient_arena(size_t numel, bool) override {
     arena.assign(numel, 0.0f);
     return arena.data();
   }

@@ -117,6 +117,7 @@ void require_same(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.distributed.backend == b.distributed.backend);
   CHECK(a.distributed.bucket_cap_mb == b.distributed.bucket_cap_mb);
   CHECK(a.distributed.first_bucket_mb == b.distributed.first_bucket_mb);
+  CHECK(a.distributed.shared_memory == b.distributed.shared_memory);
   CHECK(a.output.dir == b.output.dir);
   CHECK(a.output.save_model == b.output.save_model);
 }
@@ -159,6 +160,7 @@ TEST_CASE("config: every key of every section is read", "[config]") {
       "0\n"
       "  max_steps: 1000\n  print_shapes: true\n"
       "distributed:\n  backend: mpi\n  bucket_cap_mb: 0.5\n  first_bucket_mb: 2.5\n"
+      "  shared_memory: false\n"
       "output:\n  dir: out/x\n  save_model: false\n");
   CHECK(c.device == "cpu");
   CHECK(c.model.layers == std::vector<int64_t>{7, 5, 3, 2});
@@ -183,6 +185,7 @@ TEST_CASE("config: every key of every section is read", "[config]") {
   CHECK(c.training.print_shapes);
   CHECK(c.distributed.bucket_cap_mb == 0.5);
   CHECK(c.distributed.first_bucket_mb == 2.5);
+  CHECK_FALSE(c.distributed.shared_memory);
   CHECK(c.output.dir == "out/x");
   CHECK_FALSE(c.output.save_model);
 }
@@ -538,6 +541,7 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   syn.training = {9, 17, 3, 42, 0, 1000, true};
   syn.distributed.bucket_cap_mb = 0.25;
   syn.distributed.first_bucket_mb = 2.5;
+  syn.distributed.shared_memory = false;
   syn.output = {"runs/a \"b\": c\\d #x\ty", false};
 
   TrainConfig idx = valid_config();
