@@ -42,6 +42,9 @@ expect_error "batch larger than shard with drop_last" 2 "training.batch_size" --
   --set training.batch_size=3 --set data.drop_last=true
 expect_error "output dir not creatable" 2 "output.dir" --config "$WORK/ok.yaml" --set output.dir=/proc/ddp/out
 
+# Divergence mid-training: the loss turns non-finite, the job stops naming the step and rank.
+expect_error "non-finite loss" 2 "loss is" --config "$seed" "${quick[@]}" --set optimizer.lr=1e30
+
 # A rank whose config differs (here: a hidden layer of 11 instead of 10) is refused on every rank.
 checks=$((checks + 1))
 rm -f "$WORK"/rc.*
