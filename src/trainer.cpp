@@ -182,10 +182,10 @@ struct Trainer::State {
 };
 
 void Trainer::State::setup() {
-  DDP_CHECK(cfg.device == "cpu", "device: '" << cfg.device << "' is not available in this build");
-  backend = make_cpu_backend();
-  set_flush_denormals(true);  // this is the thread that computes (see backend.h)
   run_agreed(comm, [&] {
+    DDP_CHECK(cfg.device == "cpu", "device: '" << cfg.device << "' is not available in this build");
+    backend = make_cpu_backend();
+    set_flush_denormals(true);  // this is the thread that computes (see backend.h)
     load_data();
     build_model();
     open_outputs();
@@ -219,10 +219,10 @@ void Trainer::State::setup() {
   train_loader = std::make_unique<Loader>(train, b, cfg.data.drop_last, cfg.data.prefetch);
   if (has_test) test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch);
 
-  std::ostringstream plan_text;
-  plan_text << describe_plan(plan, model->parameter_names());
   say("model: " + model->describe() + ", " + std::to_string(plan.total_numel) + " parameters in " +
       std::to_string(plan.buckets.size()) + " bucket(s)");
+  std::istringstream plan_lines(describe_plan(plan, model->parameter_names()));
+  for (std::string line; std::getline(plan_lines, line);) say("  " + line);
   say("data: " + std::to_string(train.size) + " training samples (" + train.source + "), " +
       std::to_string(sampler->num_samples()) + " per rank per epoch; global batch " +
       std::to_string(b * comm.size() * cfg.training.accumulate_steps) + " = " + std::to_string(b) +
