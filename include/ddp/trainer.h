@@ -42,7 +42,9 @@ void run_agreed(Communicator& comm, const std::function<void()>& fn);
 
 class Trainer {
  public:
-  /// Collective over comm. log: where rank 0 prints progress (nullptr: silent).
+  /// Collective over comm, which must be new: the trainer takes its gradient arena
+  /// (Communicator::gradient_arena is handed out once). log: where rank 0 prints progress
+  /// (nullptr: silent).
   Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log);
   ~Trainer();
 
