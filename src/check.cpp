@@ -1,8 +1,6 @@
 // ddp::Error and the rank it reports.
 #include "ddp/check.h"
 
-#include <mpi.h>
-
 #include <atomic>
 
 namespace ddp {
@@ -27,13 +25,6 @@ int error_rank() { return g_error_rank.load(); }
 
 void throw_error(const std::string& message, const char* file, int line) {
   throw Error(message, file, line);
-}
-
-std::string mpi_error_string(int code) {
-  char buf[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(buf, static_cast<size_t>(len));
 }
 
 }  // namespace ddp

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "ddp/check.h"
+#include "ddp/cuda.h"
 
 namespace ddp {
 namespace {
@@ -621,8 +622,14 @@ void validate_rest(const Origin& o, const TrainConfig& c) {
 }
 
 void validate(const Origin& o, const TrainConfig& c) {
-  if (c.device == "cuda")
-    fail(o, "device", "cuda is not available in this build (CPU only); use cpu");
+  if (c.device == "cuda") {
+    if (cuda_built())
+      fail(o, "device",
+           "cuda: the trainer runs on the CPU only in this version (the CUDA kernels are built "
+           "and tested by bench/gpu_check.sh); use cpu");
+    fail(o, "device",
+         "cuda is not available in this build (built without the CUDA toolkit); use cpu");
+  }
   require_equal(o, "device", c.device, "cpu");
   validate_model(o, c.model);
   validate_data(o, c.data);

@@ -1,4 +1,5 @@
-// Buffer allocation. CUDA buffers are created by the CUDA backend when it is built.
+// Buffer allocation: aligned host memory, or device memory through ddp/cuda.h (which throws in a
+// build without CUDA).
 #include "ddp/tensor.h"
 
 #include <cstdlib>
@@ -6,14 +7,24 @@
 #include <utility>
 
 #include "ddp/check.h"
+#include "ddp/cuda.h"
 
 namespace ddp {
 
 const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
 
 Buffer::Buffer(size_t numel, Device device) : numel_(numel), device_(device) {
-  DDP_CHECK(device == Device::CPU, "Buffer: device " << device_name(device) << " is not built in");
   if (numel == 0) return;
+  if (device == Device::CUDA) {
+    data_ = static_cast<float*>(cuda_malloc_bytes(numel * sizeof(float)));
+    try {
+      cuda_zero_bytes(data_, numel * sizeof(float));
+    } catch (...) {
+      cuda_free_bytes(data_);
+      throw;
+    }
+    return;
+  }
   size_t bytes = (numel * sizeof(float) + 63) / 64 * 64;
   data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
   DDP_CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes");
@@ -38,7 +49,11 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 void Buffer::release() {
-  std::free(data_);
+  if (device_ == Device::CUDA) {
+    cuda_free_bytes(data_);
+  } else {
+    std::free(data_);
+  }
   data_ = nullptr;
   numel_ = 0;
 }

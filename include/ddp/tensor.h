@@ -13,7 +13,8 @@ enum class Device { CPU, CUDA };
 
 const char* device_name(Device d);
 
-/// Owning, 64-byte aligned float storage. Move-only. CPU memory is zero-initialised.
+/// Owning float storage on the CPU (64-byte aligned) or a CUDA device (256-byte aligned, needs
+/// a CUDA build). Move-only. Zero-initialised.
 class Buffer {
  public:
   Buffer() = default;

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "../backend_checks.h"
 #include "ddp/backend.h"
 #include "ddp/check.h"
 
@@ -35,34 +36,7 @@ ConstMatrixMap as_matrix(const Tensor& t) { return ConstMatrixMap(t.data, t.rows
 ArrayMap as_array(Tensor& t) { return ArrayMap(t.data, t.numel()); }
 ConstArrayMap as_array(const Tensor& t) { return ConstArrayMap(t.data, t.numel()); }
 
-std::string describe(const char* name, const Tensor& t) {
-  return std::string(name) + " " + shape_string(t.rows, t.cols);
-}
-
-// Every kernel argument must be a CPU view with a sane shape; a CUDA pointer here would crash
-// far from the mistake, so it is reported at the call.
-void check_cpu(const char* op, const char* name, const Tensor& t) {
-  DDP_CHECK(t.device == Device::CPU, op << ": " << name << " is a " << device_name(t.device)
-                                        << " tensor, the cpu backend needs cpu tensors");
-  DDP_CHECK(t.rows >= 0 && t.cols >= 0,
-            op << ": " << describe(name, t) << " has a negative extent");
-  DDP_CHECK(t.data != nullptr || t.numel() == 0, op << ": " << describe(name, t) << " has no data");
-}
-
-// Products write through .noalias(): an output that overlaps an input would be read after it
-// was overwritten, so overlap is rejected instead of silently giving garbage.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const float* a_end = a.data + a.numel();
-  const float* b_end = b.data + b.numel();
-  return a.data < b_end && b.data < a_end;
-}
-
-void check_disjoint(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                    const Tensor& in) {
-  DDP_CHECK(!overlaps(out, in),
-            op << ": output " << out_name << " overlaps input " << in_name << " (not supported)");
-}
+constexpr Device kCpu = Device::CPU;
 
 class CpuBackend final : public Backend {
  public:
@@ -71,7 +45,7 @@ class CpuBackend final : public Backend {
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
                       Tensor& y) override {
-    check_linear_forward(x, w, bias, y);
+    checks::linear_forward(x, w, bias, y, kCpu);
     MatrixMap out = as_matrix(y);
     // Bias first and the product accumulated onto it: BLAS's beta = 1 form, one pass over y.
     out.rowwise() = ConstRowVectorMap(bias.data, bias.cols);
@@ -81,14 +55,14 @@ class CpuBackend final : public Backend {
 
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor* relu_output,
                              Tensor& dx) override {
-    check_linear_backward_input(dy, w, relu_output, dx);
+    checks::linear_backward_input(dy, w, relu_output, dx, kCpu);
     as_matrix(dx).noalias() = as_matrix(dy) * as_matrix(w);
     if (relu_output != nullptr) mask_by_positive(*relu_output, dx, dx);
   }
 
   void linear_backward_params(const Tensor& dy, const Tensor& x, bool accumulate, Tensor& dw,
                               Tensor& db) override {
-    check_linear_backward_params(dy, x, dw, db);
+    checks::linear_backward_params(dy, x, dw, db, kCpu);
     MatrixMap grad_w = as_matrix(dw);
     if (accumulate) {
       grad_w.noalias() += as_matrix(dy).transpose() * as_matrix(x);
@@ -99,14 +73,14 @@ class CpuBackend final : public Backend {
   }
 
   void relu_forward(const Tensor& x, Tensor& y) override {
-    check_same_shape("relu_forward", "x", x, "y", y);
+    checks::same_shape("relu_forward", "x", x, "y", y, kCpu);
     if (y.data != x.data) as_array(y) = as_array(x);
     relu_in_place(y);
   }
 
   void relu_backward(const Tensor& dy, const Tensor& y, Tensor& dx) override {
-    check_same_shape("relu_backward", "dy", dy, "y", y);
-    check_same_shape("relu_backward", "dy", dy, "dx", dx);
+    checks::same_shape("relu_backward", "dy", dy, "y", y, kCpu);
+    checks::same_shape("relu_backward", "dy", dy, "dx", dx, kCpu);
     mask_by_positive(y, dy, dx);
   }
 
@@ -117,48 +91,23 @@ class CpuBackend final : public Backend {
                 bool first_step) override;
 
   void fill(Tensor& t, float value) override {
-    check_cpu("fill", "t", t);
+    checks::tensor("fill", "t", t, kCpu);
     as_array(t).setConstant(value);
   }
 
   void scale(Tensor& t, float factor) override {
-    check_cpu("scale", "t", t);
+    checks::tensor("scale", "t", t, kCpu);
     as_array(t) *= factor;
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
-    check_same_shape("copy", "src", src, "dst", dst);
+    checks::same_shape("copy", "src", src, "dst", dst, kCpu);
     if (src.data == dst.data) return;
-    check_disjoint("copy", "dst", dst, "src", src);
+    checks::disjoint("copy", "dst", dst, "src", src);
     as_array(dst) = as_array(src);
   }
 
  private:
-  static void check_same_shape(const char* op, const char* a_name, const Tensor& a,
-                               const char* b_name, const Tensor& b) {
-    check_cpu(op, a_name, a);
-    check_cpu(op, b_name, b);
-    DDP_CHECK(a.rows == b.rows && a.cols == b.cols,
-              op << ": shapes differ: " << describe(a_name, a) << ", " << describe(b_name, b));
-  }
-
-  // For kernels over flat arrays (sgd_step): only the element counts must agree.
-  static void check_same_size(const char* op, const char* a_name, const Tensor& a,
-                              const char* b_name, const Tensor& b) {
-    check_cpu(op, a_name, a);
-    check_cpu(op, b_name, b);
-    DDP_CHECK(a.numel() == b.numel(), op << ": sizes differ: " << describe(a_name, a) << " has "
-                                         << a.numel() << " elements, " << describe(b_name, b)
-                                         << " has " << b.numel());
-  }
-
-  static void check_linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                   const Tensor& y);
-  static void check_linear_backward_input(const Tensor& dy, const Tensor& w,
-                                          const Tensor* relu_output, const Tensor& dx);
-  static void check_linear_backward_params(const Tensor& dy, const Tensor& x, const Tensor& dw,
-                                           const Tensor& db);
-
   // max(t, 0) that keeps NaN (like torch.relu), so a diverged step still shows up as a NaN loss.
   static void relu_in_place(Tensor& t) {
     ArrayMap a = as_array(t);
@@ -181,60 +130,6 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < dy.rows; ++r) sums += rows.row(r);
   }
 };
-
-void CpuBackend::check_linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                      const Tensor& y) {
-  const char* op = "linear_forward";
-  check_cpu(op, "x", x);
-  check_cpu(op, "w", w);
-  check_cpu(op, "bias", bias);
-  check_cpu(op, "y", y);
-  DDP_CHECK(x.cols == w.cols && bias.rows == 1 && bias.cols == w.rows && y.rows == x.rows &&
-                y.cols == w.rows,
-            op << ": shapes do not match: " << describe("x", x) << ", " << describe("w", w) << ", "
-               << describe("bias", bias) << ", " << describe("y", y)
-               << " (expected x [b, in], w [out, in], bias [1, out], y [b, out])");
-  check_disjoint(op, "y", y, "x", x);
-  check_disjoint(op, "y", y, "w", w);
-  check_disjoint(op, "y", y, "bias", bias);
-}
-
-void CpuBackend::check_linear_backward_input(const Tensor& dy, const Tensor& w,
-                                             const Tensor* relu_output, const Tensor& dx) {
-  const char* op = "linear_backward_input";
-  check_cpu(op, "dy", dy);
-  check_cpu(op, "w", w);
-  check_cpu(op, "dx", dx);
-  DDP_CHECK(dy.cols == w.rows && dx.rows == dy.rows && dx.cols == w.cols,
-            op << ": shapes do not match: " << describe("dy", dy) << ", " << describe("w", w)
-               << ", " << describe("dx", dx) << " (expected dy [b, out], w [out, in], dx [b, in])");
-  check_disjoint(op, "dx", dx, "dy", dy);
-  check_disjoint(op, "dx", dx, "w", w);
-  if (relu_output == nullptr) return;
-  check_cpu(op, "relu_output", *relu_output);
-  DDP_CHECK(relu_output->rows == dx.rows && relu_output->cols == dx.cols,
-            op << ": " << describe("relu_output", *relu_output) << " must have the shape of "
-               << describe("dx", dx));
-  check_disjoint(op, "dx", dx, "relu_output", *relu_output);
-}
-
-void CpuBackend::check_linear_backward_params(const Tensor& dy, const Tensor& x, const Tensor& dw,
-                                              const Tensor& db) {
-  const char* op = "linear_backward_params";
-  check_cpu(op, "dy", dy);
-  check_cpu(op, "x", x);
-  check_cpu(op, "dw", dw);
-  check_cpu(op, "db", db);
-  DDP_CHECK(dy.rows == x.rows && dw.rows == dy.cols && dw.cols == x.cols && db.rows == 1 &&
-                db.cols == dy.cols,
-            op << ": shapes do not match: " << describe("dy", dy) << ", " << describe("x", x)
-               << ", " << describe("dw", dw) << ", " << describe("db", db)
-               << " (expected dy [b, out], x [b, in], dw [out, in], db [1, out])");
-  check_disjoint(op, "dw", dw, "dy", dy);
-  check_disjoint(op, "dw", dw, "x", x);
-  check_disjoint(op, "db", db, "dy", dy);
-  check_disjoint(op, "db", db, "dw", dw);
-}
 
 // One row of softmax cross-entropy: returns the row's loss and whether its first argmax is the
 // label, and writes the row's dlogits when d is given. Scalar loops on purpose: classes are few
@@ -266,10 +161,7 @@ std::pair<double, bool> xent_row(const float* l, int64_t classes, int32_t label,
 XentResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
                                     Tensor* dlogits) {
   const char* op = "softmax_xent";
-  check_cpu(op, "logits", logits);
-  DDP_CHECK(logits.cols >= 1, op << ": " << describe("logits", logits) << " has no classes");
-  DDP_CHECK(labels != nullptr || logits.rows == 0, op << ": labels is null");
-  if (dlogits != nullptr) check_same_shape(op, "logits", logits, "dlogits", *dlogits);
+  checks::softmax_xent(logits, labels, dlogits, kCpu);
   const int64_t classes = logits.cols;
   XentResult result;
   for (int64_t r = 0; r < logits.rows; ++r) {
@@ -290,13 +182,8 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
 // rounded to float as torch does (1 - dampening is formed in double first, as in Python).
 void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                           const SgdOptions& opt, bool first_step) {
-  const char* op = "sgd_step";
   const bool use_momentum = opt.momentum != 0.0f;
-  check_same_size(op, "params", params, "grads", grads);
-  if (use_momentum) check_same_size(op, "params", params, "momentum_buf", momentum_buf);
-  DDP_CHECK(!opt.nesterov || (opt.momentum > 0.0f && opt.dampening == 0.0f),
-            op << ": nesterov needs momentum > 0 and dampening == 0 (got momentum " << opt.momentum
-               << ", dampening " << opt.dampening << ")");
+  checks::sgd_step(params, grads, momentum_buf, opt, kCpu);
   const float lr = opt.lr, wd = opt.weight_decay, momentum = opt.momentum;
   const float keep = static_cast<float>(1.0 - static_cast<double>(opt.dampening));
   float* p = params.data;

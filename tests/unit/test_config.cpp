@@ -12,6 +12,7 @@
 
 #include "ddp/check.h"
 #include "ddp/config.h"
+#include "ddp/cuda.h"
 
 #if defined(DDP_SOURCE_DIR)
 static const std::string kSourceDir = DDP_SOURCE_DIR;
@@ -326,7 +327,10 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
   using Mutate = std::function<void(TrainConfig&)>;
   const std::vector<std::pair<Mutate, std::string>> cases = {
       {[](TrainConfig& c) { c.device = "cuda"; },
-       "device: cuda is not available in this build (CPU only); use cpu"},
+       ddp::cuda_built() ? "device: cuda: the trainer runs on the CPU only in this version (the "
+                           "CUDA kernels are built and tested by bench/gpu_check.sh); use cpu"
+                         : "device: cuda is not available in this build (built without the CUDA "
+                           "toolkit); use cpu"},
       {[](TrainConfig& c) { c.device = "tpu"; }, "device: must be cpu, got 'tpu'"},
       {[](TrainConfig& c) { c.model.layers = {4}; },
        "model.layers: needs at least 2 widths (input and output), got 1"},

@@ -1,0 +1,227 @@
+// The CUDA backend: every kernel of include/ddp/backend.h as our own kernels (src/cuda/kernels),
+// queued on one stream per backend. Arguments are checked like the CPU backend's (same
+// messages); scratch memory grows to the largest batch seen and is then reused, so a steady
+// training step allocates nothing. The only host synchronisation is softmax_xent's result.
+#include <cstring>
+
+#include "../backend_checks.h"
+#include "cuda_backend.h"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/reductions.cuh"
+
+namespace ddp {
+namespace cuda {
+
+namespace {
+constexpr Device kCuda = Device::CUDA;
+
+bool all_aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned16(p)) return false;
+  return true;
+}
+
+int as_int(int64_t v, const char* what) {
+  DDP_CHECK(v >= 0 && v <= 0x7fffffff, what << " " << v << " is out of range for the CUDA kernels");
+  return static_cast<int>(v);
+}
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  cuda_set_device(device);
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  // A blocking stream: the default stream (synchronous copies of results) is ordered after it.
+  DDP_CUDA_CHECK(cudaStreamCreate(&stream_));
+  xent_totals_ = DeviceArray<XentTotals>(1);
+  xent_totals_host_ = PinnedArray<XentTotals>(1);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+}
+
+void CudaBackend::synchronize() { DDP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::force_gemm_plan(const GemmPlan* plan) {
+  plan_forced_ = plan != nullptr;
+  if (plan != nullptr) {
+    DDP_CHECK(plan->tile >= 0 && plan->tile <= 2 && plan->splits >= 1,
+              "force_gemm_plan: tile " << plan->tile << " splits " << plan->splits
+                                       << " (tile 0..2, splits >= 1)");
+    forced_plan_ = *plan;
+  }
+}
+
+float* CudaBackend::gemm_workspace(int64_t floats) {
+  if (static_cast<size_t>(floats) > gemm_workspace_.size())
+    gemm_workspace_ = DeviceArray<float>(static_cast<size_t>(floats));
+  return gemm_workspace_.data();
+}
+
+XentRowOut CudaBackend::xent_scratch(int64_t rows) {
+  if (static_cast<size_t>(rows) > xent_loss_.size()) {
+    xent_loss_ = DeviceArray<double>(static_cast<size_t>(rows));
+    xent_status_ = DeviceArray<int>(static_cast<size_t>(rows));
+  }
+  return XentRowOut{xent_loss_.data(), xent_status_.data()};
+}
+
+void CudaBackend::gemm(const GemmArgs& args, bool a_k_contiguous, bool b_k_contiguous,
+                       bool vectorizable) {
+  GemmPlan plan =
+      plan_forced_ ? forced_plan_ : plan_gemm(args.m, args.n, args.k, sm_count_, vectorizable);
+  plan.vectorized = plan.vectorized && vectorizable;
+  float* workspace = nullptr;
+  const int64_t need = gemm_workspace_floats(plan, args.m, args.n);
+  if (need > 0) workspace = gemm_workspace(need);
+  launch_gemm(args, plan, a_k_contiguous, b_k_contiguous, workspace, stream_);
+}
+
+// y[b,out] = x[b,in]·wᵀ + bias: A = x (k-contiguous), B(k,n) = w[n][k] (k-contiguous).
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 bool fuse_relu, Tensor& y) {
+  checks::linear_forward(x, w, bias, y, kCuda);
+  GemmArgs p;
+  p.m = as_int(x.rows, "batch");
+  p.n = as_int(w.rows, "out_features");
+  p.k = as_int(w.cols, "in_features");
+  p.a = x.data, p.lda = x.cols;
+  p.b = w.data, p.ldb = w.cols;
+  p.c = y.data, p.ldc = y.cols;
+  p.bias = bias.data;
+  p.relu = fuse_relu;
+  const bool vec = p.k % 4 == 0 && p.n % 4 == 0 && all_aligned16({x.data, w.data, y.data});
+  gemm(p, true, true, vec);
+}
+
+// dx[b,in] = dy[b,out]·w: A = dy (k-contiguous), B(k,n) = w[k][n] (n-contiguous).
+void CudaBackend::linear_backward_input(const Tensor& dy, const Tensor& w,
+                                        const Tensor* relu_output, Tensor& dx) {
+  checks::linear_backward_input(dy, w, relu_output, dx, kCuda);
+  GemmArgs p;
+  p.m = as_int(dy.rows, "batch");
+  p.n = as_int(w.cols, "in_features");
+  p.k = as_int(w.rows, "out_features");
+  p.a = dy.data, p.lda = dy.cols;
+  p.b = w.data, p.ldb = w.cols;
+  p.c = dx.data, p.ldc = dx.cols;
+  p.mask = relu_output != nullptr ? relu_output->data : nullptr;
+  const bool vec = p.k % 4 == 0 && p.n % 4 == 0 && all_aligned16({dy.data, w.data, dx.data});
+  gemm(p, true, false, vec);
+}
+
+// dw[out,in] (+)= dyᵀ·x: A(m,k) = dy[k][m] (m-contiguous), B(k,n) = x[k][n] (n-contiguous);
+// db (+)= column sums of dy.
+void CudaBackend::linear_backward_params(const Tensor& dy, const Tensor& x, bool accumulate,
+                                         Tensor& dw, Tensor& db) {
+  checks::linear_backward_params(dy, x, dw, db, kCuda);
+  GemmArgs p;
+  p.m = as_int(dy.cols, "out_features");
+  p.n = as_int(x.cols, "in_features");
+  p.k = as_int(dy.rows, "batch");
+  p.a = dy.data, p.lda = dy.cols;
+  p.b = x.data, p.ldb = x.cols;
+  p.c = dw.data, p.ldc = dw.cols;
+  p.accumulate = accumulate;
+  const bool vec = p.m % 4 == 0 && p.n % 4 == 0 && all_aligned16({dy.data, x.data, dw.data});
+  gemm(p, false, false, vec);
+  launch_column_sums(dy.data, dy.rows, dy.cols, accumulate, db.data, stream_);
+}
+
+void CudaBackend::relu_forward(const Tensor& x, Tensor& y) {
+  checks::same_shape("relu_forward", "x", x, "y", y, kCuda);
+  launch_elementwise(ReluForwardOp{x.data, y.data}, x.numel(), all_aligned16({x.data, y.data}),
+                     sm_count_, stream_);
+}
+
+void CudaBackend::relu_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
+  checks::same_shape("relu_backward", "dy", dy, "y", y, kCuda);
+  checks::same_shape("relu_backward", "dy", dy, "dx", dx, kCuda);
+  launch_elementwise(ReluBackwardOp{dy.data, y.data, dx.data}, dy.numel(),
+                     all_aligned16({dy.data, y.data, dx.data}), sm_count_, stream_);
+}
+
+XentResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
+                                     Tensor* dlogits) {
+  checks::softmax_xent(logits, labels, dlogits, kCuda);
+#if !defined(DDP_CUDA_EMULATION)
+  if (labels != nullptr) {
+    cudaPointerAttributes attr{};
+    DDP_CUDA_CHECK(cudaPointerGetAttributes(&attr, labels));
+    DDP_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+              "softmax_xent: labels must be in device memory (see BatchUploader)");
+  }
+#endif
+  const XentRowOut scratch = xent_scratch(logits.rows);
+  launch_softmax_xent(logits.data, labels, logits.rows, as_int(logits.cols, "classes"), grad_scale,
+                      dlogits != nullptr ? dlogits->data : nullptr, scratch, xent_totals_.data(),
+                      stream_);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(xent_totals_host_.data(), xent_totals_.data(), sizeof(XentTotals),
+                                 cudaMemcpyDeviceToHost, stream_));
+  // The loss is the one number the host needs every step (logging, divergence check).
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const XentTotals totals = *xent_totals_host_.data();
+  DDP_CHECK(totals.first_bad_row < 0, "softmax_xent: row " << totals.first_bad_row << " has label "
+                                                           << totals.bad_label << ", outside [0, "
+                                                           << logits.cols << ")");
+  XentResult result;
+  result.loss_sum = totals.loss_sum;
+  result.correct = totals.correct;
+  return result;
+}
+
+void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
+                           const SgdOptions& opt, bool first_step) {
+  checks::sgd_step(params, grads, momentum_buf, opt, kCuda);
+  SgdOp op;
+  op.p = params.data;
+  op.g = grads.data;
+  op.use_momentum = opt.momentum != 0.0f;
+  op.buf = op.use_momentum ? momentum_buf.data : nullptr;
+  op.lr = opt.lr;
+  op.weight_decay = opt.weight_decay;
+  op.momentum = opt.momentum;
+  op.keep = static_cast<float>(1.0 - static_cast<double>(opt.dampening));
+  op.nesterov = opt.nesterov;
+  op.first_step = first_step;
+  launch_elementwise(op, params.numel(), all_aligned16({op.p, op.g, op.buf}), sm_count_, stream_);
+}
+
+void CudaBackend::fill(Tensor& t, float value) {
+  checks::tensor("fill", "t", t, kCuda);
+  launch_elementwise(FillOp{t.data, value}, t.numel(), all_aligned16({t.data}), sm_count_, stream_);
+}
+
+void CudaBackend::scale(Tensor& t, float factor) {
+  checks::tensor("scale", "t", t, kCuda);
+  launch_elementwise(ScaleOp{t.data, factor}, t.numel(), all_aligned16({t.data}), sm_count_,
+                     stream_);
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  checks::same_shape("copy", "src", src, "dst", dst, kCuda);
+  if (src.data == dst.data || src.numel() == 0) return;
+  checks::disjoint("copy", "dst", dst, "src", src);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data,
+                                 static_cast<size_t>(src.numel()) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream_));
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<cuda::CudaBackend>(device);
+}
+
+void force_gemm_plan(Backend& backend, const GemmPlan* plan) {
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+  DDP_CHECK(cuda_backend != nullptr,
+            "force_gemm_plan: backend '" << backend.name() << "' is not the CUDA backend");
+  cuda_backend->force_gemm_plan(plan);
+}
+
+}  // namespace ddp

@@ -1,0 +1,46 @@
+// The argument structs our kernels take by value, apart from the kernels themselves: the kernel
+// headers (*.cuh) hold definitions and are included by the one file that launches them, while
+// these plain structs are shared with the backend's declaration.
+#pragma once
+
+#include <cstdint>
+
+namespace ddp {
+namespace cuda {
+
+/// Operand layouts, each row-major in memory:
+///   A(m,k) = a_k_contiguous ? a[m*lda + k] : a[k*lda + m]
+///   B(k,n) = b_k_contiguous ? b[n*ldb + k] : b[k*ldb + n]
+struct GemmArgs {
+  int m = 0, n = 0, k = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;  ///< [n], added to every row, or null
+  const float* mask = nullptr;  ///< [m, n] with leading dim ldc: C = mask > 0 ? C : 0, or null
+  bool relu = false;            ///< C = max(C, 0), NaN kept (torch.relu)
+  bool accumulate = false;      ///< C += result instead of C = result
+  float* partial = nullptr;     ///< split-K: [splits][m][n] raw sums (no epilogue), or null
+  int k_per_split = 0;          ///< K range of one slice (a multiple of every tile's BK)
+};
+
+/// What the per-row pass leaves for the total: loss of the row (double, as the CPU backend
+/// sums), and 1 / 0 for correct, or -1 for a label outside [0, classes).
+struct XentRowOut {
+  double* loss;
+  int* status;
+};
+
+/// The batch totals the host reads back.
+struct XentTotals {
+  double loss_sum;
+  long long correct;
+  long long first_bad_row;  ///< -1 when every label is valid
+  int bad_label;
+};
+
+}  // namespace cuda
+}  // namespace ddp

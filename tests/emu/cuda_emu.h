@@ -1,0 +1,455 @@
+// A CPU emulation of the CUDA execution model and of a subset of the CUDA runtime, for tests only:
+// with DDP_CUDA_EMULATION defined, kernel sources include this header instead of <cuda_runtime.h>,
+// compile as plain C++17 and run on the host, so CI catches indexing, tiling and barrier mistakes.
+//
+// How it executes (and what that means for kernel code):
+// - ddp_emu::launch runs the blocks of a grid ONE AFTER ANOTHER; the threads of a block are real
+//   threads (a pool of up to 1024 workers), so barriers, shuffles and races behave like on a
+//   device.
+// - `__shared__` is `static`: a function-local static array is shared by the threads of the running
+//   block exactly like shared memory because only one block runs at a time. Consequences: declare
+//   shared arrays at function scope (kernel or inline __device__ helper), never `extern __shared__`
+//   (dynamic shared memory is not supported); the contents persist from one block (and launch) to
+//   the next instead of being undefined, so an unwritten shared read sees stale data, not garbage.
+// - `__device__` and `__forceinline__` expand to nothing (not `inline`, which would break
+//   `__device__ inline` and `inline __forceinline__`): functions defined in headers must say
+//   `inline` themselves.
+// - Every runtime call does its work synchronously before returning: streams are trivially
+//   ordered, events complete when recorded, and cudaMemcpyAsync is a cudaMemcpy.
+// - Barrier rules are strict on purpose: all threads of a block must reach the same __syncthreads
+//   (same source line) and no thread may return while others wait at one; warp operations need all
+//   lanes of their mask (lanes a partial last warp lacks are ignored). Breaking a rule, a deadlock
+//   between block and warp barriers, an exception thrown by a kernel or an invalid launch
+//   configuration throws ddp_emu::KernelFault naming the block, the thread and the cause. A kernel
+//   that loops forever without reaching a barrier still hangs.
+// - Reading a shuffle source lane that does not take part (outside the mask, or missing from a
+//   partial warp) yields all-ones bits (NaN for floats, -1 for signed integers), like undefined.
+#pragma once
+
+#if defined(__CUDACC__)
+#error "cuda_emu.h is for host compilers; nvcc must use <cuda_runtime.h>"
+#endif
+
+#include <math.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---------------------------------------------------------------------------------------------
+// Device-side language
+// ---------------------------------------------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__
+#define __constant__
+#define __shared__ static
+#define __launch_bounds__(...)
+
+struct uint3 {
+  unsigned x, y, z;
+};
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+  constexpr operator uint3() const { return uint3{x, y, z}; }
+};
+
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct float3 {
+  float x, y, z;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(8) int2 {
+  int x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float3 make_float3(float x, float y, float z) { return float3{x, y, z}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return int2{x, y}; }
+inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y, z}; }
+
+// CUDA-only math; the standard single-precision functions come from <math.h>.
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float __saturatef(float x) { return fminf(fmaxf(x, 0.0f), 1.0f); }
+inline int __float_as_int(float x) {
+  int r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+inline float __int_as_float(int x) {
+  float r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+inline float __uint_as_float(unsigned x) {
+  float r;
+  std::memcpy(&r, &x, sizeof r);
+  return r;
+}
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+
+// Device code calls min/max unqualified on scalars (same-type overloads only).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a < b ? b : a; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a < b ? b : a; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a < b ? b : a; }
+inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
+inline unsigned long max(unsigned long a, unsigned long b) { return a < b ? b : a; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a < b ? b : a; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a < b ? b : a; }
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+
+// Threads of a block really run concurrently, so atomics must be atomic on the host too.
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline float atomicAdd(float* p, float v) {
+  float old;
+  __atomic_load(p, &old, __ATOMIC_SEQ_CST);
+  float desired;
+  do {
+    desired = old + v;
+  } while (
+      !__atomic_compare_exchange(p, &old, &desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+  return old;
+}
+inline int atomicMax(int* p, int v) {
+  int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (old < v &&
+         !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return old;
+}
+inline int atomicMin(int* p, int v) {
+  int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (old > v &&
+         !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return old;
+}
+inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+inline int atomicCAS(int* p, int expected, int desired) {
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;
+}
+inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
+  __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;
+}
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+namespace ddp_emu {
+
+/// What a launch throws when a kernel breaks a rule, throws, or cannot be launched.
+class KernelFault : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+enum class WarpOp { kSyncwarp, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll };
+
+void sync_threads(const char* file, int line);
+void sync_warp(unsigned mask, const char* file, int line);
+// The source lane's bits (or all ones when it does not take part).
+uint64_t shuffle(WarpOp op, unsigned mask, uint64_t bits, int lane_arg, int width, const char* file,
+                 int line);
+// Ballot bits, or 0/1 for any/all.
+unsigned vote(WarpOp op, unsigned mask, bool predicate, const char* file, int line);
+
+template <class T>
+T shuffle_as(WarpOp op, unsigned mask, T var, int lane_arg, int width, const char* file, int line) {
+  static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8,
+                "warp shuffles move trivially copyable values of at most 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &var, sizeof(T));
+  bits = shuffle(op, mask, bits, lane_arg, width, file, line);
+  T out;
+  std::memcpy(&out, &bits, sizeof(T));
+  return out;
+}
+
+}  // namespace detail
+}  // namespace ddp_emu
+
+// The source location defaults name the caller, so faults point at the kernel's line.
+#define __syncthreads() ::ddp_emu::detail::sync_threads(__FILE__, __LINE__)
+
+inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(),
+                       int line = __builtin_LINE()) {
+  ::ddp_emu::detail::sync_warp(mask, file, line);
+}
+template <class T>
+T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize,
+              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::ddp_emu::detail::shuffle_as(::ddp_emu::detail::WarpOp::kShfl, mask, var, srcLane, width,
+                                       file, line);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
+                 const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::ddp_emu::detail::shuffle_as(::ddp_emu::detail::WarpOp::kShflUp, mask, var,
+                                       static_cast<int>(delta), width, file, line);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize,
+                   const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::ddp_emu::detail::shuffle_as(::ddp_emu::detail::WarpOp::kShflDown, mask, var,
+                                       static_cast<int>(delta), width, file, line);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize,
+                  const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::ddp_emu::detail::shuffle_as(::ddp_emu::detail::WarpOp::kShflXor, mask, var, laneMask,
+                                       width, file, line);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
+                              int line = __builtin_LINE()) {
+  return ::ddp_emu::detail::vote(::ddp_emu::detail::WarpOp::kBallot, mask, predicate != 0, file,
+                                 line);
+}
+inline int __any_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE()) {
+  return static_cast<int>(
+      ::ddp_emu::detail::vote(::ddp_emu::detail::WarpOp::kAny, mask, predicate != 0, file, line));
+}
+inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE()) {
+  return static_cast<int>(
+      ::ddp_emu::detail::vote(::ddp_emu::detail::WarpOp::kAll, mask, predicate != 0, file, line));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host runtime subset (CUDA's names, numeric codes and signatures)
+// ---------------------------------------------------------------------------------------------
+
+enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorLaunchFailure = 719,
+};
+typedef enum cudaError cudaError_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrWarpSize = 10,
+  cudaDevAttrClockRate = 13,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMemoryClockRate = 36,
+  cudaDevAttrGlobalMemoryBusWidth = 37,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+};
+
+struct CUstream_st;
+struct CUevent_st;
+typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
+
+constexpr unsigned cudaStreamDefault = 0x0;
+constexpr unsigned cudaStreamNonBlocking = 0x1;
+constexpr unsigned cudaEventDefault = 0x0;
+constexpr unsigned cudaEventBlockingSync = 0x1;
+constexpr unsigned cudaEventDisableTiming = 0x2;
+constexpr unsigned cudaHostAllocDefault = 0x0;
+constexpr unsigned cudaHostAllocPortable = 0x1;
+constexpr unsigned cudaHostAllocMapped = 0x2;
+constexpr unsigned cudaHostAllocWriteCombined = 0x4;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  size_t totalConstMem;
+  int major;
+  int minor;
+  int multiProcessorCount;
+  int memoryBusWidth;
+  int l2CacheSize;
+  int maxThreadsPerMultiProcessor;
+  size_t sharedMemPerMultiprocessor;
+};
+
+const char* cudaGetErrorString(cudaError_t error);
+const char* cudaGetErrorName(cudaError_t error);
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = 0);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaMalloc(void** dev_ptr, size_t size);
+cudaError_t cudaFree(void* dev_ptr);
+cudaError_t cudaMallocHost(void** ptr, size_t size);
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream = 0);
+cudaError_t cudaMemset(void* dev_ptr, int value, size_t count);
+cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t stream = 0);
+
+// The typed overloads CUDA's C++ API adds.
+template <class T>
+cudaError_t cudaMalloc(T** dev_ptr, size_t size) {
+  return ::cudaMalloc(reinterpret_cast<void**>(dev_ptr), size);
+}
+template <class T>
+cudaError_t cudaMallocHost(T** ptr, size_t size) {
+  return ::cudaMallocHost(reinterpret_cast<void**>(ptr), size);
+}
+template <class T>
+cudaError_t cudaHostAlloc(T** ptr, size_t size, unsigned int flags) {
+  return ::cudaHostAlloc(reinterpret_cast<void**>(ptr), size, flags);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launching and test controls
+// ---------------------------------------------------------------------------------------------
+
+namespace ddp_emu {
+
+/// The multiprocessor count the emulated device reports (default 4, so grids sized by SM count
+/// stay small). n must be >= 1.
+void set_sm_count(int n);
+int sm_count();
+/// cudaMalloc + cudaMallocHost/cudaHostAlloc allocations not yet freed.
+int64_t live_allocations();
+/// Launches that passed validation and ran (faulted ones included).
+int64_t launch_count();
+/// Worker threads in the pool (the largest block launched so far).
+int worker_threads();
+
+namespace detail {
+// Runs body(ctx) once per thread of every block; throws KernelFault on any failure.
+void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cudaStream_t stream,
+                void (*body)(const void*), const void* ctx);
+}  // namespace detail
+
+/// kernel<<<grid, block, 0, stream>>>(args...) with a name for fault messages (nullptr: the
+/// symbol name when the dynamic linker knows it, else the address). Arguments are converted
+/// to the kernel's parameter types once, by value, as a real launch does; each thread receives
+/// its own copy. Returns when every block has run.
+template <class... KArgs, class... Args>
+void launch_named(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                  cudaStream_t stream, Args&&... args) {
+  static_assert(sizeof...(KArgs) == sizeof...(Args), "wrong number of kernel arguments");
+  struct Ctx {
+    void (*kernel)(KArgs...);
+    std::tuple<std::decay_t<KArgs>...> args;
+  };
+  const Ctx ctx{kernel, std::tuple<std::decay_t<KArgs>...>(std::forward<Args>(args)...)};
+  auto body = [](const void* p) {
+    const Ctx& c = *static_cast<const Ctx*>(p);
+    std::apply(c.kernel, c.args);
+  };
+  detail::run_launch(reinterpret_cast<void (*)()>(kernel), name, grid, block, stream,
+                     static_cast<void (*)(const void*)>(body), &ctx);
+}
+
+template <class... KArgs, class... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  launch_named(nullptr, kernel, grid, block, stream, std::forward<Args>(args)...);
+}
+
+}  // namespace ddp_emu
+
+/// DDP_EMU_LAUNCH(kernel, grid, block, stream, args...): launch with the kernel's spelling as
+/// its name in fault messages.
+#define DDP_EMU_LAUNCH(kernel, ...) ::ddp_emu::launch_named(#kernel, kernel, __VA_ARGS__)

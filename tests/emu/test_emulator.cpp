@@ -1,0 +1,604 @@
+// Self-tests of the CUDA emulator (cuda_emu.h): thread indexing, shared memory and barriers, warp
+// shuffles and votes with CUDA's width rules, the faults a broken kernel must raise instead of
+// hanging, and the runtime subset (poisoned checked allocations, copies, streams, events).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_emu.h"
+
+namespace {
+
+using Catch::Contains;
+
+constexpr unsigned kFull = 0xffffffffu;
+
+unsigned linear_thread() {
+  return threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y;
+}
+unsigned linear_block() {
+  return blockIdx.x + blockIdx.y * gridDim.x + blockIdx.z * gridDim.x * gridDim.y;
+}
+
+std::string fault_of(void (*run)()) {
+  try {
+    run();
+  } catch (const ddp_emu::KernelFault& e) {
+    return e.what();
+  }
+  return "no KernelFault";
+}
+
+// ----- indexing -------------------------------------------------------------------------------
+
+__global__ void coverage_kernel(int* hits, unsigned* owner) {
+  const unsigned x = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned y = blockIdx.y * blockDim.y + threadIdx.y;
+  const unsigned z = blockIdx.z * blockDim.z + threadIdx.z;
+  const unsigned width = gridDim.x * blockDim.x, height = gridDim.y * blockDim.y;
+  const unsigned i = (z * height + y) * width + x;
+  atomicAdd(&hits[i], 1);
+  owner[i] = linear_block() * 1024 + linear_thread();
+}
+
+void check_coverage(dim3 grid, dim3 block) {
+  const unsigned w = grid.x * block.x, h = grid.y * block.y, d = grid.z * block.z;
+  const size_t n = size_t{w} * h * d;
+  int* hits = nullptr;
+  unsigned* owner = nullptr;
+  REQUIRE(cudaMalloc(&hits, n * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&owner, n * sizeof(unsigned)) == cudaSuccess);
+  REQUIRE(cudaMemset(hits, 0, n * sizeof(int)) == cudaSuccess);
+  ddp_emu::launch(coverage_kernel, grid, block, nullptr, hits, owner);
+  std::vector<int> h_hits(n);
+  std::vector<unsigned> h_owner(n);
+  REQUIRE(cudaMemcpy(h_hits.data(), hits, n * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(h_owner.data(), owner, n * sizeof(unsigned), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  size_t wrong = 0;
+  for (unsigned z = 0; z < d; ++z) {
+    for (unsigned y = 0; y < h; ++y) {
+      for (unsigned x = 0; x < w; ++x) {
+        const size_t i = (size_t{z} * h + y) * w + x;
+        const unsigned b = x / block.x + y / block.y * grid.x + z / block.z * grid.x * grid.y;
+        const unsigned t = x % block.x + y % block.y * block.x + z % block.z * block.x * block.y;
+        if (h_hits[i] != 1 || h_owner[i] != b * 1024 + t) ++wrong;
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(cudaFree(hits) == cudaSuccess);
+  CHECK(cudaFree(owner) == cudaSuccess);
+}
+
+TEST_CASE("a 3-D grid of 3-D blocks writes every element exactly once", "[emu]") {
+  check_coverage(dim3(3, 2, 2), dim3(5, 3, 2));  // 30 threads: a partial warp
+  check_coverage(dim3(2, 3, 1), dim3(8, 4, 4));
+  check_coverage(dim3(7), dim3(33));
+}
+
+__global__ void per_thread_copy_kernel(int v, int* out) {
+  v += static_cast<int>(threadIdx.x);  // a by-value parameter is each thread's own copy
+  out[threadIdx.x] = v;
+}
+
+__global__ void convert_kernel(int64_t n, const float* x, float* y, float scale) {
+  const int64_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] * scale;
+}
+
+TEST_CASE("arguments are converted by value and copied per thread", "[emu]") {
+  std::vector<int> out(64, -1);
+  const int64_t before = ddp_emu::launch_count();
+  ddp_emu::launch(per_thread_copy_kernel, dim3(1), dim3(64), nullptr, 100, out.data());
+  CHECK(ddp_emu::launch_count() == before + 1);
+  for (int i = 0; i < 64; ++i) CHECK(out[i] == 100 + i);
+
+  std::vector<float> x(50), y(50, -1.0f);
+  for (int i = 0; i < 50; ++i) x[i] = static_cast<float>(i);
+  ddp_emu::launch(convert_kernel, dim3(2), dim3(32), nullptr, 50, x.data(), y.data(), 2.0);
+  for (int i = 0; i < 50; ++i) CHECK(y[i] == 2.0f * static_cast<float>(i));
+}
+
+// ----- shared memory and __syncthreads --------------------------------------------------------
+
+__global__ void block_sum_kernel(const int* in, int* out) {
+  __shared__ int buf[1024];
+  const unsigned t = threadIdx.x;
+  buf[t] = in[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) buf[t] += buf[t + s];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = buf[0];
+}
+
+std::vector<int> block_sums(unsigned blocks, unsigned threads, const std::vector<int>& in) {
+  std::vector<int> out(blocks, -1);
+  ddp_emu::launch(block_sum_kernel, dim3(blocks), dim3(threads), nullptr, in.data(), out.data());
+  return out;
+}
+
+std::vector<int> reference_sums(unsigned blocks, unsigned threads, const std::vector<int>& in) {
+  std::vector<int> out(blocks, 0);
+  for (unsigned b = 0; b < blocks; ++b) {
+    for (unsigned t = 0; t < threads; ++t) out[b] += in[b * threads + t];
+  }
+  return out;
+}
+
+TEST_CASE("a shared-memory tree reduction gives exact sums", "[emu]") {
+  for (unsigned threads : {256u, 1024u}) {
+    const unsigned blocks = 6;
+    std::vector<int> in(blocks * threads);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>((i * 7919) % 1000) - 300;
+    CHECK(block_sums(blocks, threads, in) == reference_sums(blocks, threads, in));
+  }
+  CHECK(ddp_emu::worker_threads() == 1024);
+  block_sums(1, 64, std::vector<int>(64, 1));
+  CHECK(ddp_emu::worker_threads() == 1024);  // the pool is reused, not grown or rebuilt
+}
+
+__global__ void barrier_visibility_kernel(int token, int* seen) {
+  __shared__ int value;
+  if (threadIdx.x == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    value = token + static_cast<int>(blockIdx.x);
+  }
+  __syncthreads();
+  seen[blockIdx.x * blockDim.x + threadIdx.x] = value;
+}
+
+// The control: without a barrier the other threads read before thread 0 writes. Thread 0
+// waits until they have all read, which only ends if the threads really run concurrently.
+__global__ void no_barrier_kernel(int token, int* seen) {
+  __shared__ int value;
+  __shared__ int readers;
+  if (threadIdx.x == 0) {
+    __atomic_store_n(&value, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&readers, 0, __ATOMIC_SEQ_CST);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int others = static_cast<int>(blockDim.x) - 1;
+    for (int ms = 0; ms < 20000 && __atomic_load_n(&readers, __ATOMIC_SEQ_CST) < others; ++ms) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (__atomic_load_n(&readers, __ATOMIC_SEQ_CST) < others) return;  // seen[0] stays unset
+    __atomic_store_n(&value, token, __ATOMIC_SEQ_CST);
+  }
+  seen[threadIdx.x] = __atomic_load_n(&value, __ATOMIC_SEQ_CST);
+  if (threadIdx.x != 0) __atomic_fetch_add(&readers, 1, __ATOMIC_SEQ_CST);
+}
+
+TEST_CASE("__syncthreads is a real barrier", "[emu]") {
+  const int token = 1000 + static_cast<int>(ddp_emu::launch_count()) * 10;
+  std::vector<int> seen(3 * 64, -1);
+  ddp_emu::launch(barrier_visibility_kernel, dim3(3), dim3(64), nullptr, token, seen.data());
+  for (size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == token + static_cast<int>(i / 64));
+
+  std::vector<int> raced(64, -2);
+  ddp_emu::launch(no_barrier_kernel, dim3(1), dim3(64), nullptr, token + 7, raced.data());
+  CHECK(raced[0] == token + 7);
+  CHECK(std::count(raced.begin() + 1, raced.end(), -1) == 63);
+}
+
+// ----- warp operations ------------------------------------------------------------------------
+
+template <class T, int Width>
+__global__ void xor_reduce_kernel(const T* in, T* out) {
+  const unsigned t = linear_thread();
+  T v = in[t];
+  for (int o = Width / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFull, v, o, Width);
+  out[t] = v;
+}
+
+template <class T, int Width>
+__global__ void down_reduce_kernel(const T* in, T* out) {
+  const unsigned t = linear_thread();
+  T v = in[t];
+  for (unsigned o = Width / 2; o > 0; o /= 2) v += __shfl_down_sync(kFull, v, o, Width);
+  out[t] = v;
+}
+
+template <class T, int Width>
+void check_warp_reductions() {
+  const unsigned n = 128;
+  std::vector<T> in(n), out(n);
+  for (unsigned i = 0; i < n; ++i) in[i] = static_cast<T>((i * 37) % 101) + T(1);
+  std::vector<T> group(n / Width, T(0));
+  for (unsigned i = 0; i < n; ++i) group[i / Width] += in[i];
+
+  ddp_emu::launch(xor_reduce_kernel<T, Width>, dim3(1), dim3(32, 2, 2), nullptr, in.data(),
+                  out.data());
+  for (unsigned i = 0; i < n; ++i) CHECK(out[i] == group[i / Width]);  // every lane has it
+
+  ddp_emu::launch(down_reduce_kernel<T, Width>, dim3(1), dim3(32, 2, 2), nullptr, in.data(),
+                  out.data());
+  for (unsigned i = 0; i < n; i += Width) CHECK(out[i] == group[i / Width]);  // group leaders
+}
+
+TEST_CASE("warp reductions with __shfl_xor_sync and __shfl_down_sync are exact", "[emu]") {
+  check_warp_reductions<int, 32>();
+  check_warp_reductions<int, 16>();
+  check_warp_reductions<float, 32>();
+  check_warp_reductions<float, 16>();
+  check_warp_reductions<double, 8>();
+  check_warp_reductions<long long, 32>();
+  check_warp_reductions<unsigned long long, 4>();
+  check_warp_reductions<unsigned, 2>();
+}
+
+__global__ void shuffle_rules_kernel(int* out) {
+  const int t = static_cast<int>(threadIdx.x);
+  const int v = 1000 * (t / 32) + t % 32;
+  int* o = out + 8 * t;
+  o[0] = __shfl_down_sync(kFull, v, 3, 16);
+  o[1] = __shfl_up_sync(kFull, v, 5, 8);
+  o[2] = __shfl_xor_sync(kFull, v, 16, 16);
+  o[3] = __shfl_sync(kFull, v, 3, 8);
+  o[4] = __shfl_sync(kFull, v, 35);
+  o[5] = __shfl_sync(kFull, v, -1, 8);
+  o[6] = __shfl_up_sync(kFull, v, 1);
+  o[7] = __shfl_down_sync(kFull, v, 31);
+}
+
+TEST_CASE("shuffles follow CUDA's lane and width rules", "[emu]") {
+  std::vector<int> out(64 * 8, -7);
+  ddp_emu::launch(shuffle_rules_kernel, dim3(1), dim3(64), nullptr, out.data());
+  for (int t = 0; t < 64; ++t) {
+    const int l = t % 32, w = 1000 * (t / 32);
+    const int* o = out.data() + 8 * t;
+    INFO("thread " << t);
+    CHECK(o[0] == w + (l % 16 + 3 < 16 ? l + 3 : l));
+    CHECK(o[1] == w + (l % 8 >= 5 ? l - 5 : l));
+    CHECK(o[2] == w + (l < 16 ? l : l - 16));  // xor may reach an earlier segment, not a later one
+    CHECK(o[3] == w + l / 8 * 8 + 3);
+    CHECK(o[4] == w + 3);
+    CHECK(o[5] == w + l / 8 * 8 + 7);
+    CHECK(o[6] == w + (l == 0 ? 0 : l - 1));
+    CHECK(o[7] == w + (l == 0 ? 31 : l));
+  }
+}
+
+__global__ void vote_kernel(unsigned* out) {
+  const unsigned t = threadIdx.x, lane = t % 32;
+  unsigned* o = out + 5 * t;
+  o[0] = __ballot_sync(kFull, lane % 3 == 0);
+  o[1] = static_cast<unsigned>(__any_sync(kFull, t == 7));
+  o[2] = static_cast<unsigned>(__all_sync(kFull, lane < 32));
+  o[3] = static_cast<unsigned>(__all_sync(kFull, lane != 9));
+  __syncwarp();
+  o[4] = __ballot_sync(kFull, 1);  // the partial last warp has lanes 0-7 only
+}
+
+TEST_CASE("__ballot_sync, __any_sync and __all_sync", "[emu]") {
+  std::vector<unsigned> out(40 * 5, 0xdeadu);
+  ddp_emu::launch(vote_kernel, dim3(1), dim3(40), nullptr, out.data());
+  unsigned every_third = 0;
+  for (unsigned l = 0; l < 32; l += 3) every_third |= 1u << l;
+  for (unsigned t = 0; t < 40; ++t) {
+    INFO("thread " << t);
+    const bool partial = t >= 32;
+    CHECK(out[5 * t + 0] == (partial ? every_third & 0xffu : every_third));
+    CHECK(out[5 * t + 1] == (partial ? 0u : 1u));
+    CHECK(out[5 * t + 2] == 1u);
+    CHECK(out[5 * t + 3] == (partial ? 1u : 0u));
+    CHECK(out[5 * t + 4] == (partial ? 0xffu : kFull));
+  }
+}
+
+__global__ void half_warp_masks_kernel(int* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  int v = lane;
+  if (lane < 16) {
+    v = __shfl_xor_sync(0x0000ffffu, v, 1);
+  } else {
+    v = __shfl_xor_sync(0xffff0000u, v, 2);
+  }
+  out[lane] = v;
+}
+
+TEST_CASE("disjoint lane masks exchange independently", "[emu]") {
+  std::vector<int> out(32, -1);
+  ddp_emu::launch(half_warp_masks_kernel, dim3(1), dim3(32), nullptr, out.data());
+  for (int l = 0; l < 32; ++l) CHECK(out[l] == (l < 16 ? l ^ 1 : l ^ 2));
+}
+
+// ----- faults ---------------------------------------------------------------------------------
+
+const int kDivergentBarrierLine = __LINE__ + 4;
+__global__ void early_return_kernel(int* out) {
+  if (threadIdx.x < 5) return;
+  out[threadIdx.x] = 1;
+  __syncthreads();
+}
+
+__global__ void two_barriers_kernel() {
+  if (threadIdx.x % 2) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+}
+
+TEST_CASE("divergent __syncthreads throws KernelFault naming the line", "[emu]") {
+  static std::vector<int> out(64);
+  const std::string msg =
+      fault_of([] { DDP_EMU_LAUNCH(early_return_kernel, dim3(2), dim3(64), nullptr, out.data()); });
+  INFO(msg);
+  CHECK_THAT(msg, Contains("kernel early_return_kernel, block (0,0,0), thread ("));
+  CHECK_THAT(msg, Contains("__syncthreads()"));
+  CHECK_THAT(msg, Contains("test_emulator.cpp:" + std::to_string(kDivergentBarrierLine)));
+
+  const std::string msg2 =
+      fault_of([] { ddp_emu::launch(two_barriers_kernel, dim3(1), dim3(32), nullptr); });
+  INFO(msg2);
+  CHECK_THAT(msg2, Contains("must meet at the same __syncthreads()"));
+}
+
+__global__ void throwing_kernel(int* out) {
+  if (blockIdx.x == 2 && threadIdx.x == 3) throw std::runtime_error("boom");
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+
+TEST_CASE("an exception in a kernel becomes a KernelFault and releases the block", "[emu]") {
+  static std::vector<int> out(4 * 128, 0);
+  const std::string msg = fault_of([] {
+    ddp_emu::launch_named("throwing_kernel", throwing_kernel, dim3(4), dim3(128), nullptr,
+                          out.data());
+  });
+  INFO(msg);
+  CHECK_THAT(msg, Contains("block (2,0,0), thread (3,0,0)"));
+  CHECK_THAT(msg, Contains("std::runtime_error: boom"));
+  CHECK(std::count(out.begin(), out.end(), 1) == 2 * 128);  // blocks 0 and 1 ran, 3 never did
+  // The pool is healthy afterwards.
+  std::vector<int> in(256, 2);
+  CHECK(block_sums(1, 256, in) == std::vector<int>{512});
+}
+
+__global__ void returned_lanes_kernel(int* out) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (lane >= 16) return;
+  out[lane] = __shfl_xor_sync(kFull, lane, 1);
+}
+
+__global__ void mixed_shuffles_kernel(int* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  out[lane] = lane < 16 ? __shfl_xor_sync(kFull, lane, 1) : __shfl_down_sync(kFull, lane, 1);
+}
+
+__global__ void warp_waits_for_barrier_kernel(int* out) {
+  const unsigned t = threadIdx.x;
+  if (t == 0 || t >= 32) {
+    __syncthreads();
+  } else {
+    out[t] = __shfl_xor_sync(kFull, static_cast<int>(t), 1);
+  }
+}
+
+TEST_CASE("broken warp operations throw KernelFault instead of hanging", "[emu]") {
+  static std::vector<int> out(64);
+  const std::string returned = fault_of(
+      [] { ddp_emu::launch(returned_lanes_kernel, dim3(1), dim3(32), nullptr, out.data()); });
+  INFO(returned);
+  CHECK_THAT(returned, Contains("__shfl_xor_sync()"));
+  CHECK_THAT(returned, Contains("returned from the kernel"));
+
+  const std::string mixed = fault_of(
+      [] { ddp_emu::launch(mixed_shuffles_kernel, dim3(1), dim3(32), nullptr, out.data()); });
+  INFO(mixed);
+  CHECK_THAT(mixed, Contains("must meet at the same warp operation"));
+
+  const std::string deadlock = fault_of([] {
+    ddp_emu::launch(warp_waits_for_barrier_kernel, dim3(1), dim3(64), nullptr, out.data());
+  });
+  INFO(deadlock);
+  CHECK_THAT(deadlock, Contains("deadlock"));
+  CHECK_THAT(deadlock, Contains("__syncthreads()"));
+}
+
+__global__ void empty_kernel() {}
+
+TEST_CASE("invalid configurations throw and set the last error once", "[emu]") {
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  const int64_t before = ddp_emu::launch_count();
+  const std::string msg =
+      fault_of([] { ddp_emu::launch(empty_kernel, dim3(1), dim3(2048), nullptr); });
+  INFO(msg);
+  CHECK_THAT(msg, Contains("invalid launch configuration"));
+  CHECK_THAT(msg, Contains("2048"));
+  CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(ddp_emu::launch_count() == before);
+
+  const dim3 bad[][2] = {{dim3(1), dim3(1, 1, 65)},
+                         {dim3(0), dim3(32)},
+                         {dim3(1, 65536), dim3(32)},
+                         {dim3(1), dim3(0)},
+                         {dim3(1), dim3(2000, 1, 1)}};
+  for (const auto& cfg : bad) {
+    CHECK_THROWS_AS(ddp_emu::launch(empty_kernel, cfg[0], cfg[1], nullptr), ddp_emu::KernelFault);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  }
+  ddp_emu::launch(empty_kernel, dim3(1, 65535, 1), dim3(1), nullptr);  // the largest allowed
+  ddp_emu::launch(empty_kernel, dim3(1), dim3(1, 1, 64), nullptr);
+  CHECK(cudaGetLastError() == cudaSuccess);
+
+  CHECK_THROWS_AS(__syncthreads(), ddp_emu::KernelFault);  // outside a kernel
+}
+
+// ----- runtime ---------------------------------------------------------------------------------
+
+TEST_CASE("cudaMalloc is aligned, poisoned and checked", "[emu]") {
+  const int64_t live = ddp_emu::live_allocations();
+  std::vector<void*> ptrs;
+  for (size_t bytes : {size_t{1}, size_t{3}, size_t{100}, size_t{4097}}) {
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess);
+    CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0);
+    ptrs.push_back(p);
+  }
+  CHECK(ddp_emu::live_allocations() == live + 4);
+
+  float* f = nullptr;
+  REQUIRE(cudaMalloc(&f, 1000 * sizeof(float)) == cudaSuccess);
+  std::vector<float> host(1000, 0.0f);
+  REQUIRE(cudaMemcpy(host.data(), f, 1000 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::all_of(host.begin(), host.end(), [](float v) { return std::isnan(v); }));
+
+  int on_stack = 0;
+  CHECK(cudaFree(&on_stack) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaFree(f + 1) == cudaErrorInvalidValue);  // not the start of an allocation
+  CHECK(cudaFreeHost(f) == cudaErrorInvalidValue);  // device memory, not pinned host memory
+  CHECK(cudaFree(f) == cudaSuccess);
+  CHECK(cudaFree(f) == cudaErrorInvalidValue);  // twice
+  CHECK(cudaFree(nullptr) == cudaSuccess);
+  cudaGetLastError();
+  for (void* p : ptrs) CHECK(cudaFree(p) == cudaSuccess);
+  CHECK(ddp_emu::live_allocations() == live);
+
+  void* none = &on_stack;
+  CHECK(cudaMalloc(&none, size_t{1} << 40) == cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+
+  float* pinned = nullptr;
+  double* pinned2 = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 64 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaHostAlloc(&pinned2, 16 * sizeof(double), cudaHostAllocDefault) == cudaSuccess);
+  CHECK(ddp_emu::live_allocations() == live + 2);
+  CHECK(cudaFree(pinned) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaFreeHost(pinned2) == cudaSuccess);
+  CHECK(ddp_emu::live_allocations() == live);
+}
+
+TEST_CASE("cudaMemcpy and cudaMemset move bytes and reject wrong directions", "[emu]") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t n = 300;
+  std::vector<int> src(n), back(n, 0);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<int>(i * 3 + 1);
+  int *a = nullptr, *b = nullptr;
+  REQUIRE(cudaMalloc(&a, n * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&b, n * sizeof(int)) == cudaSuccess);
+  CHECK(cudaMemcpy(a, src.data(), n * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(b, a, n * sizeof(int), cudaMemcpyDeviceToDevice, stream) == cudaSuccess);
+  CHECK(cudaMemcpy(back.data(), b, n * sizeof(int), cudaMemcpyDefault) == cudaSuccess);
+  CHECK(back == src);
+
+  CHECK(cudaMemsetAsync(b + 10, 0, 20 * sizeof(int), stream) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(cudaMemcpy(back.data(), b, n * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (size_t i = 0; i < n; ++i) CHECK(back[i] == (i >= 10 && i < 30 ? 0 : src[i]));
+  CHECK(cudaMemset(a, 0xFF, n * sizeof(int)) == cudaSuccess);
+  CHECK(cudaMemcpy(back.data(), a, n * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::all_of(back.begin(), back.end(), [](int v) { return v == -1; }));
+
+  // Wrong directions, overruns and host memory given to cudaMemset.
+  CHECK(cudaMemcpy(back.data(), src.data(), 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(a, b, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(back.data(), a, (n + 1) * sizeof(int), cudaMemcpyDeviceToHost) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(a + 1, src.data(), n * sizeof(int), cudaMemcpyHostToDevice) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemset(back.data(), 0, 4) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(a, src.data(), 4, static_cast<cudaMemcpyKind>(7)) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+
+  CHECK(cudaFree(a) == cudaSuccess);
+  CHECK(cudaFree(b) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaMemsetAsync(nullptr, 0, 0, stream) == cudaErrorInvalidResourceHandle);
+  CHECK_THROWS_AS(ddp_emu::launch(empty_kernel, dim3(1), dim3(1), stream), ddp_emu::KernelFault);
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+}
+
+TEST_CASE("events measure host time between records", "[emu]") {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr, untimed = nullptr, never = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&start) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&stop) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&never) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == cudaSuccess);
+  CHECK(cudaEventRecord(start, stream) == cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(cudaEventRecord(stop) == cudaSuccess);
+  CHECK(cudaEventRecord(untimed, stream) == cudaSuccess);
+  CHECK(cudaStreamWaitEvent(stream, stop) == cudaSuccess);
+  CHECK(cudaEventSynchronize(stop) == cudaSuccess);
+  CHECK(cudaEventQuery(stop) == cudaSuccess);
+  float ms = -1.0f;
+  CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
+  CHECK(ms >= 4.0f);
+  CHECK(cudaEventElapsedTime(&ms, start, untimed) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaEventElapsedTime(&ms, start, never) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  for (cudaEvent_t e : {start, stop, untimed, never}) CHECK(cudaEventDestroy(e) == cudaSuccess);
+  CHECK(cudaEventDestroy(start) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+}
+
+TEST_CASE("the emulated device reports one small device", "[emu]") {
+  int count = 0, dev = -1, value = 0;
+  CHECK(cudaGetDeviceCount(&count) == cudaSuccess);
+  CHECK(count == 1);
+  CHECK(cudaSetDevice(0) == cudaSuccess);
+  CHECK(cudaGetDevice(&dev) == cudaSuccess);
+  CHECK(dev == 0);
+  CHECK(cudaSetDevice(1) == cudaErrorInvalidDevice);
+  CHECK(cudaGetLastError() == cudaErrorInvalidDevice);
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  CHECK(std::strlen(prop.name) > 0);
+  CHECK(prop.multiProcessorCount == 4);
+  CHECK(prop.maxThreadsPerBlock == 1024);
+  CHECK(prop.totalGlobalMem > 0);
+  ddp_emu::set_sm_count(7);
+  CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  CHECK(value == 7);
+  CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  CHECK(prop.multiProcessorCount == 7);
+  ddp_emu::set_sm_count(4);
+  for (cudaDeviceAttr a :
+       {cudaDevAttrClockRate, cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth}) {
+    value = 0;
+    CHECK(cudaDeviceGetAttribute(&value, a, 0) == cudaSuccess);
+    CHECK(value > 0);
+  }
+  CHECK(std::string(cudaGetErrorName(cudaErrorInvalidValue)) == "cudaErrorInvalidValue");
+  CHECK(std::string(cudaGetErrorString(cudaSuccess)) == "no error");
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("a 64 x 256 launch finishes in reasonable time", "[emu]") {
+  const unsigned blocks = 64, threads = 256;
+  std::vector<int> in(blocks * threads);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i % 17);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> sums = block_sums(blocks, threads, in);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("emulator: 64 blocks x 256 threads (9 barriers each) took %.3f s\n", seconds);
+  CHECK(sums == reference_sums(blocks, threads, in));
+  CHECK(seconds < 60.0);
+}
+
+}  // namespace
