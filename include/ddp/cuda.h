@@ -54,75 +54,63 @@ int64_t cuda_allocation_count();
 void cuda_copy_bytes(void* dst, const void* src, size_t bytes);
 void cuda_zero_bytes(void* dst, size_t bytes);
 
-/// A move-only array of T in device memory (uninitialised). Copying is deleted on purpose.
-template <typename T>
-class DeviceArray {
+/// Where a CudaArray lives: device memory, or page-locked host memory (what asynchronous
+/// copies need).
+enum class CudaMemory { kDevice, kPinned };
+
+/// A move-only array of T in device or pinned host memory (uninitialised). Copying is deleted
+/// on purpose: a copy of a device array is always a performance accident.
+template <typename T, CudaMemory kWhere>
+class CudaArray {
  public:
-  DeviceArray() = default;
-  explicit DeviceArray(size_t n)
-      : data_(n ? static_cast<T*>(cuda_malloc_bytes(n * sizeof(T))) : nullptr), size_(n) {}
-  ~DeviceArray() { cuda_free_bytes(data_); }
-  DeviceArray(DeviceArray&& o) noexcept
+  CudaArray() = default;
+  explicit CudaArray(size_t n)
+      : data_(n ? static_cast<T*>(allocate(n * sizeof(T))) : nullptr), size_(n) {}
+  ~CudaArray() { release(data_); }
+  CudaArray(CudaArray&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
+  CudaArray& operator=(CudaArray&& o) noexcept {
     if (this != &o) {
-      cuda_free_bytes(data_);
+      release(data_);
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
     }
     return *this;
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
+  CudaArray(const CudaArray&) = delete;
+  CudaArray& operator=(const CudaArray&) = delete;
 
   T* data() { return data_; }
   const T* data() const { return data_; }
   size_t size() const { return size_; }
-  /// Synchronous host → device copy of n elements into the front of the array.
+  /// Synchronous copy of n elements from the host into the front of the array.
   void upload(const T* host, size_t n) { cuda_copy_bytes(data_, host, checked(n) * sizeof(T)); }
   void download(T* host, size_t n) const { cuda_copy_bytes(host, data_, checked(n) * sizeof(T)); }
 
  private:
-  size_t checked(size_t n) const;
-  T* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-/// A move-only array of T in page-locked host memory (what asynchronous copies need).
-template <typename T>
-class PinnedArray {
- public:
-  PinnedArray() = default;
-  explicit PinnedArray(size_t n)
-      : data_(n ? static_cast<T*>(cuda_malloc_pinned_bytes(n * sizeof(T))) : nullptr), size_(n) {}
-  ~PinnedArray() { cuda_free_pinned_bytes(data_); }
-  PinnedArray(PinnedArray&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  PinnedArray& operator=(PinnedArray&& o) noexcept {
-    if (this != &o) {
-      cuda_free_pinned_bytes(data_);
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
+  static void* allocate(size_t bytes) {
+    return kWhere == CudaMemory::kDevice ? cuda_malloc_bytes(bytes)
+                                         : cuda_malloc_pinned_bytes(bytes);
   }
-  PinnedArray(const PinnedArray&) = delete;
-  PinnedArray& operator=(const PinnedArray&) = delete;
-
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
+  static void release(T* p) noexcept {
+    if (kWhere == CudaMemory::kDevice) {
+      cuda_free_bytes(p);
+    } else {
+      cuda_free_pinned_bytes(p);
+    }
+  }
+  size_t checked(size_t n) const {
+    DDP_CHECK(n <= size_, "CudaArray: copy of " << n << " elements with an array of " << size_);
+    return n;
+  }
   T* data_ = nullptr;
   size_t size_ = 0;
 };
 
 template <typename T>
-size_t DeviceArray<T>::checked(size_t n) const {
-  DDP_CHECK(n <= size_, "DeviceArray: copy of " << n << " elements into an array of " << size_);
-  return n;
-}
+using DeviceArray = CudaArray<T, CudaMemory::kDevice>;
+template <typename T>
+using PinnedArray = CudaArray<T, CudaMemory::kPinned>;
 
 /// Copies a float tensor between host and device (either may be either; shapes must match).
 void copy_tensor(const Tensor& src, Tensor& dst);
