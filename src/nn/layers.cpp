@@ -28,14 +28,29 @@ void Linear::forward(Backend& be, const Tensor& x, Tensor& y) {
   be.linear_forward(x, weight_.value, bias_.value, false, y);
 }
 
-void Linear::backward(Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                      bool accumulate, const std::function<void(size_t)>& ready) {
+void Linear::forward_relu(Backend& be, const Tensor& x, Tensor& y) {
+  be.linear_forward(x, weight_.value, bias_.value, true, y);
+}
+
+void Linear::parameter_gradients(Backend& be, const Tensor& x, const Tensor& dy, bool accumulate,
+                                 const std::function<void(size_t)>& ready) {
   // Parameter gradients first and announce them, so their allreduce can start while dx and
   // the layers below are still being computed.
   be.linear_backward_params(dy, x, accumulate, weight_.grad, bias_.grad);
   ready(1);  // bias: registered after the weight, so it is earlier in ready order
   ready(0);
+}
+
+void Linear::backward(Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+                      bool accumulate, const std::function<void(size_t)>& ready) {
+  parameter_gradients(be, x, dy, accumulate, ready);
   if (dx != nullptr) be.linear_backward_input(dy, weight_.value, nullptr, *dx);
+}
+
+void Linear::backward_through_relu(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx,
+                                   bool accumulate, const std::function<void(size_t)>& ready) {
+  parameter_gradients(be, x, dy, accumulate, ready);
+  be.linear_backward_input(dy, weight_.value, &x, dx);
 }
 
 void ReLU::forward(Backend& be, const Tensor& x, Tensor& y) { be.relu_forward(x, y); }

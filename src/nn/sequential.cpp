@@ -28,8 +28,14 @@ Sequential::Sequential(const std::vector<int64_t>& widths, const std::string& ac
       layers_.push_back(std::make_unique<ReLU>(widths[i + 1]));
     }
   }
-  for (const auto& layer : layers_) {
-    activations_.emplace_back(static_cast<size_t>(max_batch * layer->out_features()), device);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const bool fused = dynamic_cast<Linear*>(layers_[i].get()) != nullptr &&
+                       i + 1 < layers_.size() &&
+                       dynamic_cast<ReLU*>(layers_[i + 1].get()) != nullptr;
+    relu_follows_.push_back(fused);
+    activations_.push_back(
+        fused ? Buffer()
+              : Buffer(static_cast<size_t>(max_batch * layers_[i]->out_features()), device));
     outputs_.push_back(Tensor{});
   }
   for (int64_t w : widths) widest = std::max(widest, w);
@@ -61,7 +67,7 @@ void Sequential::bind(float* values, float* grads, const std::vector<size_t>& of
   DDP_CHECK(
       offsets.size() == params_.size(),
       "Sequential::bind: " << offsets.size() << " offsets for " << params_.size() << " parameters");
-  const Device device = activations_.front().device();
+  const Device device = activations_.back().device();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1;
@@ -93,6 +99,14 @@ const Tensor& Sequential::forward(Backend& be, const Tensor& x) {
   input_ = x;
   const Tensor* in = &input_;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    if (relu_follows_[i]) {
+      // Linear i and ReLU i+1 in one kernel, straight into the ReLU's output.
+      outputs_[i + 1] = Tensor::of(activations_[i + 1], x.rows, layers_[i + 1]->out_features());
+      static_cast<Linear&>(*layers_[i]).forward_relu(be, *in, outputs_[i + 1]);
+      outputs_[i] = outputs_[i + 1];
+      in = &outputs_[++i];
+      continue;
+    }
     outputs_[i] = Tensor::of(activations_[i], x.rows, layers_[i]->out_features());
     layers_[i]->forward(be, *in, outputs_[i]);
     in = &outputs_[i];
@@ -116,6 +130,17 @@ void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate,
     if (i == 0) {
       layers_[i]->backward(be, x, outputs_[i], dy, nullptr, accumulate, layer_ready);
       break;
+    }
+    if (i >= 2 && relu_follows_[i - 2] && dynamic_cast<Linear*>(layers_[i].get()) != nullptr) {
+      // Linear i reads the output of ReLU i-1: its input gradient leaves masked, which is that
+      // ReLU's backward done too.
+      Tensor dx = Tensor::of(*spare, rows, x.cols);
+      static_cast<Linear&>(*layers_[i])
+          .backward_through_relu(be, x, dy, dx, accumulate, layer_ready);
+      spare = (spare == &grad_a_) ? &grad_b_ : &grad_a_;
+      dy = dx;
+      --i;  // skip ReLU i-1
+      continue;
     }
     // ReLU works in place; a Linear writes dx into whichever scratch buffer dy is not in.
     Tensor dx =

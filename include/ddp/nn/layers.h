@@ -54,7 +54,16 @@ class Linear : public Layer {
                 bool accumulate, const std::function<void(size_t)>& ready) override;
   int64_t in_features() const { return in_; }
 
+  /// forward() followed by a ReLU, fused into the product's store: y = max(x·Wᵀ + b, 0).
+  void forward_relu(Backend& be, const Tensor& x, Tensor& y);
+  /// backward() where x is the output of a ReLU: dx leaves already multiplied by (x > 0), so it
+  /// is the gradient before that ReLU (the ReLU's backward fused into the product's store).
+  void backward_through_relu(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx,
+                             bool accumulate, const std::function<void(size_t)>& ready);
+
  private:
+  void parameter_gradients(Backend& be, const Tensor& x, const Tensor& dy, bool accumulate,
+                           const std::function<void(size_t)>& ready);
   int64_t in_, out_;
   Parameter weight_, bias_;
 };

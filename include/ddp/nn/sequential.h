@@ -1,5 +1,7 @@
 // Sequential: the MLP as an ordered list of layers, with the activation buffers of one batch
-// (allocated once for the largest batch, so the steady state allocates nothing).
+// (allocated once for the largest batch, so the steady state allocates nothing). Each Linear
+// followed by a ReLU runs as one kernel each way: the ReLU in the product's store going forward,
+// its mask in the input gradient's store going back (bitwise the same as separate layers).
 #pragma once
 
 #include <memory>
@@ -47,7 +49,9 @@ class Sequential {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Parameter*> params_;
   std::vector<size_t> first_param_;  // per layer: index of its first parameter
-  std::vector<Buffer> activations_;  // per layer output [max_batch, width]
+  std::vector<bool> relu_follows_;   // per layer: a Linear whose output goes straight into a ReLU
+  std::vector<Buffer> activations_;  // per layer output [max_batch, width]; none for a Linear
+                                     // whose ReLU is fused (it would hold pre-activations)
   Buffer grad_a_, grad_b_;           // ping-pong activation gradients
   Tensor input_;                     // the last forward's input
   std::vector<Tensor> outputs_;      // the last forward's outputs
