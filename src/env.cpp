@@ -66,4 +66,36 @@ std::vector<std::string> describe_layout(MPI_Comm comm, const Environment& env) 
   return lines;
 }
 
+std::string describe_launcher(const std::function<const char*(const char*)>& getenv, int world) {
+  auto var = [&](const char* name) -> std::string {
+    const char* v = getenv(name);
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  const std::string job = var("SLURM_JOB_ID");
+  const std::string ompi_size = var("OMPI_COMM_WORLD_SIZE");
+  const std::string slurm_tasks =
+      var("SLURM_STEP_NUM_TASKS").empty() ? var("SLURM_NTASKS") : var("SLURM_STEP_NUM_TASKS");
+  std::ostringstream oss;
+  std::string claimed;
+  if (!ompi_size.empty()) {
+    oss << "mpirun";
+    if (!job.empty()) oss << " inside Slurm job " << job;
+    claimed = ompi_size;
+  } else if (!job.empty() && !var("SLURM_PROCID").empty()) {
+    oss << "srun (Slurm job " << job;
+    if (!var("SLURM_JOB_NUM_NODES").empty())
+      oss << ", " << var("SLURM_JOB_NUM_NODES") << " node(s)";
+    oss << ")";
+    claimed = slurm_tasks;
+  } else if (!var("PMIX_RANK").empty()) {
+    oss << "a PMIx launcher";
+  } else {
+    oss << "no launcher (a single process)";
+  }
+  oss << "; ranks and nodes from MPI";
+  if (!claimed.empty() && claimed != std::to_string(world))
+    oss << " (the launcher's variables say " << claimed << " tasks, MPI says " << world << ")";
+  return oss.str();
+}
+
 }  // namespace ddp

@@ -3,6 +3,7 @@
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 
 #include "ddp/check.h"
@@ -32,7 +33,12 @@ int train(const Options& opt) {
     return 0;
   }
   if (env.rank == 0) {
-    std::cout << "ddp-train: " << env.world << " rank(s), config " << opt.config << "\n";
+    std::cout << "ddp-train: " << env.world << " rank(s) on " << layout.size()
+              << " node(s), device " << cfg.device << ", config " << opt.config << "\n";
+    std::cout << "  launcher: "
+              << ddp::describe_launcher([](const char* name) { return std::getenv(name); },
+                                        env.world)
+              << "\n";
     for (const auto& line : layout) std::cout << "  " << line << "\n";
   }
   ddp::Trainer trainer(cfg, *comm, env.rank == 0 ? &std::cout : nullptr);

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,11 @@ Environment discover_environment(MPI_Comm comm);
 
 /// Collective over `comm`: on every rank, one line per node "host: ranks 0-1 (2 local)".
 std::vector<std::string> describe_layout(MPI_Comm comm, const Environment& env);
+
+/// Which launcher started the job, read from its environment variables for the startup report
+/// only (they are never used for rank or size: under mpirun inside sbatch the SLURM_* task
+/// variables are stale). `getenv` is std::getenv in the program; `world` is MPI's size, and a
+/// launcher variable that disagrees with it is pointed out.
+std::string describe_launcher(const std::function<const char*(const char*)>& getenv, int world);
 
 }  // namespace ddp
