@@ -16,6 +16,8 @@ ip netns add "$h1" 2>/dev/null || skip "cannot create network namespaces here"
 CLEANUPS+=("ip netns pids $h1 | xargs -r kill -9; ip netns del $h1")
 ip netns add "$h2" || { fail "second namespace"; finish; }
 CLEANUPS+=("ip netns pids $h2 | xargs -r kill -9; ip netns del $h2")
+# ip netns exec remounts /sys privately: impossible where / is not a mount point (a chroot).
+probe="$(ip netns exec "$h1" unshare --uts true 2>&1)" || skip "cannot enter a network namespace here: $probe"
 ip link add "v${suffix}a" type veth peer name "v${suffix}b" || skip "cannot create veth links here"
 ip link set "v${suffix}a" netns "$h1"
 ip link set "v${suffix}b" netns "$h2"
