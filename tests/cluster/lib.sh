@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers for the cluster tests: a real Slurm (munge, slurmctld and two slurmd as nodes n1, n2,
 # each in its own UTS namespace) and Open MPI across two network namespaces, all on this machine,
 # and cleanup of everything a test started, whatever way it ends. Sourced by tests/cluster/test_*.sh.

@@ -3,6 +3,7 @@
 # mpirun with a hostfile, starting the remote ranks through an rsh agent that enters the other
 # namespace instead of ssh. All MPI traffic crosses the veth; the run must match the one-node
 # 4-rank weights and print the two-host layout.
+# shellcheck source=tests/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 require_tools ip unshare mpirun
 reference_runs

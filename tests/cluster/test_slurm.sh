@@ -3,6 +3,7 @@
 # (b) sbatch launch/slurm/train.sbatch must train to the same weights as mpirun -n 4 on one node
 # (to float rounding: one node sums through shared memory, two nodes through MPI_Allreduce),
 # print the two-node layout, and (b) must end COMPLETED with its metrics file written.
+# shellcheck source=tests/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 require_tools slurmctld slurmd srun sbatch scontrol sinfo munge unmunge unshare
 reference_runs

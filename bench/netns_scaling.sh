@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# netns_scaling.sh: two "nodes" on this machine (network namespaces joined by a veth pair),
+# the link limited by tc's token bucket to each rate given, and at each rate: the MPI_Allreduce
+# sweep (ddp_bench_allreduce) and ddp-train on the Fashion-MNIST MLP and a wider MLP at
+# 2 nodes x 2 ranks. Also the same trainings on one node x 4 ranks, for the compute time.
+# Writes everything to OUTDIR; bench/scaling_model.py turns it into docs/scaling.md's tables.
+#   bench/netns_scaling.sh OUTDIR [--rates "unlimited 10gbit 1gbit"] [--steps N] [--per-node K]
+# Needs root, iproute2 (ip, tc with the tbf qdisc), util-linux (unshare); builds nothing:
+# $DDP_TRAIN (default build/ddp-train) and $DDP_BENCH_ALLREDUCE (build/bench/ddp_bench_allreduce).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+out="${1:?usage: netns_scaling.sh OUTDIR [--rates LIST] [--steps N]}"
+shift
+rates="unlimited 10gbit 1gbit"
+steps=300
+per_node=2
+while (($#)); do
+  case "$1" in
+    --rates) rates="${2:?}"; shift 2 ;;
+    --steps) steps="${2:?}"; shift 2 ;;
+    --per-node) per_node="${2:?}"; shift 2 ;;
+    *) echo "netns_scaling.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+train="${DDP_TRAIN:-$root/build/ddp-train}"
+allreduce="${DDP_BENCH_ALLREDUCE:-$root/build/bench/ddp_bench_allreduce}"
+[[ -x "$train" && -x "$allreduce" ]] || { echo "netns_scaling.sh: build ddp-train and ddp_bench_allreduce first" >&2; exit 2; }
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+h1=ddpsa h2=ddpsb subnet=10.78.0.0/24
+cleanup() {
+  local h
+  for h in $h1 $h2; do
+    { ip netns pids $h 2>/dev/null | xargs -r kill -9; } || true
+    ip netns del $h 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+cleanup
+ip netns add $h1
+ip netns add $h2
+ip link add vsa type veth peer name vsb
+ip link set vsa netns $h1
+ip link set vsb netns $h2
+ip -n $h1 addr add 10.78.0.1/24 dev vsa
+ip -n $h2 addr add 10.78.0.2/24 dev vsb
+for h in $h1 $h2; do ip -n $h link set lo up; done
+ip -n $h1 link set vsa up
+ip -n $h2 link set vsb up
+cat >"$out/nsrsh" <<'AGENT'
+#!/bin/bash
+host="$1"; shift
+exec ip netns exec "$host" unshare --uts /bin/sh -c 'hostname "$0"; exec /bin/sh -c "$1"' "$host" "$*"
+AGENT
+chmod +x "$out/nsrsh"
+printf '%s slots=%d\n%s slots=%d\n' $h1 "$per_node" $h2 "$per_node" >"$out/hostfile"
+ranks=$((2 * per_node))
+
+# The namespaces share this machine's cores, which Open MPI cannot see: ranks must yield the core
+# while they wait, or their busy polling starves the others (milliseconds per message).
+two_nodes() {  # two_nodes PROGRAM ARGS...: per_node ranks in each namespace, MPI over the veth
+  ip netns exec $h1 unshare --uts sh -c "hostname $h1; exec mpirun --hostfile '$out/hostfile' \
+    -np $ranks --bind-to none --mca mpi_yield_when_idle 1 --mca plm_rsh_agent '$out/nsrsh' --mca plm_rsh_no_tree_spawn 1 \
+    --mca oob_tcp_if_include $subnet --mca btl tcp,self,vader --mca btl_tcp_if_include $subnet \
+    \"\$0\" \"\$@\"" "$@"
+}
+
+models=(
+  "fashion|$root/bench/fashion_mnist_bench.yaml|"
+  "wide|$root/bench/fashion_mnist_bench.yaml|model.layers=[784,1024,1024,10] distributed.bucket_cap_mb=25 distributed.first_bucket_mb=1"
+)
+run_model() {  # run_model LABEL where(one|two) model-spec
+  local label="$1" where="$2" spec="$3" name config extra args=()
+  IFS='|' read -r name config extra <<<"$spec"
+  for s in $extra; do args+=(--set "$s"); done
+  local dir="$out/$label-$name"
+  args+=(--config "$config" --set training.max_steps="$steps" --set output.dir="$dir")
+  if [[ "$where" == one ]]; then
+    mpirun -n "$ranks" --oversubscribe --bind-to none "$train" "${args[@]}" >"$dir.log" 2>&1
+  else
+    two_nodes "$train" "${args[@]}" >"$dir.log" 2>&1
+  fi
+  echo "$label $name: $(grep '^done:' "$dir.log")"
+}
+
+for spec in "${models[@]}"; do run_model one-node one "$spec"; done
+for rate in $rates; do
+  for dev in "$h1 vsa" "$h2 vsb"; do
+    set -- $dev
+    tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
+    # Token bucket: the link's rate; a burst of ~1 ms at that rate (at least 64 KB).
+    if [[ "$rate" != unlimited ]]; then
+      tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 50ms
+    fi
+  done
+  two_nodes "$allreduce" --min-bytes 4096 --max-bytes $((16 << 20)) --reps 10 >"$out/allreduce-$rate.md" 2>&1
+  echo "allreduce at $rate: $(tail -1 "$out/allreduce-$rate.md")"
+  for spec in "${models[@]}"; do run_model "two-nodes-$rate" two "$spec"; done
+done

@@ -1,0 +1,131 @@
+"""scaling_model.py: the step-time model of docs/scaling.md, fitted to bench/netns_scaling.sh's
+output and checked against its measured training runs.
+
+  python3 bench/scaling_model.py OUTDIR [--nodes 2 4 8 16]
+
+Model. A link is an alpha-beta pair: one allreduce of S bytes across N nodes takes
+    T_N(S) = 2(N-1)·alpha + 2(N-1)/N · S / B
+(ring allreduce between nodes: 2(N-1) steps, each moving S/N bytes over the link; ranks inside a
+node meet through shared memory, which is much faster and ignored). alpha and B are fitted to
+the MPI_Allreduce sweep between the two nodes (N = 2: T = 2·alpha + S/B): alpha from the
+smallest messages, B by least squares on relative error over the bucket sizes' range. A training step is
+    step = compute + sum over buckets k of T_N(S_k)          (no overlap: one core per rank)
+    step = forward + max(backward, comm chain) + optimizer   (full overlap: spare core or GPU)
+where compute is the one-node run's time per step minus its allreduce wait (same placement of
+ranks on cores), and the buckets are the run's own bucket plan.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def read_allreduce(path):
+    rows = []
+    for line in open(path):
+        m = re.match(r"\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", line)
+        if m:
+            rows.append((int(m.group(1)), float(m.group(2)) * 1e-6))
+    return rows
+
+
+def fit_alpha_beta(rows, min_bytes):
+    """alpha from the smallest messages (T = 2·alpha when S/B is negligible), then 1/B by least
+    squares on relative error of T - 2·alpha = S/B over sizes >= min_bytes (the buckets' range;
+    a token-bucket link lets smaller messages through at full speed)."""
+    alpha = min(t for _, t in rows[:3]) / 2
+    big = [(s, t) for s, t in rows if s >= min_bytes]
+    # minimise sum(((2a + S·x) - T) / T)^2 over x: x = sum(S(T-2a)/T^2) / sum(S^2/T^2)
+    x = sum(s * (t - 2 * alpha) / t**2 for s, t in big) / sum(s * s / t**2 for s, t in big)
+    return alpha, x
+
+
+def summary(run_dir):
+    last = None
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            j = json.loads(line)
+            if j.get("type") == "summary":
+                last = j
+    return last
+
+
+def buckets(log_path):
+    sizes = []
+    for line in open(log_path):
+        m = re.match(r"\s*bucket \d+: (\d+) floats", line)
+        if m:
+            sizes.append(4 * int(m.group(1)))
+    return sizes
+
+
+def t_allreduce(nodes, size, alpha, beta_inv):
+    return 2 * (nodes - 1) * alpha + 2 * (nodes - 1) / nodes * size * beta_inv
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("outdir")
+    p.add_argument("--nodes", type=int, nargs="*", default=[2, 4, 8, 16])
+    p.add_argument("--fit-min-bytes", type=int, default=256 * 1024)
+    args = p.parse_args()
+    out = args.outdir
+    rates = sorted({m.group(1) for f in os.listdir(out) for m in [re.match(r"allreduce-(.+)\.md$", f)] if m},
+                   key=lambda r: (r != "unlimited", -float(re.sub(r"[^\d.]", "", r) or 0)))
+    models = sorted({m.group(1) for f in os.listdir(out) for m in [re.match(r"one-node-(.+)\.log$", f)] if m})
+
+    links = {}
+    print(f"### Links (MPI_Allreduce between the two nodes, fitted over sizes >= {args.fit_min_bytes} bytes)\n")
+    print("| link | alpha (us) | fitted bandwidth B (GB/s) | sweep points | max fit error |")
+    print("|---|---:|---:|---:|---:|")
+    for rate in rates:
+        rows = read_allreduce(os.path.join(out, f"allreduce-{rate}.md"))
+        alpha, beta_inv = fit_alpha_beta(rows, args.fit_min_bytes)
+        fitted = [(s, t) for s, t in rows if s >= args.fit_min_bytes]
+        worst = max(abs(2 * alpha + beta_inv * s - t) / t for s, t in fitted)
+        links[rate] = (alpha, beta_inv)
+        print(f"| {rate} | {alpha * 1e6:.1f} | {1 / beta_inv / 1e9:.3f} | {len(fitted)} | {worst * 100:.0f}% |")
+
+    print("\n### Step time at 2 nodes: measured vs model\n")
+    print("| model | link | buckets (MB) | compute ms/step | measured ms/step | predicted ms/step "
+          "| error | allreduce hidden |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    errors = []
+    for model in models:
+        one = summary(os.path.join(out, f"one-node-{model}"))
+        compute = (one["seconds"] - one.get("allreduce_wait_seconds", 0.0)) / one["steps"]
+        sizes = buckets(os.path.join(out, f"one-node-{model}.log"))
+        for rate in rates:
+            run = os.path.join(out, f"two-nodes-{rate}-{model}")
+            if not os.path.exists(os.path.join(run, "metrics.jsonl")):
+                continue
+            s = summary(run)
+            measured = s["seconds"] / s["steps"]
+            alpha, beta_inv = links[rate]
+            predicted = compute + sum(t_allreduce(2, b, alpha, beta_inv) for b in sizes)
+            err = (predicted - measured) / measured
+            errors.append(abs(err))
+            mb = " + ".join(f"{b / 2**20:.2f}" for b in sizes)
+            print(f"| {model} | {rate} | {mb} | {compute * 1e3:.2f} | {measured * 1e3:.2f} | "
+                  f"{predicted * 1e3:.2f} | {err * 100:+.0f}% | "
+                  f"{s.get('allreduce_hidden_fraction', 0) * 100:.0f}% |")
+    if errors:
+        print(f"\nlargest prediction error: {max(errors) * 100:.0f}% over {len(errors)} runs")
+
+    print("\n### Predicted step time (ms) for N nodes, one core per rank (no overlap)\n")
+    print("| model | link | " + " | ".join(f"N={n}" for n in args.nodes) + " |")
+    print("|---|---|" + "---:|" * len(args.nodes))
+    for model in models:
+        one = summary(os.path.join(out, f"one-node-{model}"))
+        compute = (one["seconds"] - one.get("allreduce_wait_seconds", 0.0)) / one["steps"]
+        sizes = buckets(os.path.join(out, f"one-node-{model}.log"))
+        for rate in rates:
+            alpha, beta_inv = links[rate]
+            cells = [compute + sum(t_allreduce(n, b, alpha, beta_inv) for b in sizes) for n in args.nodes]
+            print(f"| {model} | {rate} | " + " | ".join(f"{c * 1e3:.1f}" for c in cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
