@@ -5,6 +5,8 @@
 # 2 nodes x 2 ranks. Also the same trainings on one node x 4 ranks, for the compute time.
 # Writes everything to OUTDIR; bench/scaling_model.py turns it into docs/scaling.md's tables.
 #   bench/netns_scaling.sh OUTDIR [--rates "unlimited 10gbit 1gbit"] [--steps N] [--per-node K]
+#                          [--repeats R]   (each training R times, interleaved; the model takes
+#                                           the median)
 # Needs root, iproute2 (ip, tc with the tbf qdisc), util-linux (unshare); builds nothing:
 # $DDP_TRAIN (default build/ddp-train) and $DDP_BENCH_ALLREDUCE (build/bench/ddp_bench_allreduce).
 set -euo pipefail
@@ -15,11 +17,13 @@ shift
 rates="unlimited 10gbit 1gbit"
 steps=300
 per_node=2
+repeats=1
 while (($#)); do
   case "$1" in
     --rates) rates="${2:?}"; shift 2 ;;
     --steps) steps="${2:?}"; shift 2 ;;
     --per-node) per_node="${2:?}"; shift 2 ;;
+    --repeats) repeats="${2:?}"; shift 2 ;;
     *) echo "netns_scaling.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -71,31 +75,41 @@ models=(
   "fashion|$root/bench/fashion_mnist_bench.yaml|"
   "wide|$root/bench/fashion_mnist_bench.yaml|model.layers=[784,1024,1024,10] distributed.bucket_cap_mb=25 distributed.first_bucket_mb=1"
 )
-run_model() {  # run_model LABEL where(one|two) model-spec
-  local label="$1" where="$2" spec="$3" name config extra args=()
+run_model() {  # run_model LABEL where(one|two) model-spec repeat
+  local label="$1" where="$2" spec="$3" rep="$4" name config extra args=()
   IFS='|' read -r name config extra <<<"$spec"
   for s in $extra; do args+=(--set "$s"); done
   local dir="$out/$label-$name"
+  ((rep == 1)) || dir="$dir.r$rep"
   args+=(--config "$config" --set training.max_steps="$steps" --set output.dir="$dir")
   if [[ "$where" == one ]]; then
     mpirun -n "$ranks" --oversubscribe --bind-to none "$train" "${args[@]}" >"$dir.log" 2>&1
   else
     two_nodes "$train" "${args[@]}" >"$dir.log" 2>&1
   fi
-  echo "$label $name: $(grep '^done:' "$dir.log")"
+  echo "$label $name ($rep): $(grep '^done:' "$dir.log")"
 }
 
-for spec in "${models[@]}"; do run_model one-node one "$spec"; done
-for rate in $rates; do
+set_rate() {
+  local dev
   for dev in "$h1 vsa" "$h2 vsb"; do
     set -- $dev
     tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-    # Token bucket: the link's rate; a burst of ~1 ms at that rate (at least 64 KB).
+    # Token bucket: the link's rate, with a 256 KB burst.
     if [[ "$rate" != unlimited ]]; then
       tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 50ms
     fi
   done
-  two_nodes "$allreduce" --min-bytes 4096 --max-bytes $((16 << 20)) --reps 10 >"$out/allreduce-$rate.md" 2>&1
-  echo "allreduce at $rate: $(tail -1 "$out/allreduce-$rate.md")"
-  for spec in "${models[@]}"; do run_model "two-nodes-$rate" two "$spec"; done
+}
+
+for ((rep = 1; rep <= repeats; ++rep)); do
+  for spec in "${models[@]}"; do run_model one-node one "$spec" "$rep"; done
+  for rate in $rates; do
+    set_rate
+    if ((rep == 1)); then
+      two_nodes "$allreduce" --min-bytes 4096 --max-bytes $((16 << 20)) --reps 10 >"$out/allreduce-$rate.md" 2>&1
+      echo "allreduce at $rate: $(tail -1 "$out/allreduce-$rate.md")"
+    fi
+    for spec in "${models[@]}"; do run_model "two-nodes-$rate" two "$spec" "$rep"; done
+  done
 done
