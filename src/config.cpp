@@ -246,10 +246,15 @@ void visit_config(TrainConfig& c, V& v) {
     s.field("bucket_cap_mb", c.distributed.bucket_cap_mb);
     s.field("first_bucket_mb", c.distributed.first_bucket_mb);
     s.field("shared_memory", c.distributed.shared_memory);
+    s.field("gpus", c.distributed.gpus);
+    s.field("nccl_algo", c.distributed.nccl_algo);
+    s.field("timeout_s", c.distributed.timeout_s);
   });
   v.section("output", [&](V& s) {
     s.field("dir", c.output.dir);
     s.field("save_model", c.output.save_model);
+    s.field("trace", c.output.trace);
+    s.field("trace_steps", c.output.trace_steps);
   });
 }
 
@@ -612,25 +617,38 @@ void validate_training(const Origin& o, const TrainingConfig& t) {
 }
 
 void validate_rest(const Origin& o, const TrainConfig& c) {
-  if (c.distributed.backend == "nccl") {
+  const auto& d = c.distributed;
+  if (d.backend != "mpi" && d.backend != "nccl" && d.backend != "auto") {
+    fail(o, "distributed.backend", "must be one of auto, mpi, nccl; got '" + d.backend + "'");
+  }
+  if (d.backend == "nccl" && !cuda_built()) {
     fail(o, "distributed.backend", "nccl needs the CUDA build; this build supports mpi");
   }
-  require_equal(o, "distributed.backend", c.distributed.backend, "mpi");
-  require_positive(o, "distributed.bucket_cap_mb", c.distributed.bucket_cap_mb);
-  require_positive(o, "distributed.first_bucket_mb", c.distributed.first_bucket_mb);
+  if (d.backend == "nccl" && c.device == "cpu") {
+    fail(o, "distributed.backend",
+         "nccl moves GPU memory and needs device: cuda (or auto); with device: cpu use mpi");
+  }
+  require_positive(o, "distributed.bucket_cap_mb", d.bucket_cap_mb);
+  require_positive(o, "distributed.first_bucket_mb", d.first_bucket_mb);
+  for (size_t i = 0; i < d.gpus.size(); ++i) {
+    require_min(o, "distributed.gpus[" + std::to_string(i) + "]", d.gpus[i], 0);
+  }
+  if (d.nccl_algo != "ring" && d.nccl_algo != "auto") {
+    fail(o, "distributed.nccl_algo", "must be ring or auto; got '" + d.nccl_algo + "'");
+  }
+  require_positive(o, "distributed.timeout_s", d.timeout_s);
   if (c.output.dir.empty()) fail(o, "output.dir", "must not be empty");
+  require_min(o, "output.trace_steps", c.output.trace_steps, 0);
 }
 
 void validate(const Origin& o, const TrainConfig& c) {
-  if (c.device == "cuda") {
-    if (cuda_built())
-      fail(o, "device",
-           "cuda: the trainer runs on the CPU only in this version (the CUDA kernels are built "
-           "and tested by bench/gpu_check.sh); use cpu");
-    fail(o, "device",
-         "cuda is not available in this build (built without the CUDA toolkit); use cpu");
+  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
+    fail(o, "device", "must be one of cpu, cuda, auto; got '" + c.device + "'");
   }
-  require_equal(o, "device", c.device, "cpu");
+  if (c.device == "cuda" && !cuda_built()) {
+    fail(o, "device",
+         "cuda is not available in this build (built without the CUDA toolkit); use cpu or auto");
+  }
   validate_model(o, c.model);
   validate_data(o, c.data);
   validate_optimizer(o, c.optimizer);

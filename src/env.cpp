@@ -98,4 +98,58 @@ std::string describe_launcher(const std::function<const char*(const char*)>& get
   return oss.str();
 }
 
+std::string DevicePlacement::describe() const {
+  if (device == Device::CPU) return "cpu";
+  return "cuda:" + std::to_string(gpu) + " (" + backend + ")";
+}
+
+DevicePlacement choose_device(const std::string& device, const std::string& backend,
+                              const std::vector<int64_t>& gpus, const Environment& env,
+                              int visible_gpus, const std::string& why_none) {
+  DevicePlacement p;
+  const bool want_cuda = device == "cuda" || (device == "auto" && visible_gpus > 0);
+  if (!want_cuda) {
+    DDP_CHECK(backend != "nccl", "distributed.backend: nccl needs GPUs, and rank "
+                                     << env.rank << " on " << env.host << " runs on the CPU ("
+                                     << (why_none.empty() ? "device: cpu" : why_none) << ")");
+    p.backend = "mpi";
+    return p;
+  }
+  DDP_CHECK(visible_gpus > 0, "device: cuda, but rank " << env.rank << " on " << env.host
+                                                        << " sees no GPU: " << why_none
+                                                        << " (device: auto falls back to the CPU)");
+  p.device = Device::CUDA;
+  p.backend = backend == "auto" ? "nccl" : backend;
+  // The GPU of every local rank, so that sharing can be detected the same way on every rank.
+  std::vector<int64_t> of_local(static_cast<size_t>(env.local_size));
+  for (int l = 0; l < env.local_size; ++l) {
+    const auto i = static_cast<size_t>(l);
+    if (gpus.empty()) {
+      of_local[i] = l % visible_gpus;
+      continue;
+    }
+    DDP_CHECK(i < gpus.size(), "distributed.gpus lists " << gpus.size() << " GPU(s), but "
+                                                         << env.local_size << " ranks run on "
+                                                         << env.host << " (one entry per rank)");
+    DDP_CHECK(gpus[i] < visible_gpus, "distributed.gpus[" << i << "] is " << gpus[i] << ", but "
+                                                          << env.host << " shows " << visible_gpus
+                                                          << " GPU(s) to rank " << env.rank);
+    of_local[i] = gpus[i];
+  }
+  p.gpu = static_cast<int>(of_local[static_cast<size_t>(env.local_rank)]);
+  if (p.backend == "nccl") {
+    for (size_t a = 0; a < of_local.size(); ++a) {
+      for (size_t b = a + 1; b < of_local.size(); ++b) {
+        DDP_CHECK(of_local[a] != of_local[b],
+                  env.local_size << " ranks on " << env.host << " share " << visible_gpus
+                                 << " GPU(s) (local ranks " << a << " and " << b << " on GPU "
+                                 << of_local[a]
+                                 << "): NCCL needs one GPU per rank; start fewer ranks per node, "
+                                    "or use distributed.backend: mpi to share GPUs for testing");
+      }
+    }
+  }
+  return p;
+}
+
 }  // namespace ddp

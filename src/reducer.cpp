@@ -89,24 +89,54 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
-ReducerStepStats Reducer::finalize(const BackwardWindow& backward) {
-  ReducerStepStats stats;
+std::string Reducer::describe_bucket(size_t b) const {
+  std::ostringstream oss;
+  oss << "bucket " << b << " (";
+  const auto& params = plan_.buckets[b].params;
+  for (size_t i = 0; i < params.size(); ++i) oss << (i ? " " : "") << names_[params[i]];
+  oss << ")";
+  return oss.str();
+}
+
+double Reducer::finalize() {
   for (size_t p = 0; p < marked_.size(); ++p) {
     DDP_CHECK(marked_[p], "Reducer: backward finished but the gradient of "
                               << names_[p] << " was never marked ready; buckets cannot complete");
   }
-  if (!sync_) return stats;
+  if (!sync_) return 0.0;
   const double wait_begin = seconds_now();
-  double inside = 0.0;
   for (size_t b = 0; b < work_.size(); ++b) {
-    work_[b]->wait();
-    const double s = work_[b]->start_time(), e = work_[b]->end_time();
+    try {
+      work_[b]->wait();
+    } catch (const Error& e) {
+      DDP_THROW("gradient allreduce of " << describe_bucket(b) << ": " << e.message());
+    }
+  }
+  return seconds_now() - wait_begin;
+}
+
+void Reducer::synchronize(const std::vector<std::shared_ptr<Work>>& works, int64_t step) const {
+  for (size_t b = 0; b < works.size(); ++b) {
+    try {
+      works[b]->synchronize();
+    } catch (const Error& e) {
+      DDP_THROW("gradient allreduce of " << describe_bucket(b) << " at step " << step << ": "
+                                         << e.message());
+    }
+  }
+}
+
+ReducerStepStats overlap_stats(const std::vector<std::shared_ptr<Work>>& works,
+                               const BackwardWindow& backward) {
+  ReducerStepStats stats;
+  double inside = 0.0;
+  for (const auto& w : works) {
+    const double s = w->start_time(), e = w->end_time();
     stats.comm_seconds += e - s;
     inside += std::max(0.0, std::min(e, backward.end) - std::max(s, backward.begin));
   }
   const double off_core = std::max(0.0, backward.end - backward.begin - backward.cpu_seconds);
   stats.hidden_seconds = std::max(0.0, inside - off_core);
-  stats.wait_seconds = seconds_now() - wait_begin;
   return stats;
 }
 

@@ -4,11 +4,13 @@
 //   -> finalize (wait for the buckets: gradients are now averaged) -> SGD on every rank.
 #include "ddp/trainer.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,13 +21,17 @@
 
 #include "ddp/backend.h"
 #include "ddp/check.h"
+#include "ddp/cuda.h"
+#include "ddp/cuda_comm.h"
 #include "ddp/data/dataset.h"
 #include "ddp/data/loader.h"
 #include "ddp/data/sampler.h"
+#include "ddp/env.h"
 #include "ddp/nn/sequential.h"
 #include "ddp/optim.h"
 #include "ddp/random.h"
 #include "ddp/reducer.h"
+#include "ddp/trace.h"
 
 namespace ddp {
 
@@ -139,28 +145,67 @@ struct Tally {
   double accuracy() const { return count > 0 ? correct / count : 0.0; }
 };
 
+// A moment in the step, on the host clock: taken at once on the CPU; on a GPU a mark in the
+// compute stream, resolved once the device got there (so recording it never waits).
+struct Mark {
+  std::shared_ptr<StreamMark> gpu;
+  double host = 0.0;
+  double time() const { return gpu ? gpu->time() : host; }
+};
+
+// A traced span whose times are resolved with its step.
+struct TraceSpan {
+  int track;
+  std::string name;
+  Mark begin, end;
+};
+
+// A step the host has queued but whose results it has not read yet: on the CPU it is read at
+// once; on a GPU one step later, so the host queues step i+1 while the device runs step i.
+struct PendingStep {
+  int64_t epoch = 0, step_in_epoch = 0, global_step = 0;
+  int slot = 0;      // the backend's loss totals slot
+  int64_t rows = 0;  // samples of this rank in the step
+  bool log = false;  // ends a progress-line interval
+  std::vector<std::shared_ptr<Work>> works;
+  Mark backward_begin, backward_end;
+  double backward_cpu = 0.0;  // CPU: the training thread's CPU time in backward
+  std::vector<TraceSpan> spans;
+  std::vector<std::pair<std::string, Mark>> instants;  // on the compute track
+};
+
 }  // namespace
 
 struct Trainer::State {
   TrainConfig cfg;
   Communicator& comm;
   std::ostream* log;
+  DevicePlacement placement;
   std::unique_ptr<Backend> backend;
   Dataset train, test;
   bool has_test = false;
   std::unique_ptr<Sequential> model;
   BucketPlan plan;
   Buffer values, dlogits;
-  float* grads = nullptr;  // the communicator's gradient arena (bucket memory)
+  // The gradient communicator: on a GPU the NCCL or staged one (over comm), else comm itself.
+  std::unique_ptr<Communicator> device_comm;
+  float* grads = nullptr;  // the gradient arena (bucket memory)
   std::unique_ptr<Reducer> reducer;
   std::unique_ptr<Sgd> sgd;
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<Loader> train_loader, test_loader;
+  std::unique_ptr<BatchUploader> train_uploader, test_uploader;
   std::ofstream metrics;
   bool shapes_printed = false;
+  std::unique_ptr<Tracer> tracer = std::make_unique<Tracer>();  // disabled unless output.trace
+  int track_compute = -1, track_comm = -1, track_data = -1;
+  // Declared last: pending steps hold collectives of device_comm and must go first.
+  std::vector<PendingStep> pending;
 
   State(const TrainConfig& c, Communicator& cm, std::ostream* lg) : cfg(c), comm(cm), log(lg) {}
   bool is_root() const { return comm.rank() == 0; }
+  bool on_gpu() const { return placement.device == Device::CUDA; }
+  Communicator& grad_comm() { return device_comm ? *device_comm : comm; }
   void say(const std::string& line) const {
     if (is_root() && log != nullptr) *log << line << std::endl;
   }
@@ -170,54 +215,107 @@ struct Trainer::State {
   Tensor flat(Buffer& b) {
     return Tensor{b.data(), 1, static_cast<int64_t>(b.numel()), b.device()};
   }
+  Mark mark() {
+    Mark m;
+    if (on_gpu()) {
+      m.gpu = mark_stream(*backend);
+    } else {
+      m.host = seconds_now();
+    }
+    return m;
+  }
 
   void setup();
+  void choose_placement();
   void load_data();
   void build_model();
-  void init_parameters();
+  void init_parameters(Sequential& target);
+  void broadcast_parameters();
   void open_outputs();
+  void start_trace();
   void print_shapes(const Tensor& x, const Tensor& logits);
   Tally evaluate();
+  std::vector<float> host_values();
   void save_weights(const std::vector<NamedTensor>& w);
+  void write_trace();
 };
 
-void Trainer::State::setup() {
-  run_agreed(comm, [&] {
-    DDP_CHECK(cfg.device == "cpu", "device: '" << cfg.device << "' is not available in this build");
+void Trainer::State::choose_placement() {
+  std::string why_none;
+  const int visible = cfg.device == "cpu" ? 0 : cuda_device_count(&why_none);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  Environment env;
+  env.rank = comm.rank();
+  env.world = comm.size();
+  env.local_rank = comm.local_rank();
+  env.local_size = comm.local_size();
+  env.host = host;
+  placement = choose_device(cfg.device, cfg.distributed.backend, cfg.distributed.gpus, env, visible,
+                            why_none);
+  if (!on_gpu()) {
     backend = make_cpu_backend();
     set_flush_denormals(true);  // this is the thread that computes (see backend.h)
+    return;
+  }
+  backend = make_cuda_backend(placement.gpu);
+}
+
+void Trainer::State::setup() {
+  comm.set_timeout(cfg.distributed.timeout_s);
+  run_agreed(comm, [&] {
+    choose_placement();
     load_data();
     build_model();
     open_outputs();
   });
+  // Every rank's device, in rank order, from rank 0.
+  std::ostringstream mine;
+  mine << "  rank " << comm.rank() << ": " << placement.describe();
+  if (on_gpu()) mine << " " << cuda_device_info(placement.gpu).name;
+  for (int r = 0; r < comm.size(); ++r) say(broadcast_string(comm, mine.str(), r));
   // Compare before any collective whose size depends on the model, so a mismatch is a message
   // and not a truncated broadcast or a hang.
   run_agreed(comm, [&] {
     check_same_as_rank0(comm, startup_fingerprint(cfg, *model, plan, comm.size()));
   });
+  if (on_gpu()) {
+    run_agreed(comm, [&] {
+      if (placement.backend == "nccl") {
+        NcclOptions options;
+        options.algo = cfg.distributed.nccl_algo;
+        options.timeout_s = cfg.distributed.timeout_s;
+        device_comm = make_nccl_communicator(comm, *backend, options);
+      } else {
+        device_comm = make_staged_communicator(comm, *backend);
+      }
+    });
+  }
   run_agreed(comm, [&] {
-    grads = comm.gradient_arena(plan.total_numel, cfg.distributed.shared_memory);
+    grads = grad_comm().gradient_arena(plan.total_numel, cfg.distributed.shared_memory);
     model->bind(values.data(), grads, plan.param_offset);
   });
-  run_agreed(comm, [&] {
-    if (is_root()) init_parameters();
-  });
-  comm.broadcast(values.data(), values.bytes(), 0);
+  broadcast_parameters();
 
-  reducer = std::make_unique<Reducer>(plan, model->parameter_names(), grads, comm);
+  reducer = std::make_unique<Reducer>(plan, model->parameter_names(), grads, grad_comm());
   SgdOptions opt;
   opt.lr = static_cast<float>(cfg.optimizer.lr);
   opt.momentum = static_cast<float>(cfg.optimizer.momentum);
   opt.dampening = static_cast<float>(cfg.optimizer.dampening);
   opt.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   opt.nesterov = cfg.optimizer.nesterov;
-  sgd = std::make_unique<Sgd>(opt, plan.total_numel, Device::CPU);
+  sgd = std::make_unique<Sgd>(opt, plan.total_numel, placement.device);
   sampler =
       std::make_unique<DistributedSampler>(train.size, comm.size(), comm.rank(), cfg.data.shuffle,
                                            cfg.training.seed, cfg.data.drop_last);
   const int64_t b = cfg.training.batch_size;
   train_loader = std::make_unique<Loader>(train, b, cfg.data.drop_last, cfg.data.prefetch);
   if (has_test) test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch);
+  if (on_gpu()) {
+    train_uploader = std::make_unique<BatchUploader>(*backend, b, train.features);
+    if (has_test)
+      test_uploader = std::make_unique<BatchUploader>(*backend, kEvalBatch, test.features);
+  }
 
   say("model: " + model->describe() + ", " + std::to_string(plan.total_numel) + " parameters in " +
       std::to_string(plan.buckets.size()) + " bucket(s)");
@@ -228,6 +326,15 @@ void Trainer::State::setup() {
       std::to_string(b * comm.size() * cfg.training.accumulate_steps) + " = " + std::to_string(b) +
       " per rank x " + std::to_string(comm.size()) + " ranks x " +
       std::to_string(cfg.training.accumulate_steps) + " accumulation step(s)");
+  if (on_gpu()) {
+    std::string algo = "";
+    if (placement.backend == "nccl") {
+      const char* env_algo = std::getenv("NCCL_ALGO");
+      algo = " NCCL " + nccl_version() + ", NCCL_ALGO=" + (env_algo ? env_algo : "(NCCL's choice)");
+    }
+    say("gradients: " + placement.backend + algo + ", allreduce per bucket on its own stream");
+  }
+  start_trace();
 }
 
 void Trainer::State::load_data() {
@@ -250,23 +357,24 @@ void Trainer::State::load_data() {
 
 void Trainer::State::build_model() {
   const int64_t max_batch = std::max<int64_t>(cfg.training.batch_size, has_test ? kEvalBatch : 1);
-  model = std::make_unique<Sequential>(cfg.model.layers, cfg.model.activation, max_batch);
+  model = std::make_unique<Sequential>(cfg.model.layers, cfg.model.activation, max_batch,
+                                       placement.device);
   plan = compute_bucket_plan(model->parameter_numels(),
                              static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
                              static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB));
-  values = Buffer(plan.total_numel);
-  dlogits = Buffer(static_cast<size_t>(max_batch * model->out_features()));
+  values = Buffer(plan.total_numel, placement.device);
+  dlogits = Buffer(static_cast<size_t>(max_batch * model->out_features()), placement.device);
 }
 
-void Trainer::State::init_parameters() {
+void Trainer::State::init_parameters(Sequential& target) {
   if (cfg.model.init_from.empty()) {
     Rng rng(cfg.training.seed);
-    model->init_uniform(rng);
+    target.init_uniform(rng);
     return;
   }
   const std::string& path = cfg.model.init_from;
   auto tensors = load_safetensors(path);
-  for (Parameter* p : model->parameters()) {
+  for (Parameter* p : target.parameters()) {
     auto it = std::find_if(tensors.begin(), tensors.end(),
                            [&](const NamedTensor& t) { return t.name == p->name; });
     DDP_CHECK(it != tensors.end(),
@@ -276,9 +384,30 @@ void Trainer::State::init_parameters() {
                                   << " has a different shape than the model's");
     std::copy(it->data.begin(), it->data.end(), p->value.data);
   }
-  DDP_CHECK(tensors.size() == model->parameters().size(),
+  DDP_CHECK(tensors.size() == target.parameters().size(),
             "model.init_from: " << path << " has " << tensors.size() << " tensors, the model has "
-                                << model->parameters().size() << " parameters");
+                                << target.parameters().size() << " parameters");
+}
+
+// Rank 0 initialises (or loads) the parameters, everyone receives them: on a GPU through a
+// host copy, initialised by a CPU twin of the model so the values are those of the CPU path.
+void Trainer::State::broadcast_parameters() {
+  if (!on_gpu()) {
+    run_agreed(comm, [&] {
+      if (is_root()) init_parameters(*model);
+    });
+    comm.broadcast(values.data(), values.bytes(), 0);
+    return;
+  }
+  std::vector<float> host(plan.total_numel);
+  run_agreed(comm, [&] {
+    if (!is_root()) return;
+    Sequential twin(cfg.model.layers, cfg.model.activation, 1);
+    twin.bind(host.data(), host.data(), plan.param_offset);
+    init_parameters(twin);
+  });
+  comm.broadcast(host.data(), host.size() * sizeof(float), 0);
+  if (!host.empty()) cuda_copy_bytes(values.data(), host.data(), values.bytes());
 }
 
 void Trainer::State::open_outputs() {
@@ -291,6 +420,21 @@ void Trainer::State::open_outputs() {
   metrics.open(path, std::ios::out | std::ios::trunc);
   DDP_CHECK(metrics.is_open(), "output.dir: cannot write " << path << ": " << std::strerror(errno));
   std::ofstream(cfg.output.dir + "/config.yaml") << to_yaml(cfg);
+}
+
+void Trainer::State::start_trace() {
+  if (!cfg.output.trace) return;
+  comm.barrier();  // time 0 of every rank's track is (nearly) the same moment
+  const double origin = seconds_now();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  tracer = std::make_unique<Tracer>(comm.rank(), std::string(host) + ", " + placement.describe(),
+                                    origin);
+  const bool gpu = on_gpu();
+  track_compute = tracer->track(gpu ? "compute stream" : "training thread");
+  track_comm = tracer->track(
+      gpu ? (placement.backend == "nccl" ? "NCCL stream" : "comm thread (staged)") : "comm thread");
+  track_data = tracer->track("data (host)");
 }
 
 void Trainer::State::print_shapes(const Tensor& x, const Tensor& logits) {
@@ -309,15 +453,49 @@ Tally Trainer::State::evaluate() {
   test_loader->start_epoch(shard_indices(test.size, comm.size(), comm.rank()));
   while (const Batch* batch = test_loader->next()) {
     Tensor x{const_cast<float*>(batch->x.data()), batch->rows, test.features, Device::CPU};
+    const int32_t* labels = batch->y.data();
+    if (on_gpu()) {
+      test_uploader->upload(batch->x.data(), batch->y.data(), batch->rows);
+      const BatchUploader::DeviceBatch db = test_uploader->acquire();
+      x = db.x;
+      labels = db.labels;
+    }
     const Tensor& logits = model->forward(*backend, x);
-    t.add(backend->softmax_xent(logits, batch->y.data(), 0.0f, nullptr), batch->rows);
+    t.add(backend->softmax_xent(logits, labels, 0.0f, nullptr), batch->rows);
   }
   return t.reduced(comm);
+}
+
+std::vector<float> Trainer::State::host_values() {
+  std::vector<float> host(values.numel());
+  if (host.empty()) return host;
+  if (on_gpu()) {
+    cuda_copy_bytes(host.data(), values.data(), values.bytes());
+  } else {
+    std::copy(values.data(), values.data() + values.numel(), host.begin());
+  }
+  return host;
 }
 
 void Trainer::State::save_weights(const std::vector<NamedTensor>& w) {
   if (!is_root() || !cfg.output.save_model) return;
   save_safetensors(cfg.output.dir + "/model.safetensors", w, {{"format", "pt"}});
+}
+
+// Collective: every rank's events to rank 0, which writes one file with a process per rank.
+void Trainer::State::write_trace() {
+  if (!cfg.output.trace) return;
+  std::vector<std::string> all;
+  for (int r = 0; r < comm.size(); ++r)
+    all.push_back(broadcast_string(comm, r == comm.rank() ? tracer->events_json() : "", r));
+  run_agreed(comm, [&] {
+    if (!is_root()) return;
+    write_trace_file(cfg.output.dir + "/trace.json", all,
+                     {{"config", cfg.source},
+                      {"world_size", std::to_string(comm.size())},
+                      {"device", placement.describe()}});
+  });
+  say("trace: " + cfg.output.dir + "/trace.json (open in ui.perfetto.dev or chrome://tracing)");
 }
 
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log)
@@ -328,10 +506,13 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log)
 Trainer::~Trainer() = default;
 
 std::vector<NamedTensor> Trainer::weights() const {
+  const std::vector<float> host = s_->host_values();
   std::vector<NamedTensor> out;
-  for (const Parameter* p : s_->model->parameters()) {
-    out.push_back(NamedTensor{p->name, p->shape,
-                              std::vector<float>(p->value.data, p->value.data + p->numel())});
+  const auto& params = s_->model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter* p = params[i];
+    const float* first = host.data() + s_->plan.param_offset[i];
+    out.push_back(NamedTensor{p->name, p->shape, std::vector<float>(first, first + p->numel())});
   }
   return out;
 }
@@ -340,14 +521,87 @@ TrainSummary Trainer::run() {
   State& s = *s_;
   const TrainConfig& cfg = s.cfg;
   Backend& be = *s.backend;
+  Tracer& tracer = *s.tracer;
   TrainSummary sum;
   const int64_t B = cfg.training.batch_size;
   const int64_t A = cfg.training.accumulate_steps;
   const int64_t features = s.train.features;
   const int world = s.comm.size();
+  const bool gpu = s.on_gpu();
   const double t_start = seconds_now();
   double train_seconds = 0.0;
   bool stop = false;
+  Tally epoch_tally, log_tally;
+  double log_start = 0.0;
+  int64_t steps_in_epoch = 0;
+
+  auto fetch = [&](bool traced) {
+    const double t0 = seconds_now();
+    const Batch* b = s.train_loader->next();
+    if (traced) tracer.span(s.track_data, "next batch", t0, seconds_now());
+    return b;
+  };
+
+  // Reads a queued step's results: loss (checked), communication statistics, trace, progress.
+  auto resolve = [&](PendingStep& p) {
+    XentResult r;
+    try {
+      r = be.take_xent_totals(p.slot);
+    } catch (const Error& e) {
+      DDP_THROW("epoch " << p.epoch + 1 << " step " << p.step_in_epoch << ": " << e.message());
+    }
+    DDP_CHECK(std::isfinite(r.loss_sum), "loss is " << r.loss_sum << " at epoch " << p.epoch + 1
+                                                    << " step " << p.step_in_epoch
+                                                    << " (lower optimizer.lr?)");
+    epoch_tally.add(r, p.rows);
+    log_tally.add(r, p.rows);
+    s.reducer->synchronize(p.works, p.global_step);
+    const double bw_begin = p.backward_begin.time(), bw_end = p.backward_end.time();
+    const BackwardWindow window{bw_begin, bw_end, gpu ? bw_end - bw_begin : p.backward_cpu};
+    const ReducerStepStats st = overlap_stats(p.works, window);
+    sum.comm_seconds += st.comm_seconds;
+    sum.hidden_seconds += st.hidden_seconds;
+    if (!p.spans.empty()) {
+      for (size_t b = 0; b < p.works.size(); ++b) {
+        tracer.span(s.track_comm, "allreduce bucket " + std::to_string(b), p.works[b]->start_time(),
+                    p.works[b]->end_time(),
+                    {{"floats", static_cast<double>(s.plan.buckets[b].numel)},
+                     {"step", static_cast<double>(p.global_step)}});
+      }
+      for (const TraceSpan& sp : p.spans)
+        tracer.span(sp.track, sp.name, sp.begin.time(), sp.end.time());
+      for (const auto& [name, m] : p.instants) tracer.instant(s.track_compute, name, m.time());
+    }
+    if (!p.log) return;
+    const Tally g = log_tally.reduced(s.comm);
+    const double now = seconds_now();
+    const double rate = g.count / std::max(1e-9, now - log_start);
+    std::ostringstream line;
+    line << "epoch " << p.epoch + 1 << "/" << cfg.training.epochs << " step " << p.step_in_epoch
+         << "/" << steps_in_epoch << " loss " << std::fixed << std::setprecision(4) << g.loss()
+         << " acc " << percent(g.accuracy()) << " " << format_rate(rate);
+    s.say(line.str());
+    s.record({{"type", "train"},
+              {"epoch", p.epoch + 1},
+              {"step", p.step_in_epoch},
+              {"global_step", p.global_step},
+              {"loss", g.loss()},
+              {"accuracy", g.accuracy()},
+              {"samples", g.count},
+              {"samples_per_sec", rate},
+              {"time", now - t_start}});
+    if (tracer.enabled()) tracer.counter("samples/s (all ranks)", now, rate);
+    log_tally = Tally{};
+    log_start = seconds_now();
+  };
+  // On the CPU a step is read as soon as it is queued (it has run by then); on a GPU the host
+  // keeps one step queued ahead, so the device never idles while the host reads results.
+  auto resolve_pending = [&](size_t keep) {
+    while (s.pending.size() > keep) {
+      resolve(s.pending.front());
+      s.pending.erase(s.pending.begin());
+    }
+  };
 
   for (int64_t epoch = 0; epoch < cfg.training.epochs && !stop; ++epoch) {
     const double epoch_start = seconds_now();
@@ -355,12 +609,22 @@ TrainSummary Trainer::run() {
     s.train_loader->start_epoch(s.sampler->indices());
     const int64_t nb = s.train_loader->batches_in_epoch();
     const int64_t shard = s.sampler->num_samples();
-    const int64_t steps_in_epoch = (nb + A - 1) / A;
-    Tally epoch_tally, log_tally;
-    double log_start = seconds_now();
+    steps_in_epoch = (nb + A - 1) / A;
+    epoch_tally = log_tally = Tally{};
+    log_start = seconds_now();
     int64_t step_in_epoch = 0;
+    auto traced_now = [&] {
+      return tracer.enabled() &&
+             (cfg.output.trace_steps == 0 || sum.steps < cfg.output.trace_steps);
+    };
+    const Batch* batch = fetch(traced_now());
+    if (gpu && batch != nullptr)
+      s.train_uploader->upload(batch->x.data(), batch->y.data(), batch->rows);
+    PendingStep step;
+    Mark step_begin, layer_begin;
 
-    for (int64_t i = 0; const Batch* batch = s.train_loader->next(); ++i) {
+    for (int64_t i = 0; batch != nullptr; ++i) {
+      const bool traced = traced_now();
       const int64_t group_begin = (i / A) * A;
       const int64_t group_end = std::min(group_begin + A, nb);
       const bool last_micro = i + 1 == group_end;
@@ -368,63 +632,93 @@ TrainSummary Trainer::run() {
       // because the Reducer sums over ranks, all ranks (DDP's 1/world pre-scale, folded in
       // here). So the step means what one process would do with the global batch.
       const int64_t group_rows = std::min(group_end * B, shard) - group_begin * B;
-      Tensor x{const_cast<float*>(batch->x.data()), batch->rows, features, Device::CPU};
+      const int64_t rows = batch->rows;
+      Tensor x{const_cast<float*>(batch->x.data()), rows, features, Device::CPU};
+      const int32_t* labels = batch->y.data();
+      const Batch* next = nullptr;
+      if (gpu) {
+        // The next batch travels to the device while this one computes.
+        const BatchUploader::DeviceBatch db = s.train_uploader->acquire();
+        x = db.x;
+        labels = db.labels;
+        next = fetch(traced);
+        if (next != nullptr) s.train_uploader->upload(next->x.data(), next->y.data(), next->rows);
+      }
+      if (i == group_begin) {
+        step = PendingStep{};
+        step.epoch = epoch;
+        step.slot = static_cast<int>(sum.steps % 2);
+        if (traced) step_begin = s.mark();
+      }
+      step.rows += rows;
+      if (traced) {
+        s.model->set_layer_observer([&](const std::string& name, bool begin) {
+          if (begin) {
+            layer_begin = s.mark();
+          } else {
+            step.spans.push_back({s.track_compute, name, layer_begin, s.mark()});
+          }
+        });
+      } else {
+        s.model->set_layer_observer(nullptr);
+      }
       const Tensor& logits = s.model->forward(be, x);
       if (cfg.training.print_shapes && !s.shapes_printed) {
         s.print_shapes(x, logits);
         s.shapes_printed = true;
       }
-      Tensor dlogits = Tensor::of(s.dlogits, batch->rows, logits.cols);
-      const XentResult r = be.softmax_xent(logits, batch->y.data(),
-                                           1.0f / static_cast<float>(group_rows * world), &dlogits);
-      DDP_CHECK(std::isfinite(r.loss_sum), "loss is " << r.loss_sum << " at epoch " << epoch + 1
-                                                      << " step " << step_in_epoch + 1
-                                                      << " (lower optimizer.lr?)");
-      epoch_tally.add(r, batch->rows);
-      log_tally.add(r, batch->rows);
+      Tensor dlogits = Tensor::of(s.dlogits, rows, logits.cols);
+      be.softmax_xent_deferred(logits, labels, 1.0f / static_cast<float>(group_rows * world),
+                               &dlogits, step.slot);
 
       s.reducer->prepare_for_backward(last_micro);
-      BackwardWindow bw{seconds_now(), 0.0, thread_cpu_seconds()};
-      s.model->backward(be, dlogits, i > group_begin, [&](size_t p) { s.reducer->mark_ready(p); });
-      bw.end = seconds_now();
-      bw.cpu_seconds = thread_cpu_seconds() - bw.cpu_seconds;
-      if (!last_micro) continue;
-      const ReducerStepStats st = s.reducer->finalize(bw);
-      sum.comm_seconds += st.comm_seconds;
-      sum.hidden_seconds += st.hidden_seconds;
-      sum.wait_seconds += st.wait_seconds;
+      step.backward_begin = s.mark();
+      const double cpu0 = thread_cpu_seconds();
+      s.model->backward(be, dlogits, i > group_begin, [&](size_t p) {
+        const size_t before = s.reducer->launched();
+        s.reducer->mark_ready(p);
+        if (!traced) return;
+        for (size_t b = before; b < s.reducer->launched(); ++b)
+          step.instants.emplace_back("bucket " + std::to_string(b) + " ready", s.mark());
+      });
+      step.backward_end = s.mark();
+      step.backward_cpu = thread_cpu_seconds() - cpu0;
+      if (!last_micro) {
+        batch = gpu ? next : fetch(traced);
+        continue;
+      }
+      try {
+        sum.wait_seconds += s.reducer->finalize();
+      } catch (const Error& e) {
+        DDP_THROW("epoch " << epoch + 1 << " step " << step_in_epoch + 1 << ": " << e.message());
+      }
+      step.works = s.reducer->works();
+      const Mark opt_begin = traced ? s.mark() : Mark{};
       s.sgd->step(be, s.flat(s.values),
-                  Tensor{s.grads, 1, static_cast<int64_t>(s.plan.total_numel), Device::CPU});
+                  Tensor{s.grads, 1, static_cast<int64_t>(s.plan.total_numel), s.placement.device});
       ++step_in_epoch;
       ++sum.steps;
-
-      const bool limit = cfg.training.max_steps > 0 && sum.steps >= cfg.training.max_steps;
-      if (cfg.training.log_every > 0 && (sum.steps % cfg.training.log_every == 0 || limit)) {
-        const Tally g = log_tally.reduced(s.comm);
-        const double now = seconds_now();
-        const double rate = g.count / std::max(1e-9, now - log_start);
-        std::ostringstream line;
-        line << "epoch " << epoch + 1 << "/" << cfg.training.epochs << " step " << step_in_epoch
-             << "/" << steps_in_epoch << " loss " << std::fixed << std::setprecision(4) << g.loss()
-             << " acc " << percent(g.accuracy()) << " " << format_rate(rate);
-        s.say(line.str());
-        s.record({{"type", "train"},
-                  {"epoch", epoch + 1},
-                  {"step", step_in_epoch},
-                  {"global_step", sum.steps},
-                  {"loss", g.loss()},
-                  {"accuracy", g.accuracy()},
-                  {"samples", g.count},
-                  {"samples_per_sec", rate},
-                  {"time", now - t_start}});
-        log_tally = Tally{};
-        log_start = seconds_now();
+      if (traced) {
+        const Mark opt_end = s.mark();
+        step.spans.push_back({s.track_compute, "optimizer (SGD)", opt_begin, opt_end});
+        step.spans.push_back(
+            {s.track_compute, "step " + std::to_string(sum.steps), step_begin, opt_end});
       }
+      step.step_in_epoch = step_in_epoch;
+      step.global_step = sum.steps;
+      const bool limit = cfg.training.max_steps > 0 && sum.steps >= cfg.training.max_steps;
+      step.log = cfg.training.log_every > 0 && (sum.steps % cfg.training.log_every == 0 || limit);
+      s.pending.push_back(std::move(step));
+      step = PendingStep{};
+      resolve_pending(gpu ? 1 : 0);
       if (limit) {
         stop = true;
         break;
       }
+      batch = gpu ? next : fetch(traced);
     }
+    resolve_pending(0);
+    be.synchronize();  // the epoch's time includes the device finishing its work
     const double epoch_seconds = seconds_now() - epoch_start;
     train_seconds += epoch_seconds;
     sum.epochs = epoch + 1;
@@ -461,6 +755,7 @@ TrainSummary Trainer::run() {
     s.say(line.str());
     s.record(record);
   }
+  s.model->set_layer_observer(nullptr);
 
   sum.seconds = train_seconds;
   sum.samples_per_sec = sum.samples / std::max(1e-9, train_seconds);
@@ -485,12 +780,14 @@ TrainSummary Trainer::run() {
             {"seconds", sum.seconds},
             {"samples_per_sec", sum.samples_per_sec},
             {"world_size", world},
+            {"device", s.placement.describe()},
             {"test_accuracy", sum.evaluated ? nlohmann::json(sum.test_accuracy) : nlohmann::json()},
             {"test_loss", sum.evaluated ? nlohmann::json(sum.test_loss) : nlohmann::json()},
             {"allreduce_seconds", sum.comm_seconds},
             {"allreduce_hidden_fraction", overlap},
             {"allreduce_wait_seconds", sum.wait_seconds},
             {"data_wait_seconds", sum.data_wait_seconds}});
+  s.write_trace();
   run_agreed(s.comm, [&] { s.save_weights(weights()); });
   if (s.is_root() && cfg.output.save_model)
     s.say("weights: " + cfg.output.dir + "/model.safetensors");

@@ -65,12 +65,25 @@ class Backend {
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                         const SgdOptions& opt, bool first_step) = 0;
 
+  /// softmax_xent without making the host wait for the result: the batch's loss and correct
+  /// count are added to totals slot `slot` (0 or 1), read later by take_xent_totals(slot), so
+  /// the host can queue the next step while the device still computes this one. The CPU
+  /// backend computes at once (a bad label throws here); the CUDA backend reports it at take.
+  virtual void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
+                                     Tensor* dlogits, int slot);
+  /// The totals added to `slot` since it was last taken; clears the slot. Waits only for the
+  /// work that produced them. Throws ddp::Error if a label was outside [0, classes).
+  virtual XentResult take_xent_totals(int slot);
+
   virtual void fill(Tensor& t, float value) = 0;
   virtual void scale(Tensor& t, float factor) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
 
   /// Waits until all work queued by this backend is complete (no-op on the CPU).
   virtual void synchronize() {}
+
+ private:
+  XentResult xent_slots_[2];  // the deferred totals of backends that compute at once
 };
 
 /// The Eigen CPU backend (single-threaded per rank: one rank per core is the parallelism).

@@ -59,20 +59,29 @@ struct TrainingConfig {
 };
 
 struct DistributedConfig {
-  std::string backend = "mpi";
+  /// How gradients are averaged: mpi (CPU memory; on GPUs staged through pinned host memory),
+  /// nccl (GPU memory, needs device cuda), auto (nccl on GPUs, mpi on the CPU).
+  std::string backend = "auto";
   double bucket_cap_mb = 25.0;   ///< MiB, buckets after the first
   double first_bucket_mb = 1.0;  ///< MiB, the first bucket (gradients ready earliest)
   /// All ranks on one node: allreduce buckets in place in an MPI shared-memory window.
   bool shared_memory = true;
+  /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
+  std::vector<int64_t> gpus;
+  std::string nccl_algo = "ring";  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO
+  /// Seconds any collective may take before the job is stopped (a dead or stalled peer).
+  double timeout_s = 600.0;
 };
 
 struct OutputConfig {
   std::string dir = "runs/default";
-  bool save_model = true;  ///< write <dir>/model.safetensors at the end
+  bool save_model = true;    ///< write <dir>/model.safetensors at the end
+  bool trace = false;        ///< write <dir>/trace.json (Chrome trace format, every rank)
+  int64_t trace_steps = 20;  ///< optimizer steps traced (from the first); 0 = all
 };
 
 struct TrainConfig {
-  std::string device = "cpu";  ///< cpu (cuda arrives with the CUDA backend)
+  std::string device = "cpu";  ///< cpu | cuda | auto (cuda when a GPU is visible, else cpu)
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;

@@ -137,6 +137,17 @@ GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, int sm_count, bool vectoriza
 /// nullptr restores the automatic choice.
 void force_gemm_plan(Backend& backend, const GemmPlan* plan);
 
+/// A point in a CUDA backend's compute stream: recording it does not make the host wait;
+/// time() waits until the device got there and says when, on the seconds_now() clock. For the
+/// overlap statistics and the trace.
+class StreamMark {
+ public:
+  virtual ~StreamMark() = default;
+  virtual double time() = 0;
+};
+/// Records a mark on `cuda_backend`'s compute stream now.
+std::shared_ptr<StreamMark> mark_stream(Backend& cuda_backend);
+
 /// Batches to the device, double-buffered: upload() copies a batch into one of two pinned
 /// staging slots and starts its transfer on a copy stream, so the next batch travels while the
 /// backend computes on this one; acquire() hands the oldest uploaded batch to the backend's

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/tensor.h"
+
 namespace ddp {
 
 struct Environment {
@@ -40,5 +42,23 @@ std::vector<std::string> describe_layout(MPI_Comm comm, const Environment& env);
 /// variables are stale). `getenv` is std::getenv in the program; `world` is MPI's size, and a
 /// launcher variable that disagrees with it is pointed out.
 std::string describe_launcher(const std::function<const char*(const char*)>& getenv, int world);
+
+/// Where one rank computes and how its gradients travel.
+struct DevicePlacement {
+  Device device = Device::CPU;
+  int gpu = -1;                  ///< CUDA ordinal when device is CUDA
+  std::string backend;           ///< distributed.backend resolved: "mpi" or "nccl"
+  std::string describe() const;  ///< "cpu" or "cuda:1 (nccl)"
+};
+
+/// Pure: this rank's device and gradient backend from the config keys `device` (cpu | cuda |
+/// auto), `backend` (auto | mpi | nccl) and `gpus` (GPU per local rank; empty: local_rank %
+/// visible), the rank's place on its node and the GPUs visible to it. Throws ddp::Error naming
+/// the key and the host when the request cannot be met: device cuda with no visible GPU
+/// (why_none says why), a gpus entry beyond the visible GPUs, a list shorter than the ranks on
+/// the node, NCCL with two ranks of a node on one GPU (NCCL cannot; the mpi backend can).
+DevicePlacement choose_device(const std::string& device, const std::string& backend,
+                              const std::vector<int64_t>& gpus, const Environment& env,
+                              int visible_gpus, const std::string& why_none);
 
 }  // namespace ddp

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,22 +39,27 @@ BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t fi
 std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>& param_names);
 
 /// When backward ran, for the overlap statistics: wall-clock bounds (seconds_now()) and the
-/// CPU time the training thread got in between (thread_cpu_seconds()).
+/// CPU time the training thread got in between (thread_cpu_seconds(); on a GPU, where backward
+/// does not compete with communication for a core, the wall time).
 struct BackwardWindow {
   double begin = 0.0;
   double end = 0.0;
   double cpu_seconds = 0.0;
 };
 
-/// Where the time of one synchronised step went, for the overlap report.
+/// Where the communication time of one synchronised step went, for the overlap report.
 struct ReducerStepStats {
   double comm_seconds = 0.0;  ///< sum over buckets of allreduce execution time
   /// The part of comm_seconds during which backward was really computing: allreduce time inside
   /// the backward window, less the time the training thread was off its core in that window
   /// (communication that ran on the same core as backward took turns with it; it hid nothing).
   double hidden_seconds = 0.0;
-  double wait_seconds = 0.0;  ///< time finalize() blocked the training thread
 };
+
+/// The statistics of one step from its collectives, which must have completed
+/// (Work::synchronize, or wait on host memory).
+ReducerStepStats overlap_stats(const std::vector<std::shared_ptr<Work>>& works,
+                               const BackwardWindow& backward);
 
 class Reducer {
  public:
@@ -69,13 +75,23 @@ class Reducer {
   /// every bucket that is now complete, strictly in index order. Throws if marked twice.
   void mark_ready(size_t param);
 
-  /// Waits for every bucket; afterwards the arena holds the gradients summed over ranks. To
+  /// Makes every bucket's result visible to what follows and returns the seconds the host
+  /// spent waiting. Afterwards the arena holds the gradients summed over ranks (on GPUs with
+  /// NCCL: work queued next on the compute stream sees them; the host does not wait). To
   /// average (DDP's semantics) the caller pre-scales by 1/size(): the Trainer folds it into the
   /// loss gradient's scale, which costs nothing, where dividing every bucket would be one more
-  /// pass over all gradients on a core that backward needs.
-  /// Must run before the optimizer reads gradients. Throws naming any parameter whose
-  /// gradient was never marked ready. `backward` is only used for the statistics.
-  ReducerStepStats finalize(const BackwardWindow& backward = {});
+  /// pass over all gradients. Must run before the optimizer reads gradients. Throws naming
+  /// any parameter whose gradient was never marked ready, and the bucket whose collective
+  /// failed or timed out.
+  double finalize();
+
+  /// The collectives of the last synchronised backward, in bucket order (kept alive by the
+  /// caller's copy until their statistics are read).
+  const std::vector<std::shared_ptr<Work>>& works() const { return work_; }
+
+  /// Blocks until every collective of `works` has completed, naming the bucket that failed or
+  /// timed out (`step` is only used in the message).
+  void synchronize(const std::vector<std::shared_ptr<Work>>& works, int64_t step) const;
 
   const BucketPlan& plan() const { return plan_; }
   /// Buckets launched so far in this backward (tests use it to observe launch order).
@@ -83,6 +99,7 @@ class Reducer {
 
  private:
   void launch_ready_buckets();
+  std::string describe_bucket(size_t b) const;
 
   BucketPlan plan_;
   std::vector<std::string> names_;

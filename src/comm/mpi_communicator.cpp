@@ -7,9 +7,8 @@
 #include <unistd.h>
 #endif
 
-#include <time.h>
-
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -26,37 +25,46 @@
 
 namespace ddp {
 
-double seconds_now() {
-  using clock = std::chrono::steady_clock;
-  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
-}
-
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 namespace {
+
+// What every piece of work on the lane shares: how long a wait may take, and the flag a wait
+// that gave up raises (the communicator is then broken: its lane is stuck in MPI).
+struct LaneState {
+  std::atomic<double> timeout_s{600.0};
+  std::atomic<bool> broken{false};
+};
 
 class MpiWork : public Work {
  public:
+  MpiWork(std::shared_ptr<LaneState> lane, std::string what)
+      : lane_(std::move(lane)), what_(std::move(what)) {}
+
   void wait() override {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
+    const double timeout = lane_->timeout_s.load();
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_; })) {
+      lane_->broken = true;
+      DDP_THROW(what_ << " did not complete within " << timeout
+                      << " s (distributed.timeout_s): a peer rank died, stalled or "
+                         "stopped on an error");
+    }
     if (error_) std::rethrow_exception(error_);
   }
   double start_time() const override { return start_; }
   double end_time() const override { return end_; }
 
-  void run(const std::function<void()>& fn) {
-    start_ = seconds_now();
+  void run(const std::function<void()>& fn, const LaneHooks* hooks) {
     std::exception_ptr error;
     try {
+      if (hooks != nullptr && hooks->ready) hooks->ready();
+      start_ = seconds_now();
+      if (hooks != nullptr && hooks->before) hooks->before();
       fn();
+      if (hooks != nullptr && hooks->after) hooks->after();
     } catch (...) {
       error = std::current_exception();
     }
+    if (start_ == 0.0) start_ = seconds_now();
     end_ = seconds_now();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -67,6 +75,8 @@ class MpiWork : public Work {
   }
 
  private:
+  std::shared_ptr<LaneState> lane_;
+  std::string what_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -110,10 +120,10 @@ class MpiCommunicator : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_Comm node = MPI_COMM_NULL;
     DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
-    int node_size = 0;
-    DDP_MPI_CHECK(MPI_Comm_size(node, &node_size));
+    DDP_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(node, &local_size_));
     MPI_Comm_free(&node);
-    single_node_ = node_size == size_;
+    single_node_ = local_size_ == size_;
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -123,6 +133,14 @@ class MpiCommunicator : public Communicator {
       stop_ = true;
     }
     cv_.notify_all();
+    if (lane_->broken) {
+      // The lane is stuck inside MPI on a collective a peer never joined: joining would hang,
+      // and freeing what that call uses would let it write into freed memory should it ever
+      // return. The job is about to be aborted; leave both to the end of the process.
+      thread_.detach();
+      new Buffer(std::move(arena_storage_));
+      return;
+    }
     thread_.join();
     if (window_ != MPI_WIN_NULL) {
       MPI_Win_unlock_all(window_);
@@ -133,6 +151,8 @@ class MpiCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
 
   float* gradient_arena(size_t numel, bool shared) override {
     DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
@@ -141,59 +161,78 @@ class MpiCommunicator : public Communicator {
       arena_ = arena_storage_.data();
       return arena_;
     }
-    submit([this, numel] { allocate_window(numel); })->wait();
+    submit("allocation of the shared gradient arena", nullptr, [this, numel] {
+      allocate_window(numel);
+    })->wait();
     return arena_;
   }
 
-  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override {
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
+                                        const LaneHooks* hooks) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " floats is too large");
     const bool shared =
         window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
-    return submit([this, data, count, average, shared] {
-      if (shared) {
-        shared_memory_allreduce(static_cast<size_t>(data - arena_), count);
-      } else {
-        DDP_MPI_CHECK(
-            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
-      }
-      if (average && size_ > 1) {
-        const float inv = 1.0f / static_cast<float>(size_);
-        for (size_t i = 0; i < count; ++i) data[i] *= inv;
-      }
-    });
+    return submit("allreduce of " + std::to_string(count) + " floats", hooks,
+                  [this, data, count, average, shared] {
+                    if (shared) {
+                      shared_memory_allreduce(static_cast<size_t>(data - arena_), count);
+                    } else {
+                      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count),
+                                                  MPI_FLOAT, MPI_SUM, comm_));
+                    }
+                    if (average && size_ > 1) {
+                      const float inv = 1.0f / static_cast<float>(size_);
+                      for (size_t i = 0; i < count; ++i) data[i] *= inv;
+                    }
+                  });
   }
 
   void allreduce(double* data, size_t count, ReduceOp op) override {
-    submit([this, data, count, op] {
-      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
-                                  to_mpi(op), comm_));
-    })->wait();
+    submit("allreduce of " + std::to_string(count) + " double(s)", nullptr,
+           [this, data, count, op] {
+             DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
+                                         to_mpi(op), comm_));
+           })
+        ->wait();
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
     DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
               "broadcast of " << bytes << " bytes is too large");
-    submit([this, data, bytes, root] {
-      DDP_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
-    })->wait();
+    submit("broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+           nullptr,
+           [this, data, bytes, root] {
+             DDP_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
+           })
+        ->wait();
   }
 
   void barrier() override {
-    submit([this] { DDP_MPI_CHECK(MPI_Barrier(comm_)); })->wait();
+    submit("barrier", nullptr, [this] { DDP_MPI_CHECK(MPI_Barrier(comm_)); })->wait();
   }
+
+  void set_timeout(double seconds) override {
+    DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
+    lane_->timeout_s = seconds;
+  }
+  double timeout() const override { return lane_->timeout_s.load(); }
 
  private:
   struct Task {
     std::shared_ptr<MpiWork> work;
     std::function<void()> fn;
+    LaneHooks hooks;
+    bool has_hooks = false;
   };
 
-  std::shared_ptr<Work> submit(std::function<void()> fn) {
-    auto work = std::make_shared<MpiWork>();
+  std::shared_ptr<Work> submit(std::string what, const LaneHooks* hooks, std::function<void()> fn) {
+    DDP_CHECK(!lane_->broken, what << " refused: an earlier collective timed out and the "
+                                      "communication lane is stuck");
+    auto work = std::make_shared<MpiWork>(lane_, std::move(what));
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(Task{work, std::move(fn)});
+      queue_.push_back(Task{work, std::move(fn), hooks ? *hooks : LaneHooks{}, hooks != nullptr});
     }
     cv_.notify_one();
     return work;
@@ -277,10 +316,11 @@ class MpiCommunicator : public Communicator {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
-      task.work->run(task.fn);
+      task.work->run(task.fn, task.has_hooks ? &task.hooks : nullptr);
     }
   }
 
+  std::shared_ptr<LaneState> lane_ = std::make_shared<LaneState>();
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool single_node_ = false;
   MPI_Win window_ = MPI_WIN_NULL;
@@ -288,7 +328,7 @@ class MpiCommunicator : public Communicator {
   float* arena_ = nullptr;
   size_t arena_numel_ = 0;
   Buffer arena_storage_;  // the arena when there is no shared window
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -203,6 +203,21 @@ void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_
 
 }  // namespace
 
+void Backend::softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
+                                    Tensor* dlogits, int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "softmax_xent_deferred: slot " << slot << " (0 or 1)");
+  const XentResult r = softmax_xent(logits, labels, grad_scale, dlogits);
+  xent_slots_[slot].loss_sum += r.loss_sum;
+  xent_slots_[slot].correct += r.correct;
+}
+
+XentResult Backend::take_xent_totals(int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "take_xent_totals: slot " << slot << " (0 or 1)");
+  const XentResult r = xent_slots_[slot];
+  xent_slots_[slot] = XentResult{};
+  return r;
+}
+
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
 bool set_flush_denormals(bool on) {

@@ -1,7 +1,8 @@
 // The CUDA backend: every kernel of include/ddp/backend.h as our own kernels (src/cuda/kernels),
 // queued on one stream per backend. Arguments are checked like the CPU backend's (same
 // messages); scratch memory grows to the largest batch seen and is then reused, so a steady
-// training step allocates nothing. The only host synchronisation is softmax_xent's result.
+// training step allocates nothing. The host waits only for results it asks for: softmax_xent, and
+// take_xent_totals for the deferred form (which waits for that batch alone).
 #include <cstring>
 
 #include "../backend_checks.h"
@@ -35,6 +36,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   DDP_CUDA_CHECK(cudaStreamCreate(&stream_));
   xent_totals_ = DeviceArray<XentTotals>(1);
   xent_totals_host_ = PinnedArray<XentTotals>(1);
+  slot_totals_ = DeviceArray<XentTotals>(2);
+  slot_totals_host_ = PinnedArray<XentTotals>(2);
+  for (cudaEvent_t& e : slot_copied_)
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
@@ -42,6 +47,8 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : slot_copied_)
+    if (e != nullptr) (void)cudaEventDestroy(e);
 }
 
 void CudaBackend::synchronize() { DDP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -54,6 +61,11 @@ void CudaBackend::force_gemm_plan(const GemmPlan* plan) {
                                        << " (tile 0..2, splits >= 1)");
     forced_plan_ = *plan;
   }
+}
+
+std::shared_ptr<EventClock> CudaBackend::clock() {
+  if (!clock_) clock_ = std::make_shared<EventClock>(stream_);
+  return clock_;
 }
 
 float* CudaBackend::gemm_workspace(int64_t floats) {
@@ -145,8 +157,7 @@ void CudaBackend::relu_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
                      all_aligned16({dy.data, y.data, dx.data}), sm_count_, stream_);
 }
 
-XentResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
-                                     Tensor* dlogits) {
+int CudaBackend::check_xent(const Tensor& logits, const int32_t* labels, Tensor* dlogits) {
   checks::softmax_xent(logits, labels, dlogits, kCuda);
 #if !defined(DDP_CUDA_EMULATION)
   if (labels != nullptr) {
@@ -156,10 +167,16 @@ XentResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels
               "softmax_xent: labels must be in device memory (see BatchUploader)");
   }
 #endif
+  return as_int(logits.cols, "classes");
+}
+
+XentResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
+                                     Tensor* dlogits) {
+  const int classes = check_xent(logits, labels, dlogits);
   const XentRowOut scratch = xent_scratch(logits.rows);
-  launch_softmax_xent(logits.data, labels, logits.rows, as_int(logits.cols, "classes"), grad_scale,
-                      dlogits != nullptr ? dlogits->data : nullptr, scratch, xent_totals_.data(),
-                      stream_);
+  launch_softmax_xent(logits.data, labels, logits.rows, classes, grad_scale,
+                      dlogits != nullptr ? dlogits->data : nullptr, scratch, false,
+                      xent_totals_.data(), stream_);
   DDP_CUDA_CHECK(cudaMemcpyAsync(xent_totals_host_.data(), xent_totals_.data(), sizeof(XentTotals),
                                  cudaMemcpyDeviceToHost, stream_));
   // The loss is the one number the host needs every step (logging, divergence check).
@@ -169,6 +186,39 @@ XentResult CudaBackend::softmax_xent(const Tensor& logits, const int32_t* labels
                                                            << totals.bad_label << ", outside [0, "
                                                            << logits.cols << ")");
   XentResult result;
+  result.loss_sum = totals.loss_sum;
+  result.correct = totals.correct;
+  return result;
+}
+
+void CudaBackend::softmax_xent_deferred(const Tensor& logits, const int32_t* labels,
+                                        float grad_scale, Tensor* dlogits, int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "softmax_xent_deferred: slot " << slot << " (0 or 1)");
+  const int classes = check_xent(logits, labels, dlogits);
+  const XentRowOut scratch = xent_scratch(logits.rows);
+  launch_softmax_xent(logits.data, labels, logits.rows, classes, grad_scale,
+                      dlogits != nullptr ? dlogits->data : nullptr, scratch, !slot_fresh_[slot],
+                      slot_totals_.data() + slot, stream_);
+  // A 32-byte copy behind every batch, so take_xent_totals waits for this batch and not for
+  // whatever the host queued after it.
+  DDP_CUDA_CHECK(cudaMemcpyAsync(slot_totals_host_.data() + slot, slot_totals_.data() + slot,
+                                 sizeof(XentTotals), cudaMemcpyDeviceToHost, stream_));
+  DDP_CUDA_CHECK(cudaEventRecord(slot_copied_[slot], stream_));
+  slot_fresh_[slot] = false;
+  slot_pending_[slot] = true;
+}
+
+XentResult CudaBackend::take_xent_totals(int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "take_xent_totals: slot " << slot << " (0 or 1)");
+  XentResult result;
+  if (!slot_pending_[slot]) return result;
+  DDP_CUDA_CHECK(cudaEventSynchronize(slot_copied_[slot]));
+  const XentTotals totals = slot_totals_host_.data()[slot];
+  slot_fresh_[slot] = true;
+  slot_pending_[slot] = false;
+  DDP_CHECK(totals.first_bad_row < 0, "softmax_xent: row " << totals.first_bad_row << " has label "
+                                                           << totals.bad_label
+                                                           << ", outside the model's classes");
   result.loss_sum = totals.loss_sum;
   result.correct = totals.correct;
   return result;
@@ -222,6 +272,37 @@ void force_gemm_plan(Backend& backend, const GemmPlan* plan) {
   DDP_CHECK(cuda_backend != nullptr,
             "force_gemm_plan: backend '" << backend.name() << "' is not the CUDA backend");
   cuda_backend->force_gemm_plan(plan);
+}
+
+namespace {
+class EventMark final : public StreamMark {
+ public:
+  EventMark(std::shared_ptr<cuda::EventClock> clock, cudaStream_t stream)
+      : clock_(std::move(clock)), event_(clock_->take()) {
+    DDP_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  ~EventMark() override { clock_->give_back(event_); }
+  double time() override {
+    if (!resolved_) {
+      time_ = clock_->seconds(event_);
+      resolved_ = true;
+    }
+    return time_;
+  }
+
+ private:
+  std::shared_ptr<cuda::EventClock> clock_;
+  cudaEvent_t event_;
+  bool resolved_ = false;
+  double time_ = 0.0;
+};
+}  // namespace
+
+std::shared_ptr<StreamMark> mark_stream(Backend& backend) {
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+  DDP_CHECK(cuda_backend != nullptr,
+            "mark_stream: backend '" << backend.name() << "' is not the CUDA backend");
+  return std::make_shared<EventMark>(cuda_backend->clock(), cuda_backend->stream());
 }
 
 }  // namespace ddp

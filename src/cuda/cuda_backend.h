@@ -2,9 +2,12 @@
 // uploader now, the NCCL communicator's events later). Everyone else holds it as a Backend.
 #pragma once
 
+#include <memory>
+
 #include "cuda_api.h"
 #include "ddp/backend.h"
 #include "ddp/cuda.h"
+#include "event_clock.h"
 #include "kernels/kernel_args.h"
 
 namespace ddp {
@@ -32,6 +35,9 @@ class CudaBackend final : public Backend {
                           Tensor* dlogits) override;
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdOptions& opt,
                 bool first_step) override;
+  void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
+                             Tensor* dlogits, int slot) override;
+  XentResult take_xent_totals(int slot) override;
   void fill(Tensor& t, float value) override;
   void scale(Tensor& t, float factor) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -42,6 +48,8 @@ class CudaBackend final : public Backend {
   int ordinal() const { return device_; }
   int sm_count() const { return sm_count_; }
   void force_gemm_plan(const GemmPlan* plan);
+  /// The device's event clock (made on first use), shared with the communicators' streams.
+  std::shared_ptr<EventClock> clock();
 
  private:
   // One GEMM with the plan for its shape; vectorizable says whether the operands allow it.
@@ -49,17 +57,27 @@ class CudaBackend final : public Backend {
   // Grow-only scratch: after the first step of a given size nothing is allocated.
   float* gemm_workspace(int64_t floats);
   XentRowOut xent_scratch(int64_t rows);
+  // Checks shapes and that the labels live on the device; returns the class count.
+  int check_xent(const Tensor& logits, const int32_t* labels, Tensor* dlogits);
 
   int device_ = 0;
   int sm_count_ = 1;
   cudaStream_t stream_ = nullptr;
   bool plan_forced_ = false;
   GemmPlan forced_plan_;
+  std::shared_ptr<EventClock> clock_;
   DeviceArray<float> gemm_workspace_;
   DeviceArray<double> xent_loss_;
   DeviceArray<int> xent_status_;
   DeviceArray<XentTotals> xent_totals_;
   PinnedArray<XentTotals> xent_totals_host_;
+  // Deferred totals: per slot, the device accumulator, its host copy and the event after the
+  // copy; `fresh` means the next deferred batch starts the slot over instead of adding to it.
+  DeviceArray<XentTotals> slot_totals_;
+  PinnedArray<XentTotals> slot_totals_host_;
+  cudaEvent_t slot_copied_[2] = {nullptr, nullptr};
+  bool slot_fresh_[2] = {true, true};
+  bool slot_pending_[2] = {false, false};
 };
 
 }  // namespace cuda

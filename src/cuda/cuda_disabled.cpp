@@ -45,6 +45,7 @@ void copy_tensor(const Tensor& src, Tensor& dst) {
 
 std::unique_ptr<Backend> make_cuda_backend(int) { not_built("make_cuda_backend"); }
 void force_gemm_plan(Backend&, const GemmPlan*) { not_built("force_gemm_plan"); }
+std::shared_ptr<StreamMark> mark_stream(Backend&) { not_built("mark_stream"); }
 
 struct BatchUploader::Impl {};
 BatchUploader::BatchUploader(Backend&, int64_t, int64_t) { not_built("BatchUploader"); }

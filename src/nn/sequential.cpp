@@ -38,6 +38,11 @@ Sequential::Sequential(const std::vector<int64_t>& widths, const std::string& ac
               : Buffer(static_cast<size_t>(max_batch * layers_[i]->out_features()), device));
     outputs_.push_back(Tensor{});
   }
+  for (size_t i = 0, linear = 0; i < layers_.size(); ++i) {
+    const bool is_linear = dynamic_cast<Linear*>(layers_[i].get()) != nullptr;
+    unit_names_.push_back(is_linear ? "layers." + std::to_string(linear++)
+                                    : "relu." + std::to_string(linear - 1));
+  }
   for (int64_t w : widths) widest = std::max(widest, w);
   grad_a_ = Buffer(static_cast<size_t>(max_batch * widest), device);
   grad_b_ = Buffer(static_cast<size_t>(max_batch * widest), device);
@@ -99,17 +104,22 @@ const Tensor& Sequential::forward(Backend& be, const Tensor& x) {
   input_ = x;
   const Tensor* in = &input_;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string name =
+        observer_ ? "forward " + unit_names_[i] + (relu_follows_[i] ? "+" + unit_names_[i + 1] : "")
+                  : std::string();
+    if (observer_) observer_(name, true);
     if (relu_follows_[i]) {
       // Linear i and ReLU i+1 in one kernel, straight into the ReLU's output.
       outputs_[i + 1] = Tensor::of(activations_[i + 1], x.rows, layers_[i + 1]->out_features());
       static_cast<Linear&>(*layers_[i]).forward_relu(be, *in, outputs_[i + 1]);
       outputs_[i] = outputs_[i + 1];
       in = &outputs_[++i];
-      continue;
+    } else {
+      outputs_[i] = Tensor::of(activations_[i], x.rows, layers_[i]->out_features());
+      layers_[i]->forward(be, *in, outputs_[i]);
+      in = &outputs_[i];
     }
-    outputs_[i] = Tensor::of(activations_[i], x.rows, layers_[i]->out_features());
-    layers_[i]->forward(be, *in, outputs_[i]);
-    in = &outputs_[i];
+    if (observer_) observer_(name, false);
   }
   return outputs_.back();
 }
@@ -127,11 +137,15 @@ void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate,
     const Tensor& x = i == 0 ? input_ : outputs_[i - 1];
     const size_t first = first_param_[i];
     auto layer_ready = [&](size_t k) { ready(first + k); };
+    const bool through_relu =
+        i >= 2 && relu_follows_[i - 2] && dynamic_cast<Linear*>(layers_[i].get()) != nullptr;
+    const std::string name =
+        observer_ ? "backward " + unit_names_[i] + (through_relu ? "+" + unit_names_[i - 1] : "")
+                  : std::string();
+    if (observer_) observer_(name, true);
     if (i == 0) {
       layers_[i]->backward(be, x, outputs_[i], dy, nullptr, accumulate, layer_ready);
-      break;
-    }
-    if (i >= 2 && relu_follows_[i - 2] && dynamic_cast<Linear*>(layers_[i].get()) != nullptr) {
+    } else if (through_relu) {
       // Linear i reads the output of ReLU i-1: its input gradient leaves masked, which is that
       // ReLU's backward done too.
       Tensor dx = Tensor::of(*spare, rows, x.cols);
@@ -139,15 +153,17 @@ void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate,
           .backward_through_relu(be, x, dy, dx, accumulate, layer_ready);
       spare = (spare == &grad_a_) ? &grad_b_ : &grad_a_;
       dy = dx;
-      --i;  // skip ReLU i-1
-      continue;
+    } else {
+      // ReLU works in place; a Linear writes dx into whichever scratch buffer dy is not in.
+      Tensor dx =
+          dynamic_cast<ReLU*>(layers_[i].get()) != nullptr ? dy : Tensor::of(*spare, rows, x.cols);
+      layers_[i]->backward(be, x, outputs_[i], dy, &dx, accumulate, layer_ready);
+      if (dx.data != dy.data) spare = (spare == &grad_a_) ? &grad_b_ : &grad_a_;
+      dy = dx;
     }
-    // ReLU works in place; a Linear writes dx into whichever scratch buffer dy is not in.
-    Tensor dx =
-        dynamic_cast<ReLU*>(layers_[i].get()) != nullptr ? dy : Tensor::of(*spare, rows, x.cols);
-    layers_[i]->backward(be, x, outputs_[i], dy, &dx, accumulate, layer_ready);
-    if (dx.data != dy.data) spare = (spare == &grad_a_) ? &grad_b_ : &grad_a_;
-    dy = dx;
+    if (observer_) observer_(name, false);
+    if (i == 0) break;
+    if (through_relu) --i;  // skip ReLU i-1
   }
 }
 

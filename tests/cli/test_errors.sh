@@ -42,6 +42,16 @@ expect_error "batch larger than shard with drop_last" 2 "training.batch_size" --
   --set training.batch_size=3 --set data.drop_last=true
 expect_error "output dir not creatable" 2 "output.dir" --config "$WORK/ok.yaml" --set output.dir=/proc/ddp/out
 
+# GPU requests that cannot be met (on a machine without a GPU, or a build without CUDA).
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error "device cuda without a GPU" 2 "device: cuda" --config "$seed" "${quick[@]}" --set device=cuda
+fi
+expect_error "nccl on the CPU" 2 "distributed.backend: nccl" --config "$seed" "${quick[@]}" \
+  --set distributed.backend=nccl --set device=cpu
+expect_error "unknown device" 2 "device: must be one of cpu, cuda, auto" --config "$seed" "${quick[@]}" --set device=tpu
+mkdir -p "$WORK/tdir/trace.json"  # a directory where the trace file should go
+expect_error "trace file cannot be written" 2 "trace.json" --config "$seed" "${quick[@]}" \
+  --set output.trace=true --set "output.dir=$WORK/tdir"
 # Divergence mid-training: the loss turns non-finite, the job stops naming the step and rank.
 expect_error "non-finite loss" 2 "loss is" --config "$seed" "${quick[@]}" --set optimizer.lr=1e30
 

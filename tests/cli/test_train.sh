@@ -27,6 +27,19 @@ check "model.safetensors holds layers.{i}.weight [out,in] and bias [out]" bash -
   head -c 600 '$WORK/a/model.safetensors' | grep -a -q '\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":\[10,20\]' &&
   head -c 600 '$WORK/a/model.safetensors' | grep -a -q '\"layers.1.bias\":{\"dtype\":\"F32\",\"shape\":\[3\]'"
 
+# The timeline: output.trace writes one Chrome trace with a process per rank and the spans a
+# user looks for (per-layer forward/backward, bucket allreduces, optimizer), nested properly.
+run_ranks 2 120 --config "$seed" --set "output.dir=$WORK/t" --set output.trace=true \
+  --set output.trace_steps=5 --set training.epochs=1 --set device=auto
+check "traced run exits 0" test "$rc" = 0
+check "device auto without a GPU runs on the CPU" grep -qF 'rank 1: cpu' <<<"$out"
+check "trace.json is a valid trace with every rank's spans" python3 "$DDP_SOURCE_DIR/tests/support/check_trace.py" \
+  "$WORK/t/trace.json" --ranks 2 --require-track 'training thread' --require-track 'comm thread' \
+  --require-span 'forward layers.0+relu.0' --require-span 'backward layers.1+relu.0' \
+  --require-span 'backward layers.0' --require-span 'allreduce bucket 0' \
+  --require-span 'optimizer (SGD)' --require-span 'step 5' --require-span 'next batch'
+check "trace_steps bounds the traced steps" bash -c "! grep -q '\"step 6\"' '$WORK/t/trace.json'"
+
 # Starting from saved weights: with a learning rate too small to change any float, the saved
 # weights come back bit for bit.
 run_ranks 2 120 --config "$seed" --set "output.dir=$WORK/b" --set "model.init_from=$WORK/a/model.safetensors" \

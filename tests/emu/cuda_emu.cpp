@@ -836,25 +836,39 @@ cudaError_t cudaGetLastError() {
 
 cudaError_t cudaPeekAtLastError() { return ddp_emu::g_last_error; }
 
+namespace {
+// DDP_EMU_DEVICES=N makes the emulation report N devices (default 1), so the code that gives
+// each local rank its own GPU can run; they all share the host's memory.
+int emulated_devices() {
+  const char* v = std::getenv("DDP_EMU_DEVICES");
+  const int n = v != nullptr ? std::atoi(v) : 1;
+  return n >= 1 ? n : 1;
+}
+bool valid_device(int device) { return device >= 0 && device < emulated_devices(); }
+thread_local int current_device = 0;
+}  // namespace
+
 cudaError_t cudaGetDeviceCount(int* count) {
   if (!count) return record(cudaErrorInvalidValue);
-  *count = 1;
+  *count = emulated_devices();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return record(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
   if (!device) return record(cudaErrorInvalidValue);
-  *device = 0;
+  *device = current_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (!prop) return record(cudaErrorInvalidValue);
-  if (device != 0) return record(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return record(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof *prop);
   std::snprintf(prop->name, sizeof prop->name, "%s", "DDP CUDA emulator (CPU)");
   prop->totalGlobalMem = ddp_emu::kTotalGlobalMem;
@@ -881,7 +895,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (!value) return record(cudaErrorInvalidValue);
-  if (device != 0) return record(cudaErrorInvalidDevice);
+  if (!valid_device(device)) return record(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrMaxThreadsPerBlock:
       *value = 1024;
@@ -1026,6 +1040,26 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) { return ddp_emu::release(ptr, false); }
+
+namespace {
+std::mutex registered_mutex;
+std::set<void*> registered;
+}  // namespace
+
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  if (ptr == nullptr || size == 0 || flags != cudaHostRegisterDefault) {
+    return record(cudaErrorInvalidValue);
+  }
+  std::lock_guard<std::mutex> lk(registered_mutex);
+  if (!registered.insert(ptr).second) return record(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* ptr) {
+  std::lock_guard<std::mutex> lk(registered_mutex);
+  if (registered.erase(ptr) == 0) return record(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
 
 // Each side must be what the kind says: device memory lies wholly inside one cudaMalloc block,
 // host memory touches none (a wrong direction or an overrun is a bug a real device hides).

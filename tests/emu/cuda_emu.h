@@ -327,6 +327,7 @@ constexpr unsigned cudaHostAllocDefault = 0x0;
 constexpr unsigned cudaHostAllocPortable = 0x1;
 constexpr unsigned cudaHostAllocMapped = 0x2;
 constexpr unsigned cudaHostAllocWriteCombined = 0x4;
+constexpr unsigned cudaHostRegisterDefault = 0x0;
 
 struct cudaDeviceProp {
   char name[256];
@@ -379,6 +380,9 @@ cudaError_t cudaFree(void* dev_ptr);
 cudaError_t cudaMallocHost(void** ptr, size_t size);
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void* ptr);
+/// Page-locks existing host memory: the emulation only checks the arguments and pairs.
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags);
+cudaError_t cudaHostUnregister(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream = 0);

@@ -123,11 +123,18 @@ class RecordingComm : public ddp::Communicator {
   };
   std::vector<Call> calls;
   std::vector<float> arena;
+  size_t fail_call = SIZE_MAX;  // this call's wait() throws, as a timed-out collective does
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average) override {
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average,
+                                             const ddp::LaneHooks*) override {
     calls.push_back({data, count, average});
-    return std::make_shared<DoneWork>();
+    auto work = std::make_shared<DoneWork>();
+    work->fail = calls.size() - 1 == fail_call;
+    work->start = static_cast<double>(calls.size());
+    return work;
   }
   float* gradient_arena(size_t numel, bool) override {
     arena.assign(numel, 0.0f);
@@ -136,12 +143,19 @@ class RecordingComm : public ddp::Communicator {
   void allreduce(double*, size_t, ddp::ReduceOp) override {}
   void broadcast(void*, size_t, int) override {}
   void barrier() override {}
+  void set_timeout(double) override {}
+  double timeout() const override { return 1.0; }
 
  private:
+  // Call k "ran" from k to k + 0.5 s.
   struct DoneWork : ddp::Work {
-    void wait() override {}
-    double start_time() const override { return 0; }
-    double end_time() const override { return 0; }
+    bool fail = false;
+    double start = 0;
+    void wait() override {
+      if (fail) DDP_THROW("allreduce of 5 floats did not complete within 1 s");
+    }
+    double start_time() const override { return start; }
+    double end_time() const override { return start + 0.5; }
   };
 };
 
@@ -216,4 +230,38 @@ TEST_CASE("Reducer rejects a gradient marked twice or never marked", "[reducer]"
   REQUIRE_THROWS_WITH(reducer.finalize(),
                       Catch::Contains("b0") && Catch::Contains("never marked ready"));
   REQUIRE_THROWS_AS(reducer.mark_ready(7), ddp::Error);
+}
+
+TEST_CASE("Reducer names the bucket whose collective failed, at finalize and synchronize",
+          "[reducer]") {
+  const std::vector<size_t> numel(4, 256);
+  BucketPlan plan = compute_bucket_plan(numel, kKiB, kKiB);  // {3} {2} {1} {0}
+  std::vector<float> arena(plan.total_numel);
+  RecordingComm comm;
+  comm.fail_call = 1;
+  ddp::Reducer reducer(plan, {"w0", "b0", "w1", "b1"}, arena.data(), comm);
+  reducer.prepare_for_backward(true);
+  for (size_t p = 4; p-- > 0;) reducer.mark_ready(p);
+  REQUIRE_THROWS_WITH(reducer.finalize(),
+                      Catch::Contains("gradient allreduce of bucket 1 (w1): allreduce of 5 floats "
+                                      "did not complete within 1 s"));
+  const auto works = reducer.works();
+  REQUIRE(works.size() == 4);
+  REQUIRE_THROWS_WITH(reducer.synchronize(works, 17),
+                      Catch::Contains("gradient allreduce of bucket 1 (w1) at step 17: "));
+}
+
+TEST_CASE("overlap_stats: allreduce time inside backward, less time off the core", "[reducer]") {
+  RecordingComm comm;
+  std::vector<std::shared_ptr<ddp::Work>> works;
+  for (int k = 0; k < 3; ++k) works.push_back(comm.allreduce_async(nullptr, 1, false, nullptr));
+  // Works ran [1, 1.5], [2, 2.5], [3, 3.5]: 1.5 s in all.
+  auto stats = ddp::overlap_stats(works, {0.0, 2.25, 2.25});
+  CHECK(stats.comm_seconds == Approx(1.5));
+  CHECK(stats.hidden_seconds == Approx(0.75));          // [1, 1.5] and [2, 2.25]
+  stats = ddp::overlap_stats(works, {0.0, 2.25, 2.0});  // 0.25 s of backward off its core
+  CHECK(stats.hidden_seconds == Approx(0.5));
+  stats = ddp::overlap_stats(works, {4.0, 5.0, 1.0});  // backward after every allreduce
+  CHECK(stats.hidden_seconds == 0.0);
+  CHECK(ddp::overlap_stats({}, {0.0, 1.0, 1.0}).comm_seconds == 0.0);
 }

@@ -119,8 +119,13 @@ void require_same(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.distributed.bucket_cap_mb == b.distributed.bucket_cap_mb);
   CHECK(a.distributed.first_bucket_mb == b.distributed.first_bucket_mb);
   CHECK(a.distributed.shared_memory == b.distributed.shared_memory);
+  CHECK(a.distributed.gpus == b.distributed.gpus);
+  CHECK(a.distributed.nccl_algo == b.distributed.nccl_algo);
+  CHECK(a.distributed.timeout_s == b.distributed.timeout_s);
   CHECK(a.output.dir == b.output.dir);
   CHECK(a.output.save_model == b.output.save_model);
+  CHECK(a.output.trace == b.output.trace);
+  CHECK(a.output.trace_steps == b.output.trace_steps);
 }
 
 }  // namespace
@@ -326,12 +331,8 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
   REQUIRE_NOTHROW(ddp::validate_config(valid_config()));
   using Mutate = std::function<void(TrainConfig&)>;
   const std::vector<std::pair<Mutate, std::string>> cases = {
-      {[](TrainConfig& c) { c.device = "cuda"; },
-       ddp::cuda_built() ? "device: cuda: the trainer runs on the CPU only in this version (the "
-                           "CUDA kernels are built and tested by bench/gpu_check.sh); use cpu"
-                         : "device: cuda is not available in this build (built without the CUDA "
-                           "toolkit); use cpu"},
-      {[](TrainConfig& c) { c.device = "tpu"; }, "device: must be cpu, got 'tpu'"},
+      {[](TrainConfig& c) { c.device = "tpu"; },
+       "device: must be one of cpu, cuda, auto; got 'tpu'"},
       {[](TrainConfig& c) { c.model.layers = {4}; },
        "model.layers: needs at least 2 widths (input and output), got 1"},
       {[](TrainConfig& c) {
@@ -365,10 +366,26 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "training.log_every: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.training.max_steps = -1; },
        "training.max_steps: must be >= 0, got -1"},
-      {[](TrainConfig& c) { c.distributed.backend = "nccl"; },
-       "distributed.backend: nccl needs the CUDA build; this build supports mpi"},
       {[](TrainConfig& c) { c.distributed.backend = "gloo"; },
-       "distributed.backend: must be mpi, got 'gloo'"},
+       "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
+      {[](TrainConfig& c) {
+         c.device = "cpu";
+         c.distributed.backend = "nccl";
+       },
+       ddp::cuda_built()
+           ? "distributed.backend: nccl moves GPU memory and needs device: cuda (or "
+             "auto); with device: cpu use mpi"
+           : "distributed.backend: nccl needs the CUDA build; this build supports mpi"},
+      {[](TrainConfig& c) {
+         c.distributed.gpus = {0, -1};
+       },
+       "distributed.gpus[1]: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.distributed.nccl_algo = "tree"; },
+       "distributed.nccl_algo: must be ring or auto; got 'tree'"},
+      {[](TrainConfig& c) { c.distributed.timeout_s = 0; },
+       "distributed.timeout_s: must be > 0, got 0.0"},
+      {[](TrainConfig& c) { c.output.trace_steps = -1; },
+       "output.trace_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.distributed.bucket_cap_mb = 0; },
        "distributed.bucket_cap_mb: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
@@ -381,6 +398,26 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
     cases[i].first(c);
     CHECK(error_of([&] { ddp::validate_config(c); }) == "<config>: " + cases[i].second);
   }
+}
+
+TEST_CASE("config: device cuda and auto, and what each build says about them", "[config]") {
+  TrainConfig c = valid_config();
+  c.device = "auto";
+  CHECK_NOTHROW(ddp::validate_config(c));  // auto falls back to the CPU in any build
+  c.device = "cuda";
+  if (ddp::cuda_built()) {
+    CHECK_NOTHROW(ddp::validate_config(c));  // whether a GPU is visible is decided at startup
+    c.distributed.backend = "nccl";
+    CHECK_NOTHROW(ddp::validate_config(c));
+  } else {
+    CHECK(error_of([&] { ddp::validate_config(c); }) ==
+          "<config>: device: cuda is not available in this build (built without the CUDA "
+          "toolkit); use cpu or auto");
+  }
+  CHECK(
+      parse_min("distributed: {gpus: [1, 0], nccl_algo: auto, timeout_s: 5}\n").distributed.gpus ==
+      std::vector<int64_t>{1, 0});
+  CHECK(parse_min("output: {trace: true, trace_steps: 0}\n").output.trace);
 }
 
 TEST_CASE("config: range boundaries that are allowed pass", "[config]") {

@@ -4,6 +4,7 @@
 // its mask in the input gradient's store going back (bitwise the same as separate layers).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,13 @@ class Sequential {
   /// each parameter as soon as its gradient is final.
   void backward(Backend& be, const Tensor& dlogits, bool accumulate, const GradReadyHook& ready);
 
+  /// Called before (begin = true) and after each layer's kernels are queued, forward and
+  /// backward, with names like "forward layers.0+relu.0" (a Linear and the ReLU fused into it)
+  /// or "backward layers.1+relu.0" (the ReLU's mask applied to the input gradient): the trace's
+  /// per-layer spans. An empty observer (the default) costs nothing.
+  using LayerObserver = std::function<void(const std::string& name, bool begin)>;
+  void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
+
  private:
   std::vector<int64_t> widths_;
   int64_t max_batch_;
@@ -53,8 +61,10 @@ class Sequential {
   std::vector<Buffer> activations_;  // per layer output [max_batch, width]; none for a Linear
                                      // whose ReLU is fused (it would hold pre-activations)
   Buffer grad_a_, grad_b_;           // ping-pong activation gradients
-  Tensor input_;                     // the last forward's input
-  std::vector<Tensor> outputs_;      // the last forward's outputs
+  LayerObserver observer_;
+  std::vector<std::string> unit_names_;  // per layer: "layers.k" or "relu.k" (after Linear k)
+  Tensor input_;                         // the last forward's input
+  std::vector<Tensor> outputs_;          // the last forward's outputs
 };
 
 }  // namespace ddp

@@ -144,8 +144,9 @@ __global__ void xent_rows_kernel(const float* __restrict__ logits,
 constexpr int kXentReduceThreads = 256;
 
 /// One block: thread t adds rows t, t+256, ... in order, then a fixed tree over the threads.
+/// With accumulate the batch's totals are added to *totals (the first bad row is kept).
 __global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ labels, int64_t rows,
-                                   XentTotals* totals) {
+                                   bool accumulate, XentTotals* totals) {
   __shared__ double loss[kXentReduceThreads];
   __shared__ long long correct[kXentReduceThreads];
   __shared__ long long bad[kXentReduceThreads];
@@ -173,17 +174,21 @@ __global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ la
     __syncthreads();
   }
   if (t == 0) {
-    totals->loss_sum = loss[0];
-    totals->correct = correct[0];
-    totals->first_bad_row = bad[0];
-    totals->bad_label = bad[0] >= 0 ? labels[bad[0]] : 0;
+    const bool keep_bad = accumulate && totals->first_bad_row >= 0;
+    totals->loss_sum = accumulate ? totals->loss_sum + loss[0] : loss[0];
+    totals->correct = accumulate ? totals->correct + correct[0] : correct[0];
+    if (!keep_bad) {
+      totals->first_bad_row = bad[0];
+      totals->bad_label = bad[0] >= 0 ? labels[bad[0]] : 0;
+    }
   }
 }
 
-/// Queues both passes; `totals` (device memory) holds the result when the stream gets there.
+/// Queues both passes; `totals` (device memory) holds the result when the stream gets there
+/// (added to what it held, with accumulate).
 inline void launch_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
                                 int classes, float grad_scale, float* dlogits, XentRowOut scratch,
-                                XentTotals* totals, cudaStream_t stream) {
+                                bool accumulate, XentTotals* totals, cudaStream_t stream) {
   if (rows > 0) {
     const dim3 grid(static_cast<unsigned>(ceil_div(rows, kXentWarpsPerBlock)));
     const dim3 block(32 * kXentWarpsPerBlock);
@@ -212,7 +217,7 @@ inline void launch_softmax_xent(const float* logits, const int32_t* labels, int6
     }
   }
   DDP_LAUNCH(xent_reduce_kernel, dim3(1), dim3(kXentReduceThreads), stream, scratch, labels, rows,
-             totals);
+             accumulate, totals);
 }
 
 }  // namespace cuda

@@ -1,0 +1,224 @@
+// The trainer on GPUs: every rank on its own device (NCCL) or sharing one (host-staged MPI),
+// against the CPU trainer on the same data and against one rank on the global batch. Built
+// twice: against the CPU emulation of CUDA and NCCL (ddp_gpu_emu_tests, every CI run) and
+// against the real ones (ddp_gpu_tests, on GPU machines).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ddp/check.h"
+#include "ddp/comm.h"
+#include "ddp/cuda.h"
+#include "ddp/cuda_comm.h"
+#include "ddp/trainer.h"
+#include "mpi_test_helpers.h"
+
+namespace {
+
+using Weights = std::vector<ddp::NamedTensor>;
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// One directory per test and rank (ranks may share a file system).
+std::string scratch_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("ddp_gpu_test_" + std::to_string(getpid()) + "_" + name);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// Small enough for the emulation (every GPU thread a CPU thread), big enough for several
+// buckets, momentum and two epochs.
+ddp::TrainConfig small_config(const std::string& name, const std::string& device) {
+  ddp::TrainConfig cfg;
+  cfg.device = device;
+  cfg.model.layers = {12, 24, 16, 5};
+  cfg.data.format = "synthetic";
+  cfg.data.train.samples = 96;
+  cfg.data.test.samples = 40;
+  cfg.data.seed = 7;
+  cfg.optimizer.lr = 0.05;
+  cfg.optimizer.momentum = 0.9;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.training.seed = 3;
+  cfg.training.batch_size = 8;
+  cfg.training.epochs = 2;
+  cfg.training.log_every = 0;
+  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
+  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
+  cfg.distributed.timeout_s = 60;
+  cfg.output.dir = scratch_dir(name);
+  cfg.output.save_model = false;
+  return cfg;
+}
+
+Weights train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
+              ddp::TrainSummary* summary = nullptr) {
+  auto comm = ddp::make_mpi_communicator(mpi_comm);
+  ddp::Trainer trainer(cfg, *comm, nullptr);
+  ddp::TrainSummary s = trainer.run();
+  if (summary != nullptr) *summary = s;
+  return trainer.weights();
+}
+
+// Largest relative difference |a - b| / (|b| + 1e-3) over all tensors and ranks, agreed by
+// every rank (infinite when the structure differs or a value is not finite).
+double max_rel_diff(const Weights& a, const Weights& b) {
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
+    if (a[t].name != b[t].name || a[t].data.size() != b[t].data.size()) worst = INFINITY;
+    for (size_t i = 0; i < std::min(a[t].data.size(), b[t].data.size()); ++i) {
+      const double d = std::fabs(static_cast<double>(a[t].data[i]) - b[t].data[i]) /
+                       (std::fabs(static_cast<double>(b[t].data[i])) + 1e-3);
+      worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+    }
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  return ddp_test::max_over_ranks(*comm, worst);
+}
+
+void require_identical_replicas(const Weights& w) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  long errors = 0;
+  for (const auto& t : w) {
+    std::vector<float> root = t.data;
+    comm->broadcast(root.data(), root.size() * sizeof(float), 0);
+    errors += std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) != 0;
+  }
+  ddp_test::require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
+}
+
+// The GPUs of this node cover one per local rank (what NCCL needs).
+bool gpu_per_rank() {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  double enough = ddp::cuda_device_count() >= comm->local_size() ? 1.0 : 0.0;
+  comm->allreduce(&enough, 1, ddp::ReduceOp::Min);
+  return enough > 0 && ddp::nccl_built();
+}
+
+}  // namespace
+
+TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][staged]") {
+  ddp::TrainConfig cpu = small_config("staged_cpu", "cpu");
+  ddp::TrainConfig gpu = small_config("staged_gpu", "cuda");
+  gpu.distributed.backend = "mpi";  // several ranks may share one GPU on this path
+  ddp::TrainSummary s_cpu, s_gpu;
+  const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
+  const Weights w_gpu = train(gpu, MPI_COMM_WORLD, &s_gpu);
+  REQUIRE(s_gpu.steps == s_cpu.steps);
+  REQUIRE(s_gpu.steps >= 6);
+  require_identical_replicas(w_gpu);
+  const double diff = max_rel_diff(w_gpu, w_cpu);
+  INFO("max relative |w_gpu - w_cpu| = " << diff);
+  REQUIRE(diff <= 1e-4);
+  CHECK(s_gpu.train_loss == Approx(s_cpu.train_loss).epsilon(1e-4));
+  CHECK(s_gpu.test_accuracy == Approx(s_cpu.test_accuracy).margin(1e-9));
+  CHECK(s_gpu.evaluated);
+  CHECK(s_gpu.comm_seconds >= 0);
+  CHECK(s_gpu.hidden_seconds <= s_gpu.comm_seconds + 1e-9);
+}
+
+TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[gpu][nccl]") {
+  if (!gpu_per_rank()) {
+    WARN("skipped: NCCL needs one GPU per rank on this node");
+    return;
+  }
+  const int n = world_size();
+  ddp::TrainConfig cfg = small_config("nccl_eq", "cuda");
+  cfg.distributed.backend = "nccl";
+  cfg.optimizer.nesterov = true;
+  ddp::TrainSummary summary;
+  const Weights distributed = train(cfg, MPI_COMM_WORLD, &summary);
+  require_identical_replicas(distributed);
+
+  ddp::TrainConfig single = cfg;
+  single.training.batch_size = cfg.training.batch_size * n;
+  single.output.dir = scratch_dir("nccl_eq_single");
+  ddp::TrainSummary single_summary;
+  const Weights reference = train(single, MPI_COMM_SELF, &single_summary);
+  REQUIRE(single_summary.steps == summary.steps);
+  const double diff = max_rel_diff(distributed, reference);
+  INFO("max relative |w_N - w_1| = " << diff);
+  REQUIRE(diff <= 1e-4);
+
+  // And the CPU path on the same job: the device changes nothing but rounding.
+  ddp::TrainConfig on_cpu = cfg;
+  on_cpu.device = "cpu";
+  on_cpu.distributed.backend = "mpi";
+  on_cpu.output.dir = scratch_dir("nccl_eq_cpu");
+  const Weights cpu = train(on_cpu, MPI_COMM_WORLD);
+  REQUIRE(max_rel_diff(distributed, cpu) <= 1e-4);
+}
+
+TEST_CASE("GPU training with gradient accumulation and max_steps", "[gpu][staged]") {
+  ddp::TrainConfig cpu = small_config("accum_cpu", "cpu");
+  cpu.training.accumulate_steps = 3;
+  cpu.training.max_steps = 3;
+  cpu.training.log_every = 1;
+  ddp::TrainConfig gpu = cpu;
+  gpu.device = "cuda";
+  gpu.distributed.backend = gpu_per_rank() ? "nccl" : "mpi";
+  gpu.output.dir = scratch_dir("accum_gpu");
+  ddp::TrainSummary s_cpu, s_gpu;
+  const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
+  const Weights w_gpu = train(gpu, MPI_COMM_WORLD, &s_gpu);
+  REQUIRE(s_gpu.steps == 3);
+  REQUIRE(s_cpu.steps == 3);
+  REQUIRE(max_rel_diff(w_gpu, w_cpu) <= 1e-4);
+  // Progress records of every step reach metrics.jsonl on rank 0, read a step behind the device.
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  long errors = 0;
+  if (rank == 0) {
+    std::ifstream metrics(gpu.output.dir + "/metrics.jsonl");
+    int train_records = 0, summaries_on_cuda = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      train_records += line.find("\"type\":\"train\"") != std::string::npos;
+      summaries_on_cuda += line.find("\"type\":\"summary\"") != std::string::npos &&
+                           line.find("\"device\":\"cuda:") != std::string::npos;
+    }
+    errors += train_records != 3;
+    errors += summaries_on_cuda != 1;
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp_test::require_on_all_ranks(*comm, errors, "missing metrics records");
+}
+
+TEST_CASE("GPU training: a bad label is reported with its step on every rank", "[gpu][errors]") {
+  // CSV data whose 30th row has label 7 in a 5-class model.
+  const std::string dir = scratch_dir("bad_label");
+  const std::string path = dir + "/bad.csv";
+  {
+    std::ofstream csv(path);
+    for (int r = 0; r < 48; ++r) {
+      for (int c = 0; c < 12; ++c) csv << (r * 0.01 + c * 0.1) << ",";
+      csv << (r == 29 ? 7 : r % 5) << "\n";
+    }
+  }
+  ddp::TrainConfig cfg = small_config("bad_label_run", "cuda");
+  cfg.distributed.backend = "mpi";
+  cfg.data = ddp::DataConfig{};
+  cfg.data.format = "csv";
+  cfg.data.train.path = path;
+  cfg.data.shuffle = false;
+  // The loader checks labels before any kernel sees them; that is the message users get.
+  std::string message;
+  try {
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp_test::require_on_all_ranks(*comm, message.find("label") == std::string::npos,
+                                 "ranks without an error naming the label");
+}

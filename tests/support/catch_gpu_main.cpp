@@ -1,0 +1,38 @@
+// Catch2 main for the GPU trainer tests (tests/gpu), run under mpiexec: like catch_mpi_main.cpp,
+// plus the skip rule of the CUDA tests. Built against real CUDA, it exits 77 ("skipped") on
+// every rank when no device is visible; built against the emulation, there always is one.
+#define CATCH_CONFIG_RUNNER
+#include <mpi.h>
+
+#include <catch2/catch.hpp>
+#include <iostream>
+#include <string>
+
+#include "ddp/check.h"
+#include "ddp/cuda.h"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ddp::set_error_rank(rank);
+#if !defined(DDP_CUDA_EMULATION)
+  std::string why;
+  if (ddp::cuda_device_count(&why) == 0) {
+    if (rank == 0) std::cout << "skipped: no CUDA device (" << why << ")" << std::endl;
+    MPI_Finalize();
+    return 77;
+  }
+#endif
+  Catch::Session session;
+  int rc = session.applyCommandLine(argc, argv);
+  if (rc == 0) {
+    if (rank != 0) session.configData().reporterName = "compact";
+    rc = session.run();
+  }
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst == 0 ? 0 : 1;
+}
