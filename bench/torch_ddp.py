@@ -1,9 +1,14 @@
 #!/usr/bin/python3
-"""The PyTorch DDP peer of ddp-train's Fashion-MNIST benchmark: same model, loss, optimizer and
-per-rank batch, gloo on CPU, one thread per rank, data in memory, only the training loop timed.
-Prints one JSON line. Run it with Debian's /usr/bin/python3 (the one that has python3-torch).
+"""The PyTorch DDP peer of ddp-train's benchmarks: same model, loss, optimizer and per-rank batch,
+data in memory, only the training loop timed. Prints one JSON line.
+On CPU (the default): gloo, one thread per rank, Fashion-MNIST from its IDX files; run it with
+Debian's /usr/bin/python3 (the one that has python3-torch).
+On a GPU (--device cuda): NCCL, rank r on GPU r % device_count, fp32 with TF32 off, CUDA
+synchronised around the timed loop; usually with --synthetic N (random data made on the GPU).
 
     /usr/bin/python3 bench/torch_ddp.py --world-size 2 --steps 3000
+    python3 bench/torch_ddp.py --device cuda --synthetic 60000 --layers 784,4096,4096,10 \
+        --batch-size 1024 --lr 0.01 --steps 500 [--plain]
 """
 import os
 
@@ -45,6 +50,11 @@ def parse_args(argv):
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,
                    help="DDP bucket_cap_mb (PyTorch's default 25 puts this ~1 MiB model in one bucket)")
     p.add_argument("--data-dir", default=DEFAULT_DATA)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo, default) or cuda (NCCL, rank r on GPU r %% device_count)")
+    p.add_argument("--synthetic", type=int, default=0, metavar="N",
+                   help="N random samples made on --device (normal features, uniform labels) "
+                        "instead of Fashion-MNIST: no file reading and no host-to-device copies")
     p.add_argument("--no-bind", action="store_true",
                    help="do not pin rank r to core r (ddp-run pins ranks to cores)")
     p.add_argument("--plain", action="store_true",
@@ -56,6 +66,29 @@ def parse_args(argv):
         p.error("--world-size, --steps and --batch-size must be >= 1 and --warmup >= 0")
     if args.plain and args.world_size != 1:
         p.error("--plain runs one process: it needs --world-size 1")
+    try:
+        widths = [int(w) for w in args.layers.split(",")]
+    except ValueError:
+        p.error(f"--layers: expected comma-separated integers, got '{args.layers}'")
+    if len(widths) < 2 or min(widths) < 1:
+        p.error(f"--layers: needs at least 2 widths, each >= 1, got '{args.layers}'")
+    if args.synthetic < 0:
+        p.error("--synthetic must be >= 0")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            p.error("--device cuda: PyTorch sees no CUDA device "
+                    f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        if args.world_size > torch.cuda.device_count() and not args.plain:
+            p.error(f"--device cuda: NCCL needs one GPU per rank; {args.world_size} ranks, "
+                    f"{torch.cuda.device_count()} GPU(s)")
+    if args.synthetic:
+        if args.synthetic < args.batch_size * args.world_size:
+            p.error(f"--synthetic {args.synthetic}: fewer samples than one global batch "
+                    f"({args.batch_size} x {args.world_size} ranks)")
+        return args
+    if widths[0] != 784 or widths[-1] != 10:
+        p.error(f"--layers: Fashion-MNIST needs 784 inputs and 10 classes, got '{args.layers}' "
+                "(or use --synthetic N)")
     for name in TRAIN_FILES:
         path = os.path.join(args.data_dir, name)
         if not os.path.isfile(path):
@@ -125,33 +158,110 @@ def batches(sampler, batch_size):
     return order.split(batch_size)
 
 
+def make_synthetic(n, widths, device, seed):
+    """n samples made on the device itself: normal features and uniform labels."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed + 1)
+    x = torch.randn(n, widths[0], generator=g, device=device)
+    y = torch.randint(0, widths[-1], (n,), generator=g, device=device)
+    return x, y
+
+
+def synthetic_batches(n, batch_size, world_size, rank, epoch, seed, device):
+    """This rank's index batches of one epoch, made on the device: a fresh permutation each
+    epoch, cut into steps of world_size full batches (the remainder is dropped, so every rank
+    takes the same number of steps with the same batch size)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1000003 + epoch)
+    steps = n // (batch_size * world_size)
+    order = torch.randperm(n, generator=g, device=device)[:steps * batch_size * world_size]
+    return order.view(steps, world_size, batch_size)[:, rank].unbind(0)
+
+
+def disable_tf32():
+    """fp32 matrix products in full fp32 (what ddp-train computes), not TF32. Newer PyTorch has
+    the fp32_precision settings and rejects mixing them with the older allow_tf32 flags."""
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        return "fp32_precision=ieee"
+    except (AttributeError, AssertionError, RuntimeError):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        return "allow_tf32=False"
+
+
+def nccl_version():
+    """The NCCL PyTorch loaded, as 'major.minor.patch' (older PyTorch returns one integer)."""
+    v = torch.cuda.nccl.version()
+    return ".".join(str(part) for part in v) if isinstance(v, tuple) else str(v)
+
+
+def tf32_state():
+    """What the process really computes with, as PyTorch reports it."""
+    try:
+        return f"matmul fp32_precision={torch.backends.cuda.matmul.fp32_precision}"
+    except (AttributeError, AssertionError):
+        return f"matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
+
+
 def train(rank, args, port, results):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    cuda = args.device == "cuda"
     if not args.no_bind:
         os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
-    x_all, y_all = load_fashion_mnist(args.data_dir)
+    if cuda:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        precision = disable_tf32()
+        dist.init_process_group("nccl", rank=rank, world_size=args.world_size)
+    else:
+        device = torch.device("cpu")
+        precision = None
+        dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
     widths = [int(w) for w in args.layers.split(",")]
+    if args.synthetic:
+        x_all, y_all = make_synthetic(args.synthetic, widths, device, args.seed)
+    else:
+        x_all, y_all = (t.to(device) for t in load_fashion_mnist(args.data_dir))
     torch.manual_seed(args.seed)
-    model = make_model(widths)
+    model = make_model(widths).to(device)
     if not args.plain:
-        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+                                        device_ids=[device.index] if cuda else None)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    sampler = DistributedSampler(range(x_all.shape[0]), num_replicas=args.world_size, rank=rank,
-                                 shuffle=True, seed=args.seed)
+    sampler = None
+    if not args.synthetic:
+        sampler = DistributedSampler(range(x_all.shape[0]), num_replicas=args.world_size,
+                                     rank=rank, shuffle=True, seed=args.seed)
+
+    def epoch_batches(epoch):
+        if sampler is None:
+            return synthetic_batches(args.synthetic, args.batch_size, args.world_size, rank,
+                                     epoch, args.seed, device)
+        sampler.set_epoch(epoch)
+        return [idx.to(device) for idx in batches(sampler, args.batch_size)]
+
+    def sync():
+        """Every rank's queued GPU work done, then every rank here (a barrier)."""
+        if not cuda:
+            dist.barrier()
+            return
+        torch.cuda.synchronize(device)
+        if args.world_size > 1:
+            dist.barrier(device_ids=[device.index])
 
     total = args.warmup + args.steps
     step, epoch, samples, loss = 0, 0, 0, None
     t0 = None
     while step < total:
-        sampler.set_epoch(epoch)
-        for idx in batches(sampler, args.batch_size):
+        for idx in epoch_batches(epoch):
             if step == args.warmup:
-                dist.barrier()  # every rank starts the clock together
+                sync()  # every rank starts the clock together, with the warm-up finished
                 t0 = time.perf_counter()
             x, y = x_all[idx], y_all[idx]
             opt.zero_grad(set_to_none=True)
@@ -164,19 +274,30 @@ def train(rank, args, port, results):
             if step == total:
                 break
         epoch += 1
-    dist.barrier()
+    sync()
     seconds = time.perf_counter() - t0
     if rank == 0:
-        # DistributedSampler pads every rank's shard to the same length, so the batches of one
-        # step have the same size on every rank.
-        results.put({
+        # DistributedSampler pads every rank's shard to the same length (and synthetic_batches
+        # drops the remainder), so the batches of one step have the same size on every rank.
+        result = {
             "impl": "torch-plain" if args.plain else "torch", "world_size": args.world_size, "steps": args.steps,
             "batch_size": args.batch_size, "samples": samples * args.world_size,
             "seconds": seconds, "samples_per_sec": samples * args.world_size / seconds,
             "final_loss": float(loss.item()), "bucket_cap_mb": args.bucket_cap_mb,
             "torch": torch.__version__, "blas": loaded_blas(), "openblas_core": openblas_core(),
             "threads_per_rank": torch.get_num_threads(), "bound_to_cores": not args.no_bind,
-        })
+            "device": args.device, "layers": args.layers, "warmup": args.warmup,
+            "lr": args.lr, "momentum": args.momentum,
+            "data": f"synthetic {args.synthetic} on {args.device}" if args.synthetic else "fashion-mnist",
+        }
+        if cuda:
+            result.update({
+                "gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
+                "nccl": nccl_version(),
+                "precision": precision, "tf32": tf32_state(),
+                "backend": "none (no DDP)" if args.plain else "nccl",
+            })
+        results.put(result)
     dist.destroy_process_group()
 
 

@@ -9,8 +9,9 @@
 namespace ddp {
 
 BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t first_bucket_bytes,
-                               size_t bucket_bytes) {
+                               size_t bucket_bytes, size_t align) {
   DDP_CHECK(first_bucket_bytes > 0 && bucket_bytes > 0, "bucket caps must be positive");
+  DDP_CHECK(align >= 1, "bucket alignment must be >= 1 float");
   BucketPlan plan;
   const size_t n = param_numel.size();
   plan.param_bucket.assign(n, 0);
@@ -19,6 +20,9 @@ BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t fi
   size_t offset = 0;
   for (size_t k = 0; k < n; ++k) {
     const size_t p = n - 1 - k;  // reverse registration order
+    const size_t padding = (align - offset % align) % align;
+    if (!current.params.empty()) current.numel += padding;  // a gap inside the bucket
+    offset += padding;
     plan.param_bucket[p] = plan.buckets.size();
     plan.param_offset[p] = offset;
     current.params.push_back(p);
@@ -84,7 +88,12 @@ void Reducer::launch_ready_buckets() {
   // collectives, even when gradients become ready in a different order on different ranks.
   while (next_to_launch_ < plan_.buckets.size() && pending_[next_to_launch_] == 0) {
     const auto& bucket = plan_.buckets[next_to_launch_];
-    work_[next_to_launch_] = comm_.allreduce_async(arena_ + bucket.offset, bucket.numel, false);
+    try {
+      work_[next_to_launch_] = comm_.allreduce_async(arena_ + bucket.offset, bucket.numel, false);
+    } catch (const Error& e) {
+      DDP_THROW("gradient allreduce of " << describe_bucket(next_to_launch_) << ": "
+                                         << e.message());
+    }
     ++next_to_launch_;
   }
 }

@@ -361,7 +361,8 @@ void Trainer::State::build_model() {
                                        placement.device);
   plan = compute_bucket_plan(model->parameter_numels(),
                              static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
-                             static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB));
+                             static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB),
+                             on_gpu() ? 4 : 1);  // 16-byte aligned tensors for the GPU kernels
   values = Buffer(plan.total_numel, placement.device);
   dlogits = Buffer(static_cast<size_t>(max_batch * model->out_features()), placement.device);
 }
@@ -674,23 +675,23 @@ TrainSummary Trainer::run() {
       s.reducer->prepare_for_backward(last_micro);
       step.backward_begin = s.mark();
       const double cpu0 = thread_cpu_seconds();
-      s.model->backward(be, dlogits, i > group_begin, [&](size_t p) {
-        const size_t before = s.reducer->launched();
-        s.reducer->mark_ready(p);
-        if (!traced) return;
-        for (size_t b = before; b < s.reducer->launched(); ++b)
-          step.instants.emplace_back("bucket " + std::to_string(b) + " ready", s.mark());
-      });
-      step.backward_end = s.mark();
-      step.backward_cpu = thread_cpu_seconds() - cpu0;
+      try {
+        s.model->backward(be, dlogits, i > group_begin, [&](size_t p) {
+          const size_t before = s.reducer->launched();
+          s.reducer->mark_ready(p);
+          if (!traced) return;
+          for (size_t b = before; b < s.reducer->launched(); ++b)
+            step.instants.emplace_back("bucket " + std::to_string(b) + " ready", s.mark());
+        });
+        step.backward_end = s.mark();
+        step.backward_cpu = thread_cpu_seconds() - cpu0;
+        if (last_micro) sum.wait_seconds += s.reducer->finalize();
+      } catch (const Error& e) {
+        DDP_THROW("epoch " << epoch + 1 << " step " << step_in_epoch + 1 << ": " << e.message());
+      }
       if (!last_micro) {
         batch = gpu ? next : fetch(traced);
         continue;
-      }
-      try {
-        sum.wait_seconds += s.reducer->finalize();
-      } catch (const Error& e) {
-        DDP_THROW("epoch " << epoch + 1 << " step " << step_in_epoch + 1 << ": " << e.message());
       }
       step.works = s.reducer->works();
       const Mark opt_begin = traced ? s.mark() : Mark{};

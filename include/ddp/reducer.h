@@ -30,9 +30,10 @@ struct BucketPlan {
 /// registration order, the order backward produces their gradients. The first bucket closes
 /// once it holds >= first_bucket_bytes, every later one at >= bucket_bytes; a parameter is
 /// never split, so one larger than the cap gets a bucket of its own. Buckets are laid out one
-/// after another in a flat arena, parameters inside a bucket in ready order.
+/// after another in a flat arena, parameters inside a bucket in ready order, each starting at a
+/// multiple of `align` floats (4 on GPUs: 16-byte vector access; the gaps stay zero).
 BucketPlan compute_bucket_plan(const std::vector<size_t>& param_numel, size_t first_bucket_bytes,
-                               size_t bucket_bytes);
+                               size_t bucket_bytes, size_t align = 1);
 
 /// One line per bucket ("bucket 0: 123 floats: layers.2.bias layers.2.weight"), for logs and
 /// for comparing plans across ranks.

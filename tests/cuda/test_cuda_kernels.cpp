@@ -630,6 +630,73 @@ TEST_CASE("cuda softmax_xent reports the first label outside [0, classes)", DDP_
   CHECK(std::fabs(got.loss_sum - ref.loss_sum) <= kTol * ref.loss_cond);
 }
 
+TEST_CASE("cuda softmax_xent_deferred adds batches into slots read later", DDP_CUDA_TAGS) {
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  const int64_t classes = 10;
+  // Three batches into slot 0 (the micro-batches of one step), one into slot 1.
+  const int64_t rows[4] = {9, 5, 9, 7};
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> labels;
+  double loss0 = 0.0;
+  int64_t correct0 = 0;
+  for (int b = 0; b < 4; ++b) {
+    logits.push_back(make_logits(rows[b], classes, 7100 + b));
+    labels.push_back(random_labels(rows[b], classes, 7200 + b));
+    if (b == 3) continue;
+    const XentReference ref = ref_xent(logits[b], labels[b], classes, 1.0);
+    loss0 += ref.loss_sum;
+    correct0 += ref.correct;
+  }
+  std::vector<DeviceTensor> l, d;
+  std::vector<ddp::DeviceArray<int32_t>> device_labels;
+  for (int b = 0; b < 4; ++b) {
+    l.emplace_back(logits[b], rows[b], classes);
+    d.emplace_back(rows[b], classes);
+    device_labels.emplace_back(static_cast<size_t>(rows[b]));
+    device_labels.back().upload(labels[b].data(), labels[b].size());
+  }
+  for (int b = 0; b < 4; ++b) {
+    be->softmax_xent_deferred(l[b].view(), device_labels[b].data(), 0.5f, &d[b].view(),
+                              b == 3 ? 1 : 0);
+    cpu->softmax_xent_deferred(host_view(logits[b], rows[b], classes), labels[b].data(), 0.5f,
+                               nullptr, b == 3 ? 1 : 0);
+  }
+  const ddp::XentResult slot1 = be->take_xent_totals(1);
+  const XentReference ref3 = ref_xent(logits[3], labels[3], classes, 1.0);
+  CHECK(slot1.correct == ref3.correct);
+  CHECK(std::fabs(slot1.loss_sum - ref3.loss_sum) <= kTol * ref3.loss_cond);
+  const ddp::XentResult slot0 = be->take_xent_totals(0);
+  CHECK(slot0.correct == correct0);
+  CHECK(std::fabs(slot0.loss_sum - loss0) <= 3 * kTol * std::fabs(loss0));
+  // The CPU backend's deferred form agrees, and both slots are empty once taken.
+  const ddp::XentResult cpu0 = cpu->take_xent_totals(0);
+  CHECK(cpu0.correct == slot0.correct);
+  CHECK(cpu0.loss_sum == Approx(slot0.loss_sum).epsilon(1e-6));
+  CHECK(cpu->take_xent_totals(1).correct == slot1.correct);
+  CHECK(be->take_xent_totals(0).loss_sum == 0.0);
+  CHECK(cpu->take_xent_totals(0).correct == 0);
+  // The gradient is the immediate form's.
+  DeviceTensor d_now(rows[0], classes);
+  be->softmax_xent(l[0].view(), device_labels[0].data(), 0.5f, &d_now.view());
+  CHECK(d_now.download() == d[0].download());
+  // A slot starts over after a take: the next batch is not added to the old totals.
+  be->softmax_xent_deferred(l[3].view(), device_labels[3].data(), 1.0f, nullptr, 0);
+  CHECK(be->take_xent_totals(0).correct == ref3.correct);
+
+  // A bad label is reported when its slot is taken (the host did not wait at the launch).
+  std::vector<int32_t> bad = labels[1];
+  bad[3] = 12;
+  device_labels[1].upload(bad.data(), bad.size());
+  be->softmax_xent_deferred(l[0].view(), device_labels[0].data(), 1.0f, nullptr, 1);
+  be->softmax_xent_deferred(l[1].view(), device_labels[1].data(), 1.0f, nullptr, 1);
+  require_error([&] { be->take_xent_totals(1); },
+                "softmax_xent: row 3 has label 12, outside the model's classes");
+  CHECK(be->take_xent_totals(1).correct == 0);  // taken, even though it failed
+  require_error([&] { be->take_xent_totals(2); }, "take_xent_totals: slot 2 (0 or 1)");
+  require_error([&] { cpu->take_xent_totals(-1); }, "take_xent_totals: slot -1 (0 or 1)");
+}
+
 // ---- SGD ---------------------------------------------------------------------------------
 
 TEST_CASE("cuda sgd_step is bitwise the CPU backend's step", DDP_CUDA_TAGS) {

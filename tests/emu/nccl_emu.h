@@ -13,7 +13,8 @@
 //   at the call and wait for their peers in ncclGroupEnd (one thread may create them all).
 // - Collectives run synchronously at call time (the emulated streams are synchronous): each rank
 //   copies its input into its slot of a staging area in the segment (a fixed chunk per rank,
-//   DDP_NCCL_EMU_CHUNK_BYTES, default 1 MiB; larger counts go chunk by chunk), meets its peers at a
+//   DDP_NCCL_EMU_CHUNK_BYTES, default 1 MiB, 64 B to 1 GiB rounded down to a multiple of 64, taken
+//   from the rank that creates the segment; larger counts go chunk by chunk), meets its peers at a
 //   process-shared barrier, then computes the result itself by combining the slots in rank order
 //   0..n-1. Every rank therefore gets bit-identical, deterministic results. ncclAvg is the sum in
 //   rank order divided by nranks (integer division truncates, like C). Integer sums and products
@@ -45,7 +46,8 @@
 //   ncclInvalidUsage.
 // - ncclCommDestroy and ncclCommAbort only release this rank's mapping and never wait for peers.
 //   ncclCommAbort also marks the communicator broken, so a peer waiting in a collective returns
-//   ncclRemoteError at once. Destroying or aborting before every rank joined unlinks the name.
+//   ncclRemoteError at once (a peer waiting for a destroyed rank times out instead). Destroying
+//   or aborting before every rank joined unlinks the name and fails the peers' init.
 // - ncclGroupStart/ncclGroupEnd nest; collectives inside a group still run at call time.
 //
 // Fault injection (environment, read at init): DDP_NCCL_EMU_FAIL="RANK:N" makes the N-th

@@ -772,14 +772,23 @@ TEST_CASE("init gives up with ncclRemoteError when a rank never joins", "[nccl_e
     CHECK(seconds_since(t0) < 5);
     CHECK(ncclCommDestroy(comm) == ncclSuccess);
   }
-  SECTION("destroyed before the peers came") {
+  SECTION("a rank destroyed before every rank joined") {
     ScopedEnv long_timeout("DDP_NCCL_EMU_TIMEOUT_S", "60");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclComm_t comm = nullptr;
-    REQUIRE(ncclCommInitRankConfig(&comm, 2, new_id(), 0, &config) == ncclInProgress);
+    const ncclUniqueId id = new_id();
+    ncclComm_t c0 = nullptr;
+    ncclComm_t c1 = nullptr;
+    REQUIRE(ncclCommInitRankConfig(&c0, 3, id, 0, &config) == ncclInProgress);
+    REQUIRE(ncclCommInitRankConfig(&c1, 3, id, 1, &config) == ncclInProgress);
     CHECK(shm_leftovers().size() == 1);
-    CHECK(ncclCommDestroy(comm) == ncclSuccess);
+    CHECK(ncclCommDestroy(c0) == ncclSuccess);
+    CHECK(shm_leftovers().empty());  // rank 2 can never come now
+    ncclResult_t async = ncclInternalError;
+    CHECK(ncclCommGetAsyncError(c1, &async) == ncclSuccess);
+    CHECK(async == ncclRemoteError);
+    CHECK_THAT(ncclGetLastError(c1), Contains("rank 0 destroyed its communicator"));
+    CHECK(ncclCommDestroy(c1) == ncclSuccess);
   }
   CHECK(ddp_nccl_emu::live_communicators() == live);
   CHECK(shm_leftovers().empty());

@@ -137,9 +137,30 @@ TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[
   ddp::TrainConfig cfg = small_config("nccl_eq", "cuda");
   cfg.distributed.backend = "nccl";
   cfg.optimizer.nesterov = true;
+  cfg.output.trace = true;
   ddp::TrainSummary summary;
   const Weights distributed = train(cfg, MPI_COMM_WORLD, &summary);
   require_identical_replicas(distributed);
+  {
+    // The timeline: device-side spans from CUDA events, one process per rank.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    long errors = 0;
+    if (rank == 0) {
+      std::ifstream file(cfg.output.dir + "/trace.json");
+      std::stringstream text;
+      text << file.rdbuf();
+      for (const char* needle : {"\"compute stream\"", "\"NCCL stream\"", "\"allreduce bucket 0\"",
+                                 "\"forward layers.0+relu.0\"", "\"backward layers.2+relu.1\"",
+                                 "\"optimizer (SGD)\"", "\"bucket 0 ready\""}) {
+        errors += text.str().find(needle) == std::string::npos;
+      }
+      for (int r = 0; r < n; ++r)
+        errors += text.str().find("\"rank " + std::to_string(r) + " (") == std::string::npos;
+    }
+    auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+    ddp_test::require_on_all_ranks(*comm, errors, "things missing from trace.json");
+  }
 
   ddp::TrainConfig single = cfg;
   single.training.batch_size = cfg.training.batch_size * n;
@@ -222,3 +243,37 @@ TEST_CASE("GPU training: a bad label is reported with its step on every rank", "
   ddp_test::require_on_all_ranks(*comm, message.find("label") == std::string::npos,
                                  "ranks without an error naming the label");
 }
+
+#if defined(DDP_CUDA_EMULATION)
+// The emulated NCCL fails rank 1's third allreduce asynchronously (DDP_NCCL_EMU_FAIL, see
+// tests/emu/nccl_emu.h); rank 0, waiting for it, gives up after the emulation's timeout. Both
+// must stop with an error naming NCCL, the bucket and the step: no rank may hang or go on.
+TEST_CASE("GPU training: a NCCL failure on one rank stops every rank", "[gpu][nccl][errors]") {
+  if (world_size() < 2 || !gpu_per_rank()) {
+    WARN("skipped: needs 2 ranks with a GPU each");
+    return;
+  }
+  setenv("DDP_NCCL_EMU_FAIL", "1:3", 1);
+  setenv("DDP_NCCL_EMU_TIMEOUT_S", "2", 1);
+  ddp::TrainConfig cfg = small_config("nccl_fail", "cuda");
+  cfg.distributed.backend = "nccl";
+  std::string message;
+  const double start = ddp::seconds_now();
+  try {
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  const double seconds = ddp::seconds_now() - start;
+  unsetenv("DDP_NCCL_EMU_FAIL");
+  unsetenv("DDP_NCCL_EMU_TIMEOUT_S");
+  INFO(message);
+  long errors = 0;
+  errors += message.find("gradient allreduce of bucket") == std::string::npos;
+  errors += message.find("NCCL") == std::string::npos && message.find("nccl") == std::string::npos;
+  errors += message.find("epoch 1 step") == std::string::npos;
+  errors += seconds > 30;
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp_test::require_on_all_ranks(*comm, errors, "ranks without the expected NCCL error");
+}
+#endif

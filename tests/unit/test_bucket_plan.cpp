@@ -265,3 +265,30 @@ TEST_CASE("overlap_stats: allreduce time inside backward, less time off the core
   CHECK(stats.hidden_seconds == 0.0);
   CHECK(ddp::overlap_stats({}, {0.0, 1.0, 1.0}).comm_seconds == 0.0);
 }
+
+TEST_CASE("bucket plan with alignment: every tensor starts on a multiple of 4 floats", "[bucket]") {
+  // A 784-256-256-10 MLP's parameters and some awkward sizes.
+  const std::vector<size_t> numel = {200704, 256, 65536, 256, 2560, 10, 7, 3, 5};
+  for (size_t align : {size_t{1}, size_t{4}}) {
+    const BucketPlan plan = compute_bucket_plan(numel, 4 * kKiB, 64 * kKiB, align);
+    INFO("align " << align);
+    size_t covered = 0, end_of_previous = 0;
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      const auto& bucket = plan.buckets[b];
+      CHECK(bucket.offset % align == 0);
+      CHECK(bucket.offset >= end_of_previous);
+      for (size_t p : bucket.params) {
+        CHECK(plan.param_offset[p] % align == 0);
+        CHECK(plan.param_offset[p] >= bucket.offset);
+        CHECK(plan.param_offset[p] + numel[p] <= bucket.offset + bucket.numel);
+        covered += numel[p];
+      }
+      end_of_previous = bucket.offset + bucket.numel;
+    }
+    CHECK(covered == std::accumulate(numel.begin(), numel.end(), size_t{0}));
+    CHECK(plan.total_numel == end_of_previous);
+    if (align == 1) CHECK(plan.total_numel == covered);
+    if (align == 4) CHECK(plan.total_numel < covered + 4 * numel.size());
+  }
+  REQUIRE_THROWS_AS(compute_bucket_plan(numel, 4 * kKiB, 64 * kKiB, 0), ddp::Error);
+}
