@@ -126,6 +126,56 @@ TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][stage
   CHECK(s_gpu.evaluated);
   CHECK(s_gpu.comm_seconds >= 0);
   CHECK(s_gpu.hidden_seconds <= s_gpu.comm_seconds + 1e-9);
+
+  // And one rank on the global batch, on the GPU too.
+  ddp::TrainConfig single = gpu;
+  single.training.batch_size = gpu.training.batch_size * world_size();
+  single.output.dir = scratch_dir("staged_single");
+  const Weights reference = train(single, MPI_COMM_SELF);
+  REQUIRE(max_rel_diff(w_gpu, reference) <= 1e-4);
+}
+
+// nccl-tests' check: rank r contributes r + 1 (+ the element index), so every sum is an exact
+// float and the result must be == on every element, for both GPU communicators.
+TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][staged]") {
+  auto host = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const int n = host->size(), rank = host->rank();
+  std::vector<std::string> kinds = {"mpi"};
+  if (gpu_per_rank()) kinds.push_back("nccl");
+  long errors = 0;
+  for (const std::string& kind : kinds) {
+    auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+    const int gpu = mpi->local_rank() % ddp::cuda_device_count();
+    auto backend = ddp::make_cuda_backend(gpu);
+    std::unique_ptr<ddp::Communicator> comm =
+        kind == "nccl" ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
+                       : ddp::make_staged_communicator(*mpi, *backend);
+    const size_t sizes[3] = {1, 1000, 4099};
+    const size_t total = sizes[0] + sizes[1] + sizes[2];
+    float* arena = comm->gradient_arena(total);
+    std::vector<float> mine(total);
+    for (size_t i = 0; i < total; ++i) mine[i] = static_cast<float>(rank + 1 + (i % 7));
+    ddp::cuda_copy_bytes(arena, mine.data(), total * sizeof(float));
+    std::vector<std::shared_ptr<ddp::Work>> works;
+    size_t offset = 0;
+    for (size_t b = 0; b < 3; ++b) {
+      works.push_back(comm->allreduce_async(arena + offset, sizes[b], false));
+      offset += sizes[b];
+    }
+    for (auto& w : works) w->wait();
+    for (auto& w : works) w->synchronize();
+    for (auto& w : works) errors += w->end_time() < w->start_time();
+    backend->synchronize();
+    std::vector<float> got(total);
+    ddp::cuda_copy_bytes(got.data(), arena, total * sizeof(float));
+    for (size_t i = 0; i < total; ++i) {
+      const float want = static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 7));
+      errors += got[i] != want;
+    }
+    INFO(kind);
+    CHECK(errors == 0);
+  }
+  ddp_test::require_on_all_ranks(*host, errors, "elements that differ from the exact sum");
 }
 
 TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[gpu][nccl]") {
