@@ -1,27 +1,46 @@
 #!/usr/bin/env bash
-# gpu_check.sh: the one command to run on a GPU machine. Builds the kernel library's CUDA tests
-# and ddp_bench_cuda_kernels in a fresh DDP_KERNELS_ONLY build, runs both under time limits
-# (the whole run stays under 6 minutes) and ends with a short summary table.
+# gpu_check.sh: the one command to run on a GPU machine. With a packed runtime in .gpu-deps
+# (made here by --pack) it runs the prebuilt programs: an MPI smoke run of ddp-train, the CUDA
+# kernel tests, the GPU trainer tests on 1 and 2 ranks, the kernel benchmark and the training
+# benchmark against PyTorch (bench/gpu_train_bench.sh). Without one it builds the kernel library
+# (DDP_KERNELS_ONLY) there and runs its tests and benchmark. Every stage has a time limit, the
+# whole run a budget; it ends with a short summary table.
 #
-# usage: bench/gpu_check.sh [--quick]    build, test, benchmark (--quick: the benchmark's)
-#        bench/gpu_check.sh --pack [DIR] here, where Debian's libeigen3-dev and catch2 are
-#                                        installed: pack their headers into DIR (default
-#                                        $DDP_DEPS or ./.gpu-deps) for a machine without them
+# usage: bench/gpu_check.sh [--quick|--full]   on the GPU machine (--quick / --full: the kernel
+#                                              benchmark's length; kit default --quick, build
+#                                              default full)
+#        bench/gpu_check.sh --pack [DIR]       here (CUDA toolkit, NCCL, Open MPI, yaml-cpp,
+#                                              Eigen, Catch2 installed): build the whole tree and
+#                                              pack programs, libraries, Open MPI and headers into
+#                                              DIR (default $DDP_DEPS or ./.gpu-deps; see
+#                                              bench/pack_runtime.sh --help)
+#        bench/gpu_check.sh --pack-headers [DIR]  only Eigen's and Catch2's headers (build mode)
 #
 # Environment:
-#   DDP_DEPS         packed headers (default ./.gpu-deps); used for whichever of Eigen3 and
-#                    Catch2 v2 CMake cannot find on the machine itself
-#   DDP_DEPS_MODE    auto (default) | packed (both from DDP_DEPS) | system (never DDP_DEPS)
-#   DDP_CUDA_ARCH    CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200)
-#   DDP_BUILD_DIR    build directory, deleted and made afresh (default ./build-gpu-check)
+#   DDP_DEPS         the packed folder (default ./.gpu-deps): runtime/ (programs, libraries,
+#                    Open MPI), include/ and lib/cmake/ (headers for the build mode)
+#   DDP_CHECK_MODE   auto (default: kit when DDP_DEPS/runtime exists, else build) | kit | build
+#   DDP_DEPS_MODE    build mode: auto (default) | packed (headers from DDP_DEPS) | system
+#   DDP_CUDA_ARCH    build mode: CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200)
+#   DDP_BUILD_DIR    build mode: build directory, made afresh (default ./build-gpu-check)
 #   DDP_BENCH_ARGS   extra arguments for ddp_bench_cuda_kernels (e.g. "--only gemm")
-#   DDP_CHECK_BUDGET_S  seconds for the whole run (default 345); each stage has its own
-#                    limit as well and gets at most what is left
-#   OUT              if set, every log goes there (gpu_check.log, build.log, tests.log,
-#                    bench.md, bench.csv, summary.md); else to <build dir>-logs
+#   DDP_TRAIN_BENCH_ARGS  extra arguments for bench/gpu_train_bench.sh (e.g. "--cases wide1024")
+#   DDP_CHECK_BUDGET_S  seconds for the whole run (default 390 kit, 345 build); each stage has
+#                    its own limit as well and gets at most what is left
+#   DDP_TRAIN_BENCH_RESERVE_S  kit mode: seconds of the budget kept for the training benchmark
+#                    while the stages before it run (default 150)
+#   DDP_BENCH_DEVICE cpu: run the training benchmark on the CPU even without a GPU (a check of
+#                    the script, not a measurement)
+#   DDP_NCCL_LIB, DDP_CUBLAS_LIB  kit mode: the libnccl.so.2 / libcublas.so.13 to use (default:
+#                    found in PyTorch's nvidia-* wheels, the CUDA toolkit, ldconfig)
+#   OUT              if set, the logs go there, else to <build dir>-logs: gpu_check.log,
+#                    summary.md, bench.md, bench.csv, and in kit mode train_bench.md,
+#                    train_bench.csv and details.tar.gz (every stage's own log and outputs); in
+#                    build mode build.log and tests.log
 # Exit status: 0 all passed, 1 a test failed or a result was wrong or a stage timed out,
-# 2 configure or build failed, 77 nothing failed but there is no GPU (tests and benchmark
-# skipped). It only reads the GPU's state (nvidia-smi -L / --query-gpu): it changes no setting.
+# 2 configure, build or packed runtime failed, 77 nothing failed but there is no GPU (GPU tests
+# and benchmarks skipped). It only reads the GPU's state (nvidia-smi -L / --query-gpu): it changes
+# no setting.
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -82,8 +101,8 @@ define_version() {  # file macro -> value of "#define macro value"
   sed -n "s/^#define $2 \\([0-9][0-9]*\\).*/\\1/p" "$1" | head -n 1
 }
 
-pack() {
-  local dest=${1:-$DEPS}
+pack_headers() {  # with_runtime [dest]
+  local with_runtime=$1 dest=${2:-$DEPS}
   local eigen=${DDP_PACK_EIGEN:-/usr/include/eigen3} catch=${DDP_PACK_CATCH2:-/usr/include/catch2}
   [[ -f $eigen/Eigen/Core && -f $eigen/Eigen/src/Core/util/Macros.h ]] ||
     die "--pack: no Eigen headers in $eigen (apt-get install libeigen3-dev, or set DDP_PACK_EIGEN)"
@@ -101,6 +120,12 @@ pack() {
   local tmp=$dest.tmp.$$
   rm -rf "$tmp"
   mkdir -p "$tmp/include/eigen3" "$tmp/include/catch2" || die "--pack: cannot create $tmp"
+  # shellcheck disable=SC2064 # $tmp is meant to be expanded now
+  trap "rm -rf '$tmp'" EXIT
+  if ((with_runtime)); then
+    # The programs first: when the build fails, the folder there is left as it was.
+    bash "$REPO/bench/pack_runtime.sh" "$tmp" || die "--pack: packing the runtime failed"
+  fi
   # Eigen/ is what the project includes; unsupported/ (3 MB) is not used.
   cp -r "$eigen/Eigen" "$tmp/include/eigen3/" || die "--pack: copying Eigen failed"
   [[ -f $eigen/signature_of_eigen3_matrix_library ]] && cp "$eigen/signature_of_eigen3_matrix_library" "$tmp/include/eigen3/"
@@ -109,22 +134,31 @@ pack() {
   write_config Catch2 Catch2::Catch2 "" "$cv" "$tmp/lib/cmake/Catch2"
   printf 'Eigen %s from %s\nCatch2 %s from %s\npacked %s by bench/gpu_check.sh --pack\n' \
     "$ev" "$eigen" "$cv" "$catch" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$tmp/$MARKER"
+  # The packed runtime of an earlier --pack stays unless this pack makes a new one.
+  if [[ -d $dest/runtime && ! -d $tmp/runtime ]]; then
+    mv "$dest/runtime" "$tmp/runtime" || die "--pack: cannot keep $dest/runtime"
+  fi
   rm -rf "$dest"
   mv "$tmp" "$dest" || die "--pack: cannot move $tmp to $dest"
-  echo "packed Eigen $ev and Catch2 $cv into $dest ($(du -sh "$dest" | cut -f1))"
+  echo "packed Eigen $ev and Catch2 $cv into $dest ($(du -sh "$dest" | cut -f1) in all)"
   echo "on the GPU machine: DDP_DEPS=<that folder> bench/gpu_check.sh (default ./.gpu-deps)"
 }
 
 # --------------------------------------------------------------------------------------------
 # Arguments
 
-QUICK=0
+QUICK=""  # "", 1 (--quick) or 0 (--full); the default depends on the mode
 case ${1:-} in
   --pack)
-    pack "${2:-}"
+    pack_headers 1 "${2:-}"
+    exit 0
+    ;;
+  --pack-headers)
+    pack_headers 0 "${2:-}"
     exit 0
     ;;
   --quick) QUICK=1 ;;
+  --full) QUICK=0 ;;
   -h | --help)
     sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
     exit 0
@@ -133,13 +167,31 @@ case ${1:-} in
   *) die "unknown argument '$1' (try --help)" ;;
 esac
 
+CHECK_MODE=${DDP_CHECK_MODE:-auto}
+case $CHECK_MODE in
+  auto) [[ -f $DEPS/runtime/KIT ]] && CHECK_MODE=kit || CHECK_MODE=build ;;
+  kit) [[ -f $DEPS/runtime/KIT ]] || die "DDP_CHECK_MODE=kit but there is no $DEPS/runtime/KIT (run --pack)" ;;
+  build) ;;
+  *) die "DDP_CHECK_MODE must be auto, kit or build (got '$CHECK_MODE')" ;;
+esac
+if [[ -z $QUICK ]]; then
+  [[ $CHECK_MODE == kit ]] && QUICK=1 || QUICK=0
+fi
 BUILD=${DDP_BUILD_DIR:-$REPO/build-gpu-check}
 ARCH=${DDP_CUDA_ARCH:-90}
 MODE=${DDP_DEPS_MODE:-auto}
-BUDGET=${DDP_CHECK_BUDGET_S:-345}
+if [[ $CHECK_MODE == kit ]]; then
+  BUDGET=${DDP_CHECK_BUDGET_S:-390}
+else
+  BUDGET=${DDP_CHECK_BUDGET_S:-345}
+fi
 LOGDIR=${OUT:-${BUILD%/}-logs}
 [[ $MODE == auto || $MODE == packed || $MODE == system ]] ||
   die "DDP_DEPS_MODE must be auto, packed or system (got '$MODE')"
+[[ $BUDGET =~ ^[0-9]+$ ]] || die "DDP_CHECK_BUDGET_S must be a number of seconds (got '$BUDGET')"
+TRAIN_RESERVE=${DDP_TRAIN_BENCH_RESERVE_S:-150}
+[[ $TRAIN_RESERVE =~ ^[0-9]+$ ]] ||
+  die "DDP_TRAIN_BENCH_RESERVE_S must be a number of seconds (got '$TRAIN_RESERVE')"
 mkdir -p "$LOGDIR" || die "cannot create the log folder $LOGDIR"
 
 # --------------------------------------------------------------------------------------------
@@ -160,19 +212,21 @@ worsen() {
   return 0
 }
 
-# Seconds a stage may take: its own limit, capped by what is left of the budget (0: none left).
-limit_for() {
-  local left=$((BUDGET - (SECONDS - START)))
+# Seconds a stage may take: its own limit, capped by what is left of the budget less what later
+# stages are promised (0: none left).
+limit_for() {  # cap [reserve]
+  local left=$((BUDGET - (SECONDS - START) - ${2:-0}))
   ((left < 5)) && left=0
   ((left < $1)) && echo "$left" || echo "$1"
 }
 
 # run_stage NAME LIMIT LOG CMD...: runs CMD with its output teed to LOG; sets RC and TOOK.
+# RESERVE (seconds kept for later stages) applies when set.
 run_stage() {
   local name=$1 cap=$2 log=$3
   shift 3
   local limit
-  limit=$(limit_for "$cap")
+  limit=$(limit_for "$cap" "${RESERVE:-0}")
   echo
   echo "=== $name (limit ${limit}s) ==="
   local t0=$SECONDS
@@ -211,17 +265,35 @@ add_python_bin_to_path() {
   [[ -n $bin && -d $bin ]] && PATH=$PATH:$bin
 }
 
+# The GPUs nvidia-smi lists (queries only); sets GPU (words for the summary) and HAVE_GPU.
+probe_gpu() {
+  GPU="no nvidia-smi"
+  HAVE_GPU=0
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    timeout 20 nvidia-smi -L || true
+    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu --format=csv || true
+    GPU=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+    if [[ -n $GPU ]]; then
+      HAVE_GPU=1
+    else
+      GPU="nvidia-smi found no GPU"
+    fi
+  fi
+}
+
 stage_environment() {
   echo "=== environment ==="
   echo "repository: $REPO"
-  echo "build: $BUILD   logs: $LOGDIR   CUDA architectures: $ARCH   budget: ${BUDGET}s"
-  local gpu="no nvidia-smi"
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    # Queries only.
-    timeout 20 nvidia-smi -L || true
-    timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu --format=csv || true
-    gpu=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
-    [[ -n $gpu ]] || gpu="nvidia-smi found no GPU"
+  if [[ $CHECK_MODE == kit ]]; then
+    echo "mode: kit (prebuilt programs from $DEPS/runtime)   logs: $LOGDIR   budget: ${BUDGET}s"
+  else
+    echo "mode: build   build: $BUILD   logs: $LOGDIR   CUDA architectures: $ARCH   budget: ${BUDGET}s"
+  fi
+  probe_gpu
+  JOBS=$(nproc 2>/dev/null || echo 4)
+  if [[ $CHECK_MODE == kit ]]; then
+    note "environment" "${GPU:-?}; kit mode; ${JOBS} cores" 0
+    return 0
   fi
   NVCC=$(find_nvcc)
   local nvcc_version="no nvcc"
@@ -239,8 +311,7 @@ stage_environment() {
     GENERATOR=(-G Ninja)
     echo "ninja $(ninja --version)"
   fi
-  JOBS=$(nproc 2>/dev/null || echo 4)
-  note "environment" "${gpu:-?}; ${nvcc_version:-?}; $(cmake --version | head -n 1); ${JOBS} cores" 0
+  note "environment" "${GPU:-?}; ${nvcc_version:-?}; $(cmake --version | head -n 1); ${JOBS} cores" 0
 }
 
 # Which of Eigen3 and Catch2 v2 CMake finds on this machine (a CMake run with no languages: a
@@ -346,33 +417,42 @@ stage_build() {
   fi
 }
 
-executable() {  # name -> path of the built program
+executable() {  # name -> path of the built (or packed) program
+  if [[ $CHECK_MODE == kit ]]; then
+    [[ -x $DEPS/runtime/bin/$1 ]] && echo "$DEPS/runtime/bin/$1"
+    return 0
+  fi
   find "$BUILD" -type f -name "$1" -perm -u+x 2>/dev/null | head -n 1
+}
+
+# note_test NAME LOG: the summary line of a test program's run from RC and its log.
+note_test() {
+  local name=$1 log=$2 line
+  line=$(grep -E '^(All tests passed|test cases:|skipped:)' "$log" | tail -n 1)
+  case $RC in
+    0) note "$name" "passed: ${line:-exit 0}" "$TOOK" ;;
+    77)
+      note "$name" "skipped (no GPU): ${line#skipped: }" "$TOOK"
+      worsen 77
+      ;;
+    124 | 137)
+      note "$name" "**TIMED OUT**" "$TOOK"
+      worsen 1
+      ;;
+    *)
+      note "$name" "**FAILED** (exit $RC): ${line:-see $(basename "$log")}" "$TOOK"
+      worsen 1
+      ;;
+  esac
 }
 
 stage_tests() {
   local exe
   exe=$(executable ddp_cuda_tests)
   [[ -n $exe ]] || die "ddp_cuda_tests was not built"
-  : >"$LOGDIR/tests.log"
-  run_stage ddp_cuda_tests 150 "$LOGDIR/tests.log" "$exe" -r console -d yes
-  local line
-  line=$(grep -E '^(All tests passed|test cases:|skipped:)' "$LOGDIR/tests.log" | tail -n 1)
-  case $RC in
-    0) note ddp_cuda_tests "passed: ${line:-exit 0}" "$TOOK" ;;
-    77)
-      note ddp_cuda_tests "skipped (no GPU): ${line#skipped: }" "$TOOK"
-      worsen 77
-      ;;
-    124 | 137)
-      note ddp_cuda_tests "**TIMED OUT**" "$TOOK"
-      worsen 1
-      ;;
-    *)
-      note ddp_cuda_tests "**FAILED** (exit $RC): ${line:-see tests.log}" "$TOOK"
-      worsen 1
-      ;;
-  esac
+  : >"$TESTLOG"
+  run_stage ddp_cuda_tests 150 "$TESTLOG" "$exe" -r console -d yes
+  note_test ddp_cuda_tests "$TESTLOG"
 }
 
 stage_bench() {
@@ -385,10 +465,11 @@ stage_bench() {
   [[ -n ${DDP_BENCH_ARGS:-} ]] && args+=(${DDP_BENCH_ARGS})
   rm -f "$LOGDIR/bench.csv"
   : >"$LOGDIR/bench.md"
-  run_stage ddp_bench_cuda_kernels 150 "$LOGDIR/bench.md" \
+  run_stage ddp_bench_cuda_kernels "${BENCH_CAP:-150}" "$LOGDIR/bench.md" \
     "$exe" "${args[@]}" --csv "$LOGDIR/bench.csv"
+  local what="every result verified${args[*]:+ (${args[*]})}"
   case $RC in
-    0) note ddp_bench_cuda_kernels "ok, every result verified" "$TOOK" ;;
+    0) note ddp_bench_cuda_kernels "ok, $what" "$TOOK" ;;
     77)
       note ddp_bench_cuda_kernels "skipped (no GPU)" "$TOOK"
       worsen 77
@@ -399,6 +480,100 @@ stage_bench() {
       ;;
     *)
       note ddp_bench_cuda_kernels "**FAILED** (exit $RC: a wrong result or an error)" "$TOOK"
+      worsen 1
+      ;;
+  esac
+}
+
+# --------------------------------------------------------------------------------------------
+# Kit mode: the packed programs, libraries and Open MPI (bench/pack_runtime.sh).
+
+stage_kit() {
+  echo
+  echo "=== packed runtime ($DEPS/runtime) ==="
+  sed -n '1,4p' "$DEPS/runtime/KIT"
+  # shellcheck source=bench/pack_runtime.sh
+  source "$REPO/bench/pack_runtime.sh"
+  if ! ddp_kit_env "$DEPS/runtime"; then
+    note "packed runtime" "**FAILED**: not a packed runtime (see gpu_check.log)" 0
+    worsen 2
+    return 1
+  fi
+  echo "NCCL: $DDP_KIT_NCCL"
+  echo "cuBLAS: $DDP_KIT_CUBLAS"
+  echo "libstdc++: $DDP_KIT_CXXRT"
+  echo "mpirun: $(command -v mpirun) ($(mpirun --version 2>&1 | head -n 1))"
+  # Every packed program must find every library it needs.
+  local exe missing="" out
+  for exe in "$DEPS"/runtime/bin/*; do
+    command -v ldd >/dev/null 2>&1 || break
+    out=$(ldd "$exe" 2>&1 | grep -E 'not found|No such file') || continue
+    echo "$(basename "$exe"): $out"
+    missing+=" $(basename "$exe")"
+  done
+  if [[ -n $missing ]]; then
+    note "packed runtime" "**FAILED**: libraries missing for$missing (see gpu_check.log)" 0
+    worsen 2
+    return 1
+  fi
+  local nccl=$DDP_KIT_NCCL cublas=$DDP_KIT_CUBLAS
+  [[ $nccl == none* ]] && nccl="stub (none on this machine)"
+  [[ $cublas == none* ]] && cublas="stub (none on this machine)"
+  note "packed runtime" "ok: $(sed -n 's/^size: //p' "$DEPS/runtime/KIT"), NCCL ${nccl}, cuBLAS ${cublas}, libstdc++ ${DDP_KIT_CXXRT%%:*}" 0
+}
+
+# ddp-train on 2 CPU ranks from the kit: proves Open MPI, yaml-cpp and the rest start.
+stage_mpi_smoke() {
+  local log=$WORK/mpi_smoke.log
+  : >"$log"
+  run_stage "mpirun -n 2 ddp-train (cpu)" 60 "$log" \
+    mpirun -n 2 --oversubscribe ddp-train --config "$REPO/configs/seed.yaml" --set device=cpu \
+    --set training.epochs=2 --set "output.dir=$WORK/mpi_smoke"
+  local done_line
+  done_line=$(grep -m 1 '^done:' "$log" | cut -c1-90)
+  if ((RC == 0)) && [[ -n $done_line ]]; then
+    note "mpirun -n 2 ddp-train (cpu)" "ok: $done_line" "$TOOK"
+  else
+    note "mpirun -n 2 ddp-train (cpu)" "$(failure "$RC") (mpi_smoke.log)" "$TOOK"
+    worsen 1
+  fi
+}
+
+stage_gpu_tests() {  # ranks
+  local n=$1 log=$WORK/gpu_tests_n$1.log exe
+  exe=$(executable ddp_gpu_tests)
+  [[ -n $exe ]] || die "ddp_gpu_tests was not packed"
+  : >"$log"
+  local flags=()
+  ((n > 1)) && flags=(--oversubscribe)
+  run_stage "mpirun -n $n ddp_gpu_tests" 100 "$log" mpirun -n "$n" "${flags[@]}" "$exe" -r console
+  note_test "mpirun -n $n ddp_gpu_tests" "$log"
+}
+
+stage_train_bench() {
+  if ((!HAVE_GPU)) && [[ ${DDP_BENCH_DEVICE:-cuda} == cuda ]]; then
+    note gpu_train_bench "skipped (no GPU)" 0
+    worsen 77
+    return 0
+  fi
+  local log=$WORK/train_bench.log args=()
+  # shellcheck disable=SC2206 # word splitting of the user's extra arguments is intended
+  [[ -n ${DDP_TRAIN_BENCH_ARGS:-} ]] && args=(${DDP_TRAIN_BENCH_ARGS})
+  : >"$log"
+  DDP_TRAIN=$(executable ddp-train) run_stage gpu_train_bench 240 "$log" \
+    bash "$REPO/bench/gpu_train_bench.sh" --out "$WORK/train_bench" "${args[@]}"
+  local f
+  for f in train_bench.md train_bench.csv; do
+    [[ -f $WORK/train_bench/$f ]] && cp "$WORK/train_bench/$f" "$LOGDIR/$f"
+  done
+  case $RC in
+    0) note gpu_train_bench "ok (train_bench.md)" "$TOOK" ;;
+    77)
+      note gpu_train_bench "skipped (no GPU)" "$TOOK"
+      worsen 77
+      ;;
+    *)
+      note gpu_train_bench "$(failure "$RC") (train_bench.log in details.tar.gz)" "$TOOK"
       worsen 1
       ;;
   esac
@@ -434,24 +609,58 @@ bench_summary() {
 print_summary() {
   {
     echo
-    echo "## gpu_check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - START)) s)"
+    echo "## gpu_check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - START)) s, $CHECK_MODE mode)"
     echo
     echo "| stage | result | seconds |"
     echo "|---|---|---:|"
     printf '%s\n' "${SUMMARY[@]}"
     bench_summary
+    if [[ -s $LOGDIR/train_bench.md ]]; then
+      echo
+      cat "$LOGDIR/train_bench.md"
+    fi
     echo
     case $STATUS in
       0) echo "result: PASSED" ;;
-      77) echo "result: SKIPPED (no GPU): built, but nothing could run" ;;
+      77) echo "result: SKIPPED (no GPU): nothing failed, but the GPU stages could not run" ;;
       1) echo "result: FAILED" ;;
-      *) echo "result: BUILD FAILED" ;;
+      *) echo "result: BUILD FAILED (or the packed runtime is unusable)" ;;
     esac
   } | tee "$LOGDIR/summary.md"
 }
 
+main_kit() {
+  # Per-stage logs and outputs; they come back as one file (details.tar.gz), since only a few
+  # files come back from a GPU machine.
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/ddp-gpu-check.XXXXXX") || die "mktemp failed"
+  TESTLOG=$WORK/cuda_tests.log
+  rm -f "$LOGDIR"/train_bench.md "$LOGDIR"/train_bench.csv "$LOGDIR"/details.tar.gz
+  if stage_kit; then
+    # The training benchmark is promised its time: the stages before it get what is left.
+    RESERVE=$TRAIN_RESERVE
+    stage_mpi_smoke
+    stage_tests
+    stage_gpu_tests 1
+    stage_gpu_tests 2
+    BENCH_CAP=100 stage_bench
+    RESERVE=0
+    stage_train_bench
+  fi
+  print_summary
+  cp "$LOGDIR/summary.md" "$WORK/" 2>/dev/null
+  # Run outputs without the model files (the trained weights are not wanted back).
+  tar -czf "$LOGDIR/details.tar.gz" -C "$WORK" --exclude='*.safetensors' . 2>/dev/null ||
+    echo "gpu_check.sh: could not write $LOGDIR/details.tar.gz"
+  rm -rf "$WORK" "${DDP_KIT_LINKS:-}"
+}
+
 main() {
   stage_environment
+  if [[ $CHECK_MODE == kit ]]; then
+    main_kit
+    return "$STATUS"
+  fi
+  TESTLOG=$LOGDIR/tests.log
   if stage_dependencies && stage_build; then
     stage_tests
     stage_bench

@@ -24,6 +24,7 @@ import json
 import socket
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -179,30 +180,29 @@ def synthetic_batches(n, batch_size, world_size, rank, epoch, seed, device):
 
 
 def disable_tf32():
-    """fp32 matrix products in full fp32 (what ddp-train computes), not TF32. Newer PyTorch has
-    the fp32_precision settings and rejects mixing them with the older allow_tf32 flags."""
-    try:
+    """fp32 matrix products in full fp32 (what ddp-train computes), not TF32. PyTorch 2.9 and
+    later have the fp32_precision settings and warn about the older allow_tf32 flags (mixing
+    the two is not supported), so each version gets its own."""
+    if hasattr(torch.backends, "fp32_precision"):
         torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"  # Linear layers do not use cuDNN; for completeness
         return "fp32_precision=ieee"
-    except (AttributeError, AssertionError, RuntimeError):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        return "allow_tf32=False"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return "allow_tf32=False"
+
+
+def tf32_state():
+    """What the process really computes with, as PyTorch reports it."""
+    if hasattr(torch.backends, "fp32_precision"):
+        return f"matmul fp32_precision={torch.backends.cuda.matmul.fp32_precision}"
+    return f"matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
 
 
 def nccl_version():
     """The NCCL PyTorch loaded, as 'major.minor.patch' (older PyTorch returns one integer)."""
     v = torch.cuda.nccl.version()
     return ".".join(str(part) for part in v) if isinstance(v, tuple) else str(v)
-
-
-def tf32_state():
-    """What the process really computes with, as PyTorch reports it."""
-    try:
-        return f"matmul fp32_precision={torch.backends.cuda.matmul.fp32_precision}"
-    except (AttributeError, AssertionError):
-        return f"matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
 
 
 def train(rank, args, port, results):
@@ -212,7 +212,10 @@ def train(rank, args, port, results):
     if not args.no_bind:
         os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already fixed in this process (a rank run in the main process after other work)
     if cuda:
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -311,6 +314,13 @@ def main(argv):
     args = parse_args(argv)
     if args.openblas_core:
         print(openblas_core())
+        return
+    if args.world_size == 1:
+        # One rank runs in this process: a spawned one would import torch (and start CUDA) a
+        # second time, seconds that every run of a benchmark series pays for nothing.
+        results = []
+        train(0, args, free_port(), SimpleNamespace(put=results.append))
+        print(json.dumps(results[0]), flush=True)
         return
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()

@@ -4,6 +4,8 @@
 // wait on the end event (no host synchronisation inside a step); Work::synchronize polls the
 // end event and NCCL's asynchronous error under the timeout, aborting the communicator on
 // failure so no rank is left waiting.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -92,12 +94,20 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    if (comm_ != nullptr) {
-      if (aborted_) {
-        // Already aborted: the handle is gone.
-      } else {
-        (void)cudaStreamSynchronize(stream_);
+    if (comm_ != nullptr && !aborted_) {
+      // A non-blocking communicator finalises asynchronously: wait for it (bounded), then free
+      // it; if it does not finish, abort rather than hang in a destructor.
+      (void)cudaStreamSynchronize(stream_);
+      ncclResult_t state = ncclCommFinalize(comm_);
+      const double deadline = seconds_now() + std::min(timeout_s_, 30.0);
+      while (state == ncclInProgress && seconds_now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      }
+      if (state == ncclSuccess) {
         (void)ncclCommDestroy(comm_);
+      } else {
+        (void)ncclCommAbort(comm_);
       }
     }
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
