@@ -21,21 +21,14 @@
 
 namespace {
 
-using Weights = std::vector<ddp::NamedTensor>;
+using ddp_test::require_identical_replicas;
+using ddp_test::world_size;
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-// One directory per test and rank (ranks may share a file system).
 std::string scratch_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("ddp_gpu_test_" + std::to_string(getpid()) + "_" + name);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  return ddp_test::scratch_dir("ddp_gpu_test_", name);
 }
+
+using Weights = std::vector<ddp::NamedTensor>;
 
 // Small enough for the emulation (every GPU thread a CPU thread), big enough for several
 // buckets, momentum and two epochs.
@@ -85,17 +78,6 @@ double max_rel_diff(const Weights& a, const Weights& b) {
   }
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   return ddp_test::max_over_ranks(*comm, worst);
-}
-
-void require_identical_replicas(const Weights& w) {
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  long errors = 0;
-  for (const auto& t : w) {
-    std::vector<float> root = t.data;
-    comm->broadcast(root.data(), root.size() * sizeof(float), 0);
-    errors += std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) != 0;
-  }
-  ddp_test::require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
 }
 
 // The GPUs of this node cover one per local rank (what NCCL needs).

@@ -15,11 +15,11 @@
 
 namespace {
 
+using ddp_test::require_identical_replicas;
+using ddp_test::world_size;
+
 std::string scratch_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("ddp_mpi_test_" + std::to_string(getpid()) + "_" + name);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  return ddp_test::scratch_dir("ddp_mpi_test_", name);
 }
 
 ddp::TrainConfig small_config(const std::string& name) {
@@ -64,24 +64,6 @@ double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
   }
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   return ddp_test::max_over_ranks(*comm, worst);
-}
-
-// Every rank must hold bitwise the same weights as rank 0.
-void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  long errors = 0;
-  for (const auto& t : w) {
-    std::vector<float> root = t.data;
-    comm->broadcast(root.data(), root.size() * sizeof(float), 0);
-    errors += std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) != 0;
-  }
-  ddp_test::require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
-}
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
 }
 
 }  // namespace

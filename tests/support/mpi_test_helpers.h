@@ -4,9 +4,16 @@
 // at the same point.
 #pragma once
 
-#include <catch2/catch.hpp>
-#include <string>
+#include <mpi.h>
+#include <unistd.h>
 
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ddp/checkpoint.h"
 #include "ddp/comm.h"
 
 namespace ddp_test {
@@ -25,6 +32,32 @@ inline void require_on_all_ranks(ddp::Communicator& comm, long local_errors,
 inline double max_over_ranks(ddp::Communicator& comm, double value) {
   comm.allreduce(&value, 1, ddp::ReduceOp::Max);
   return value;
+}
+
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// A fresh directory under the temporary directory, named after the process and `name`.
+inline std::string scratch_dir(const std::string& prefix, const std::string& name) {
+  auto dir =
+      std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()) + "_" + name);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+/// Every rank must hold bitwise the same weights as rank 0.
+inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  long errors = 0;
+  for (const auto& t : w) {
+    std::vector<float> root = t.data;
+    comm->broadcast(root.data(), root.size() * sizeof(float), 0);
+    errors += std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) != 0;
+  }
+  require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
 }
 
 }  // namespace ddp_test
