@@ -309,3 +309,24 @@ TEST_CASE("GPU training: a NCCL failure on one rank stops every rank", "[gpu][nc
   ddp_test::require_on_all_ranks(*comm, errors, "ranks without the expected NCCL error");
 }
 #endif
+
+TEST_CASE("GPU training: NCCL with more ranks than GPUs on a node is refused on every rank",
+          "[gpu][nccl][errors]") {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  if (ddp::cuda_device_count() >= comm->local_size()) {
+    WARN("skipped: every rank of this node has a GPU of its own");
+    return;
+  }
+  ddp::TrainConfig cfg = small_config("nccl_shared", "cuda");
+  cfg.distributed.backend = "nccl";
+  std::string message;
+  try {
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  ddp_test::require_on_all_ranks(*comm,
+                                 message.find("NCCL needs one GPU per rank") == std::string::npos,
+                                 "ranks without the one-GPU-per-rank error");
+}
