@@ -33,42 +33,21 @@ allreduce="${DDP_BENCH_ALLREDUCE:-$root/build/bench/ddp_bench_allreduce}"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# shellcheck source=tests/cluster/netns.sh
+source "$root/tests/cluster/netns.sh"
 h1=ddpsa h2=ddpsb subnet=10.78.0.0/24
-cleanup() {
-  local h
-  for h in $h1 $h2; do
-    { ip netns pids $h 2>/dev/null | xargs -r kill -9; } || true
-    ip netns del $h 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
-cleanup
-ip netns add $h1
-ip netns add $h2
-ip link add vsa type veth peer name vsb
-ip link set vsa netns $h1
-ip link set vsb netns $h2
-ip -n $h1 addr add 10.78.0.1/24 dev vsa
-ip -n $h2 addr add 10.78.0.2/24 dev vsb
-for h in $h1 $h2; do ip -n $h link set lo up; done
-ip -n $h1 link set vsa up
-ip -n $h2 link set vsb up
-cat >"$out/nsrsh" <<'AGENT'
-#!/bin/bash
-host="$1"; shift
-exec ip netns exec "$host" unshare --uts /bin/sh -c 'hostname "$0"; exec /bin/sh -c "$1"' "$host" "$*"
-AGENT
-chmod +x "$out/nsrsh"
+trap 'netns_remove $h1 $h2' EXIT
+netns_remove $h1 $h2
+netns_pair $h1 $h2 vsa vsb 10.78.0 || { echo "netns_scaling.sh: $NETNS_ERROR" >&2; exit 2; }
+netns_rsh_agent "$out/nsrsh"
 printf '%s slots=%d\n%s slots=%d\n' $h1 "$per_node" $h2 "$per_node" >"$out/hostfile"
 ranks=$((2 * per_node))
 
 # The namespaces share this machine's cores, which Open MPI cannot see: ranks must yield the core
 # while they wait, or their busy polling starves the others (milliseconds per message).
 two_nodes() {  # two_nodes PROGRAM ARGS...: per_node ranks in each namespace, MPI over the veth
-  ip netns exec $h1 unshare --uts sh -c "hostname $h1; exec mpirun --hostfile '$out/hostfile' \
-    -np $ranks --bind-to none --mca mpi_yield_when_idle 1 --mca plm_rsh_agent '$out/nsrsh' --mca plm_rsh_no_tree_spawn 1 \
-    --mca oob_tcp_if_include $subnet --mca btl tcp,self,vader --mca btl_tcp_if_include $subnet \
-    \"\$0\" \"\$@\"" "$@"
+  netns_mpirun $h1 "$out/hostfile" "$out/nsrsh" $subnet -np $ranks --bind-to none \
+    --mca mpi_yield_when_idle 1 --mca btl tcp,self,vader -- "$@"
 }
 
 models=(
