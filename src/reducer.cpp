@@ -129,8 +129,8 @@ void Reducer::synchronize(const std::vector<std::shared_ptr<Work>>& works, int64
     try {
       works[b]->synchronize();
     } catch (const Error& e) {
-      DDP_THROW("gradient allreduce of " << describe_bucket(b) << " at step " << step << ": "
-                                         << e.message());
+      DDP_THROW("gradient allreduce of " << describe_bucket(b) << " (global step " << step
+                                         << "): " << e.message());
     }
   }
 }

@@ -556,7 +556,11 @@ TrainSummary Trainer::run() {
                                                     << " (lower optimizer.lr?)");
     epoch_tally.add(r, p.rows);
     log_tally.add(r, p.rows);
-    s.reducer->synchronize(p.works, p.global_step);
+    try {
+      s.reducer->synchronize(p.works, p.global_step);
+    } catch (const Error& e) {
+      DDP_THROW("epoch " << p.epoch + 1 << " step " << p.step_in_epoch << ": " << e.message());
+    }
     const double bw_begin = p.backward_begin.time(), bw_end = p.backward_end.time();
     const BackwardWindow window{bw_begin, bw_end, gpu ? bw_end - bw_begin : p.backward_cpu};
     const ReducerStepStats st = overlap_stats(p.works, window);

@@ -251,16 +251,17 @@ TEST_CASE("cuda BatchUploader hands back every batch exactly, in order", DDP_CUD
     REQUIRE(b.x.cols == features);
     REQUIRE(b.x.device == Device::CUDA);
 
-    // Straight back to the host, and through a kernel on the backend's stream.
+    // Through a kernel on the backend's stream first (it must wait for the upload: a host copy
+    // first would drain the copy stream and hide a missing wait), then straight back.
     std::vector<float> x_back(xs[i].size());
     Tensor x_back_view = host_view(x_back, rows[i], features);
-    ddp::copy_tensor(b.x, x_back_view);
-    require_bitwise_equal(x_back, xs[i], "x copied back");
     Tensor copied_view = Tensor::of(copied, rows[i], features);
     be->copy(b.x, copied_view);
-    std::fill(x_back.begin(), x_back.end(), 0.0f);
     ddp::copy_tensor(copied_view, x_back_view);
-    require_bitwise_equal(x_back, xs[i], "x through the backend's copy");
+    require_bitwise_equal(x_back, xs[i], "x through the backend's stream");
+    std::fill(x_back.begin(), x_back.end(), 0.0f);
+    ddp::copy_tensor(b.x, x_back_view);
+    require_bitwise_equal(x_back, xs[i], "x copied back");
 
     std::vector<int32_t> labels_back(labels[i].size(), -2);
     ddp::cuda_copy_bytes(labels_back.data(), b.labels, labels_back.size() * sizeof(int32_t));

@@ -1,6 +1,6 @@
 // The engine behind cuda_emu.h: the worker pool that runs the threads of one block at a time,
 // the block and warp barriers with their rule, deadlock and fault checks, and the host runtime
-// (checked allocations, streams, events, device queries).
+// (checked allocations, streams with their deferred queues, events, device queries).
 #include "cuda_emu.h"
 
 #include <cxxabi.h>
@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,14 +31,43 @@ thread_local uint3 blockIdx{0, 0, 0};
 thread_local dim3 blockDim{};
 thread_local dim3 gridDim{};
 
+namespace ddp_emu {
+namespace detail {
+// One operation queued on a stream in deferred mode: its sequence number on the stream and what
+// it does. run never throws (every queued function catches what it can fail with).
+struct QueuedOp {
+  uint64_t seq;
+  std::function<void()> run;
+};
+}  // namespace detail
+}  // namespace ddp_emu
+
 struct CUstream_st {
+  CUstream_st(unsigned f, uint64_t s) : flags(f), serial(s) {}
   unsigned flags;
+  uint64_t serial;  // tells this stream from a later one that got the same address
+  // Deferred mode, all guarded by the registry mutex: the operations not started yet (next
+  // first), the sequence numbers of the last one queued and of the last one finished, and
+  // whether a thread is running the one after `completed` now.
+  std::deque<ddp_emu::detail::QueuedOp> queue;
+  uint64_t enqueued = 0;
+  uint64_t completed = 0;
+  bool running = false;
 };
 
 struct CUevent_st {
+  CUevent_st(unsigned f, uint64_t s) : flags(f), serial(s) {}
   unsigned flags;
-  bool recorded;
-  std::chrono::steady_clock::time_point when;
+  uint64_t serial;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when{};
+  // The most recent record when it was queued (deferred mode): its stream and sequence number
+  // there (stream null: it ran at call time). Records are numbered so that an older record
+  // running late does not overwrite the time of the newer one.
+  CUstream_st* stream = nullptr;
+  uint64_t stream_serial = 0;
+  uint64_t seq = 0;
+  uint64_t generation = 0;
 };
 
 namespace ddp_emu {
@@ -133,8 +163,7 @@ struct Warp {
 // One launch; the block state is reset between blocks. Everything below `mu` is guarded by it,
 // except that `aborted` and the signals are also read atomically by waiting threads.
 struct Launch {
-  void (*body)(const void*) = nullptr;
-  const void* ctx = nullptr;
+  const detail::LaunchArgs* args = nullptr;
   std::string name;
   dim3 grid, block;
   unsigned threads = 0;
@@ -329,7 +358,7 @@ unsigned shuffle_source(WarpOp op, unsigned lane, int lane_arg, int width) {
 // Runs the kernel for the calling thread; false when the launch is failing.
 bool run_body(Launch& l) {
   try {
-    l.body(l.ctx);
+    l.args->run();
     return true;
   } catch (const AbortBlock&) {
   } catch (const std::exception& e) {
@@ -515,17 +544,29 @@ struct Allocation {
   bool device;
 };
 
+// Locking: `mu` guards everything here, every stream's queue and counters and every event's
+// record state. It is never held while a queued operation runs (kernels need the worker pool,
+// NCCL collectives wait for other processes), so running one stream's operation may run another
+// stream's (a queued wait) without any lock held. A thread that finds the stream it must run
+// already being run by another thread waits on `cv`, which is notified whenever an operation
+// finishes or a stream goes away. Other locks taken while running operations (the launch mutex,
+// the asynchronous-error mutex) are never held while taking `mu` or waiting on `cv`.
 struct Registry {
   std::mutex mu;
+  std::condition_variable cv;
   std::map<uintptr_t, Allocation> allocations;
   size_t device_bytes = 0;
   std::set<CUstream_st*> streams;
   std::set<CUevent_st*> events;
+  std::map<uintptr_t, size_t> registered;  // cudaHostRegister'ed ranges
+  uint64_t next_serial = 1;
 };
 
+// Never destroyed: work still queued at exit is neither run nor freed, and whatever a stream or
+// event points to stays reachable for the leak checker.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* r = new Registry();
+  return *r;
 }
 
 std::atomic<int> g_sm_count{4};
@@ -538,6 +579,132 @@ bool stream_valid(cudaStream_t s) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   return stream_valid_locked(r, s);
+}
+
+// ----- stream mode and deferred queues ---------------------------------------------------------
+
+std::atomic<int> g_mode{-1};  // a StreamMode, or -1 before the environment was read
+
+StreamMode mode_now() {
+  const int m = g_mode.load(std::memory_order_acquire);
+  if (m >= 0) return static_cast<StreamMode>(m);
+  static const int from_env = [] {
+    try {
+      return static_cast<int>(parse_stream_mode(std::getenv("DDP_EMU_STREAMS")));
+    } catch (const std::exception& e) {
+      // A misspelt mode must not silently test something else.
+      std::fprintf(stderr, "cuda emulation: %s\n", e.what());
+      std::abort();
+    }
+  }();
+  int expected = -1;
+  g_mode.compare_exchange_strong(expected, from_env);
+  return static_cast<StreamMode>(g_mode.load());
+}
+
+bool deferred() { return mode_now() == StreamMode::kDeferred; }
+
+// The asynchronous error of the process, not yet returned, and the last deferred fault message.
+std::mutex g_async_mu;
+cudaError_t g_async_error = cudaSuccess;
+std::string g_async_message;
+
+void async_fault(cudaError_t e, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lk(g_async_mu);
+    if (g_async_error == cudaSuccess) g_async_error = e;
+    g_async_message = message;
+  }
+  // Nothing may be listening when it surfaces (a destructor ignoring the error): say it now.
+  std::fprintf(stderr, "cuda emulation: a queued operation failed (%s): %s\n", cudaGetErrorName(e),
+               message.c_str());
+}
+
+cudaError_t peek_async_error() {
+  std::lock_guard<std::mutex> lk(g_async_mu);
+  return g_async_error;
+}
+
+// Returns the pending asynchronous error once, as the caller's result and last error.
+cudaError_t take_async_error() {
+  cudaError_t e;
+  {
+    std::lock_guard<std::mutex> lk(g_async_mu);
+    e = g_async_error;
+    g_async_error = cudaSuccess;
+  }
+  return record(e);
+}
+
+bool alive_locked(const Registry& r, CUstream_st* s, uint64_t serial) {
+  return r.streams.count(s) > 0 && s->serial == serial;
+}
+
+void enqueue_locked(CUstream_st* s, std::function<void()> run) {
+  s->queue.push_back(detail::QueuedOp{++s->enqueued, std::move(run)});
+}
+
+// Runs stream s (if it still exists as `serial`) until its operation `target` has finished.
+// Another thread running s meanwhile is waited for, then s's next operation is taken again.
+void run_until(CUstream_st* s, uint64_t serial, uint64_t target) {
+  Registry& r = registry();
+  std::unique_lock<std::mutex> lk(r.mu);
+  for (;;) {
+    // Gone: cudaStreamDestroy ran its queue first.
+    if (!alive_locked(r, s, serial) || s->completed >= target) return;
+    if (s->running || s->queue.empty()) {
+      r.cv.wait(lk);
+      continue;
+    }
+    detail::QueuedOp op = std::move(s->queue.front());
+    s->queue.pop_front();
+    s->running = true;
+    lk.unlock();
+    op.run();
+    op.run = nullptr;  // releases the operation's state (kernel arguments) outside the lock
+    lk.lock();
+    // cudaStreamDestroy waits while `running`, so s is still there.
+    s->completed = op.seq;
+    s->running = false;
+    r.cv.notify_all();
+  }
+}
+
+struct Pending {
+  CUstream_st* stream;
+  uint64_t serial;
+  uint64_t target;
+};
+
+// Runs what is queued now on every stream (blocking ones only: what the legacy default stream
+// waits for), oldest stream first, so that runs repeat exactly (not in address order).
+void run_streams(bool blocking_only) {
+  std::vector<Pending> todo;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (CUstream_st* s : r.streams) {
+      if (blocking_only && (s->flags & cudaStreamNonBlocking) != 0) continue;
+      if (s->enqueued > s->completed) todo.push_back(Pending{s, s->serial, s->enqueued});
+    }
+  }
+  std::sort(todo.begin(), todo.end(),
+            [](const Pending& a, const Pending& b) { return a.serial < b.serial; });
+  for (const Pending& p : todo) run_until(p.stream, p.serial, p.target);
+}
+
+// What an operation on the legacy default stream, or a synchronous call, waits for first.
+void before_legacy_op() {
+  if (deferred()) run_streams(true);
+}
+
+// The most recent record of e if it may not have run yet (stream null when it has).
+Pending pending_record_locked(const Registry& r, const CUevent_st* e) {
+  if (e->stream != nullptr && alive_locked(r, e->stream, e->stream_serial) &&
+      e->stream->completed < e->seq) {
+    return Pending{e->stream, e->stream_serial, e->seq};
+  }
+  return Pending{nullptr, 0, 0};
 }
 
 // The allocation holding address p, or end().
@@ -585,6 +752,8 @@ cudaError_t allocate(void** ptr, size_t bytes, bool device) {
 
 cudaError_t release(void* ptr, bool device) {
   if (!ptr) return cudaSuccess;
+  // CUDA's cudaFree and cudaFreeHost synchronise the device; queued work may use the memory.
+  if (deferred()) run_streams(false);
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
@@ -694,8 +863,32 @@ unsigned vote(WarpOp op, unsigned mask, bool predicate, const char* file, int li
   return ballot;
 }
 
+namespace {
+
+// Runs a checked launch on the pool, one launch at a time; throws KernelFault if it faults.
+void execute_launch(const LaunchArgs& args, const std::string& name, dim3 grid, dim3 block) {
+  std::lock_guard<std::mutex> serial(g_launch_mu);
+  Launch l;
+  l.args = &args;
+  l.name = name;
+  l.grid = grid;
+  l.block = block;
+  l.threads = block.x * block.y * block.z;
+  l.blocks = uint64_t{grid.x} * grid.y * grid.z;
+  l.warps = std::vector<Warp>((l.threads + 31) / 32);
+  for (unsigned i = 0; i < l.warps.size(); ++i) {
+    const unsigned n = std::min(32u, l.threads - 32 * i);
+    l.warps[i].lanes = n == 32 ? 0xffffffffu : (1u << n) - 1;
+  }
+  ++g_launches;
+  Pool::instance().run(l);
+  if (is_aborted(l)) throw KernelFault(l.fault);
+}
+
+}  // namespace
+
 void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cudaStream_t stream,
-                void (*body)(const void*), const void* ctx) {
+                std::unique_ptr<const LaunchArgs> args) {
   if (g_ctx) {
     throw KernelFault(where(*g_ctx->launch) +
                       ": launched a kernel (dynamic parallelism is not emulated)");
@@ -730,28 +923,28 @@ void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cu
                       triple(grid.x, grid.y, grid.z) + " block " +
                       triple(block.x, block.y, block.z) + ": " + bad);
   }
-  if (!stream_valid(stream)) {
-    record(cudaErrorInvalidResourceHandle);
-    throw KernelFault("kernel " + kernel_name + ": launched on a stream that does not exist");
+  {
+    Registry& r = registry();
+    std::unique_lock<std::mutex> lk(r.mu);
+    if (!stream_valid_locked(r, stream)) {
+      lk.unlock();
+      record(cudaErrorInvalidResourceHandle);
+      throw KernelFault("kernel " + kernel_name + ": launched on a stream that does not exist");
+    }
+    if (stream && deferred()) {
+      std::shared_ptr<const LaunchArgs> kept(std::move(args));
+      enqueue_locked(stream, [kept, kernel_name, grid, block] {
+        try {
+          execute_launch(*kept, kernel_name, grid, block);
+        } catch (const std::exception& e) {
+          async_fault(cudaErrorLaunchFailure, e.what());
+        }
+      });
+      return;
+    }
   }
-
-  std::lock_guard<std::mutex> serial(g_launch_mu);
-  Launch l;
-  l.body = body;
-  l.ctx = ctx;
-  l.name = kernel_name;
-  l.grid = grid;
-  l.block = block;
-  l.threads = static_cast<unsigned>(threads);
-  l.blocks = uint64_t{grid.x} * grid.y * grid.z;
-  l.warps = std::vector<Warp>((l.threads + 31) / 32);
-  for (unsigned i = 0; i < l.warps.size(); ++i) {
-    const unsigned n = std::min(32u, l.threads - 32 * i);
-    l.warps[i].lanes = n == 32 ? 0xffffffffu : (1u << n) - 1;
-  }
-  ++g_launches;
-  Pool::instance().run(l);
-  if (is_aborted(l)) throw KernelFault(l.fault);
+  before_legacy_op();
+  execute_launch(*args, kernel_name, grid, block);
 }
 
 }  // namespace detail
@@ -772,6 +965,64 @@ int64_t live_allocations() {
 int64_t launch_count() { return g_launches; }
 
 int worker_threads() { return Pool::instance().size(); }
+
+StreamMode parse_stream_mode(const char* value) {
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "immediate") == 0) {
+    return StreamMode::kImmediate;
+  }
+  if (std::strcmp(value, "deferred") == 0) return StreamMode::kDeferred;
+  throw std::invalid_argument(std::string("DDP_EMU_STREAMS='") + value +
+                              "' is not a stream mode (immediate or deferred)");
+}
+
+StreamMode stream_mode() { return mode_now(); }
+
+void set_stream_mode(StreamMode mode) {
+  if (mode_now() == StreamMode::kDeferred && mode != StreamMode::kDeferred) run_streams(false);
+  g_mode.store(static_cast<int>(mode), std::memory_order_release);
+}
+
+int64_t queued_operations(cudaStream_t stream) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!stream_valid_locked(r, stream)) return -1;
+  return stream ? static_cast<int64_t>(stream->enqueued - stream->completed) : 0;
+}
+
+std::string last_deferred_fault() {
+  std::lock_guard<std::mutex> lk(g_async_mu);
+  return g_async_message;
+}
+
+bool stream_exists(cudaStream_t stream) { return stream_valid(stream); }
+
+bool is_device_memory(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return false;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  const auto* q = static_cast<const unsigned char*>(p);
+  return in_device_allocation_locked(r, q, 1) && in_device_allocation_locked(r, q + bytes - 1, 1);
+}
+
+bool enqueue_host_work(cudaStream_t stream, std::function<void()> work) {
+  if (!deferred()) return false;
+  if (stream) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (r.streams.count(stream) > 0) {
+      enqueue_locked(stream, [work = std::move(work)] {
+        try {
+          work();
+        } catch (const std::exception& e) {
+          async_fault(cudaErrorLaunchFailure, std::string("queued host work threw: ") + e.what());
+        }
+      });
+      return true;
+    }
+  }
+  before_legacy_op();
+  return false;
+}
 
 }  // namespace ddp_emu
 
@@ -828,13 +1079,19 @@ const char* cudaGetErrorString(cudaError_t error) {
   return "unrecognized error code";
 }
 
+// A pending asynchronous error of the process comes after this thread's own last error.
 cudaError_t cudaGetLastError() {
   const cudaError_t e = ddp_emu::g_last_error;
   ddp_emu::g_last_error = cudaSuccess;
-  return e;
+  if (e != cudaSuccess) return e;
+  const cudaError_t async = ddp_emu::take_async_error();
+  ddp_emu::g_last_error = cudaSuccess;
+  return async;
 }
 
-cudaError_t cudaPeekAtLastError() { return ddp_emu::g_last_error; }
+cudaError_t cudaPeekAtLastError() {
+  return ddp_emu::g_last_error != cudaSuccess ? ddp_emu::g_last_error : ddp_emu::peek_async_error();
+}
 
 namespace {
 // DDP_EMU_DEVICES=N makes the emulation report N devices (default 1), so the code that gives
@@ -925,7 +1182,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return record(cudaErrorInvalidValue);
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  if (ddp_emu::deferred()) ddp_emu::run_streams(false);
+  return ddp_emu::take_async_error();
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (!free_bytes || !total_bytes) return record(cudaErrorInvalidValue);
@@ -940,7 +1200,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
   if (!stream || (flags & ~cudaStreamNonBlocking) != 0) return record(cudaErrorInvalidValue);
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
-  *stream = new CUstream_st{flags};
+  *stream = new CUstream_st(flags, r.next_serial++);
   r.streams.insert(*stream);
   return cudaSuccess;
 }
@@ -949,24 +1209,62 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
+// Runs what is queued first, as CUDA lets a destroyed stream's work finish.
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   ddp_emu::Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
-  if (!stream || r.streams.erase(stream) == 0) return record(cudaErrorInvalidResourceHandle);
+  std::unique_lock<std::mutex> lk(r.mu);
+  for (;;) {
+    if (!stream || r.streams.count(stream) == 0) return record(cudaErrorInvalidResourceHandle);
+    if (stream->queue.empty() && !stream->running) break;
+    const uint64_t serial = stream->serial, target = stream->enqueued;
+    lk.unlock();
+    ddp_emu::run_until(stream, serial, target);
+    lk.lock();
+  }
+  r.streams.erase(stream);
   delete stream;
+  r.cv.notify_all();
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return ddp_emu::stream_valid(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+  uint64_t serial = 0, target = 0;
+  {
+    ddp_emu::Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (!ddp_emu::stream_valid_locked(r, stream)) return record(cudaErrorInvalidResourceHandle);
+    if (stream) {
+      serial = stream->serial;
+      target = stream->enqueued;
+    }
+  }
+  if (stream) {
+    ddp_emu::run_until(stream, serial, target);
+  } else {
+    ddp_emu::before_legacy_op();
+  }
+  return ddp_emu::take_async_error();
 }
 
+// Captures the event's most recent record now; the stream runs up to it when it gets there.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   ddp_emu::Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
+  std::unique_lock<std::mutex> lk(r.mu);
   if (!ddp_emu::stream_valid_locked(r, stream) || r.events.count(event) == 0) {
     return record(cudaErrorInvalidResourceHandle);
   }
+  if (!ddp_emu::deferred()) return cudaSuccess;
+  const ddp_emu::Pending p = ddp_emu::pending_record_locked(r, event);
+  if (stream) {
+    // Nothing to wait for (never recorded, or already run): a no-op, as in CUDA.
+    if (p.stream != nullptr) {
+      ddp_emu::enqueue_locked(stream, [p] { ddp_emu::run_until(p.stream, p.serial, p.target); });
+    }
+    return cudaSuccess;
+  }
+  lk.unlock();
+  ddp_emu::before_legacy_op();
+  if (p.stream != nullptr) ddp_emu::run_until(p.stream, p.serial, p.target);
   return cudaSuccess;
 }
 
@@ -976,7 +1274,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   }
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
-  *event = new CUevent_st{flags, false, {}};
+  *event = new CUevent_st(flags, r.next_serial++);
   r.events.insert(*event);
   return cudaSuccess;
 }
@@ -985,6 +1283,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
   return cudaEventCreateWithFlags(event, cudaEventDefault);
 }
 
+// A record still queued finds the event gone and does nothing.
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
@@ -995,22 +1294,68 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   ddp_emu::Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
+  std::unique_lock<std::mutex> lk(r.mu);
   if (r.events.count(event) == 0 || !ddp_emu::stream_valid_locked(r, stream)) {
     return record(cudaErrorInvalidResourceHandle);
   }
+  const bool queued = stream && ddp_emu::deferred();
+  if (!queued && stream == nullptr && ddp_emu::deferred()) {
+    // On the legacy stream the record completes once the blocking streams' work ran.
+    lk.unlock();
+    ddp_emu::before_legacy_op();
+    lk.lock();
+    if (r.events.count(event) == 0) return record(cudaErrorInvalidResourceHandle);
+  }
   event->recorded = true;
-  event->when = std::chrono::steady_clock::now();
+  const uint64_t generation = ++event->generation;
+  if (!queued) {
+    event->stream = nullptr;
+    event->when = std::chrono::steady_clock::now();
+    return cudaSuccess;
+  }
+  const uint64_t serial = event->serial;
+  ddp_emu::enqueue_locked(stream, [event, serial, generation] {
+    ddp_emu::Registry& reg = registry();
+    std::lock_guard<std::mutex> held(reg.mu);
+    // Destroyed, or recorded again since: that newer record sets the time.
+    if (reg.events.count(event) == 0 || event->serial != serial ||
+        event->generation != generation) {
+      return;
+    }
+    event->when = std::chrono::steady_clock::now();
+  });
+  event->stream = stream;
+  event->stream_serial = stream->serial;
+  event->seq = stream->enqueued;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  ddp_emu::Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
-  return r.events.count(event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+  ddp_emu::Pending p{nullptr, 0, 0};
+  {
+    ddp_emu::Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (r.events.count(event) == 0) return record(cudaErrorInvalidResourceHandle);
+    p = ddp_emu::pending_record_locked(r, event);
+  }
+  if (p.stream != nullptr) ddp_emu::run_until(p.stream, p.serial, p.target);
+  return ddp_emu::take_async_error();
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+// Not ready (as the thread's last error too, so callers clear it) while the most recent record
+// has not run; that record is run right away, so the next query succeeds.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  ddp_emu::Pending p{nullptr, 0, 0};
+  {
+    ddp_emu::Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (r.events.count(event) == 0) return record(cudaErrorInvalidResourceHandle);
+    p = ddp_emu::pending_record_locked(r, event);
+  }
+  if (p.stream == nullptr) return cudaSuccess;
+  ddp_emu::run_until(p.stream, p.serial, p.target);
+  return record(cudaErrorNotReady);
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms) return record(cudaErrorInvalidValue);
@@ -1019,6 +1364,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (r.events.count(start) == 0 || r.events.count(end) == 0 || !start->recorded ||
       !end->recorded || ((start->flags | end->flags) & cudaEventDisableTiming) != 0) {
     return record(cudaErrorInvalidResourceHandle);
+  }
+  if (ddp_emu::pending_record_locked(r, start).stream != nullptr ||
+      ddp_emu::pending_record_locked(r, end).stream != nullptr) {
+    return record(cudaErrorNotReady);
   }
   *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
   return cudaSuccess;
@@ -1041,34 +1390,40 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
 
 cudaError_t cudaFreeHost(void* ptr) { return ddp_emu::release(ptr, false); }
 
-namespace {
-std::mutex registered_mutex;
-std::set<void*> registered;
-}  // namespace
-
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   if (ptr == nullptr || size == 0 || flags != cudaHostRegisterDefault) {
     return record(cudaErrorInvalidValue);
   }
-  std::lock_guard<std::mutex> lk(registered_mutex);
-  if (!registered.insert(ptr).second) return record(cudaErrorInvalidValue);
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!r.registered.emplace(reinterpret_cast<uintptr_t>(ptr), size).second) {
+    return record(cudaErrorInvalidValue);
+  }
   return cudaSuccess;
 }
 
 cudaError_t cudaHostUnregister(void* ptr) {
-  std::lock_guard<std::mutex> lk(registered_mutex);
-  if (registered.erase(ptr) == 0) return record(cudaErrorInvalidValue);
+  // Synchronises the device in CUDA: queued copies may still use the memory.
+  if (ddp_emu::deferred()) ddp_emu::run_streams(false);
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (r.registered.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+    return record(cudaErrorInvalidValue);
+  }
   return cudaSuccess;
 }
 
+namespace {
+
+struct CopySides {
+  bool dst_device;
+  bool src_device;
+};
+
 // Each side must be what the kind says: device memory lies wholly inside one cudaMalloc block,
 // host memory touches none (a wrong direction or an overrun is a bug a real device hides).
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return record(cudaErrorInvalidValue);
-  if (count == 0) return cudaSuccess;
-  if (!dst || !src) return record(cudaErrorInvalidValue);
-  ddp_emu::Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
+bool copy_valid_locked(ddp_emu::Registry& r, void* dst, const void* src, size_t count,
+                       cudaMemcpyKind kind, CopySides* sides) {
   auto side_ok = [&](const void* p, bool device_side) {
     return device_side ? ddp_emu::in_device_allocation_locked(r, p, count)
                        : !ddp_emu::overlaps_device_locked(r, p, count);
@@ -1079,21 +1434,78 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
     dst_device = ddp_emu::overlaps_device_locked(r, dst, 1);
     src_device = ddp_emu::overlaps_device_locked(r, src, 1);
   }
-  if (!side_ok(dst, dst_device) || !side_ok(src, src_device)) {
-    return record(cudaErrorInvalidValue);
+  if (sides) *sides = CopySides{dst_device, src_device};
+  return side_ok(dst, dst_device) && side_ok(src, src_device);
+}
+
+// Page-locked host memory: cudaMallocHost / cudaHostAlloc blocks and cudaHostRegister ranges.
+bool pinned_locked(const ddp_emu::Registry& r, const void* ptr, size_t n) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  auto a = ddp_emu::containing_locked(r, p);
+  if (a != r.allocations.end() && !a->second.device && p + n <= a->first + a->second.bytes) {
+    return true;
   }
+  auto it = r.registered.upper_bound(p);
+  if (it == r.registered.begin()) return false;
+  --it;
+  return p + n <= it->first + it->second;
+}
+
+bool copy_args_ok(const void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  return kind >= cudaMemcpyHostToHost && kind <= cudaMemcpyDefault && (count == 0 || (dst && src));
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
+  if (count == 0) return cudaSuccess;
+  ddp_emu::before_legacy_op();
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!copy_valid_locked(r, dst, src, count, kind, nullptr)) return record(cudaErrorInvalidValue);
   std::memmove(dst, src, count);
   return cudaSuccess;
 }
 
+// Deferred mode on a created stream: checked now, copied when the stream runs it (see the
+// header for which host memory is read when).
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (!ddp_emu::stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
-  return cudaMemcpy(dst, src, count, kind);
+  if (!stream || !ddp_emu::deferred()) return cudaMemcpy(dst, src, count, kind);
+  if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
+  if (count == 0) return cudaSuccess;
+  ddp_emu::Registry& r = registry();
+  std::unique_lock<std::mutex> lk(r.mu);
+  if (r.streams.count(stream) == 0) return record(cudaErrorInvalidResourceHandle);
+  CopySides sides{};
+  if (!copy_valid_locked(r, dst, src, count, kind, &sides)) return record(cudaErrorInvalidValue);
+  if (!sides.dst_device && !sides.src_device) {
+    // Host to host is synchronous with the host, behind the stream's queued work.
+    const uint64_t serial = stream->serial, target = stream->enqueued;
+    lk.unlock();
+    ddp_emu::run_until(stream, serial, target);
+    std::memmove(dst, src, count);
+    return cudaSuccess;
+  }
+  std::shared_ptr<std::vector<unsigned char>> staged;
+  if (!sides.src_device && !pinned_locked(r, src, count)) {
+    // Pageable source: the driver stages it before returning, so the caller may reuse it.
+    const auto* p = static_cast<const unsigned char*>(src);
+    staged = std::make_shared<std::vector<unsigned char>>(p, p + count);
+  }
+  // The memory checked now is still there when the copy runs: cudaFree, cudaFreeHost and
+  // cudaHostUnregister run every queue first.
+  ddp_emu::enqueue_locked(stream, [dst, src, count, staged] {
+    std::memmove(dst, staged ? staged->data() : src, count);
+  });
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* dev_ptr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
+  ddp_emu::before_legacy_op();
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   if (!dev_ptr || !ddp_emu::in_device_allocation_locked(r, dev_ptr, count)) {
@@ -1105,5 +1517,15 @@ cudaError_t cudaMemset(void* dev_ptr, int value, size_t count) {
 
 cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t stream) {
   if (!ddp_emu::stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
-  return cudaMemset(dev_ptr, value, count);
+  if (!stream || !ddp_emu::deferred()) return cudaMemset(dev_ptr, value, count);
+  if (count == 0) return cudaSuccess;
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (r.streams.count(stream) == 0) return record(cudaErrorInvalidResourceHandle);
+  if (!dev_ptr || !ddp_emu::in_device_allocation_locked(r, dev_ptr, count)) {
+    return record(cudaErrorInvalidValue);
+  }
+  // Still device memory when it runs: cudaFree runs every queue first.
+  ddp_emu::enqueue_locked(stream, [dev_ptr, value, count] { std::memset(dev_ptr, value, count); });
+  return cudaSuccess;
 }

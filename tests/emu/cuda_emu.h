@@ -14,8 +14,41 @@
 // - `__device__` and `__forceinline__` expand to nothing (not `inline`, which would break
 //   `__device__ inline` and `inline __forceinline__`): functions defined in headers must say
 //   `inline` themselves.
-// - Every runtime call does its work synchronously before returning: streams are trivially
-//   ordered, events complete when recorded, and cudaMemcpyAsync is a cudaMemcpy.
+// - Streams run in one of two modes (ddp_emu::StreamMode): IMMEDIATE (the default) runs every
+//   operation at call time, so streams are trivially ordered, events complete when recorded and
+//   cudaMemcpyAsync is a cudaMemcpy. DEFERRED (DDP_EMU_STREAMS=deferred) behaves like a device
+//   that runs nothing until the host depends on it, which is what exposes a missing
+//   cudaStreamWaitEvent or a host read without a synchronisation:
+//   * Kernel launches, cudaMemcpyAsync, cudaMemsetAsync, cudaEventRecord and cudaStreamWaitEvent
+//     on a created stream are checked at call time (launch and argument errors surface there, as
+//     in immediate mode) and queued on that stream, in order.
+//   * The legacy default stream (0) and the synchronous calls (cudaMemcpy, cudaMemset, anything
+//     on stream 0) first run everything queued on the BLOCKING streams (cudaStreamCreate, flags
+//     0), then run at once. Streams made with cudaStreamNonBlocking are left alone, as CUDA's
+//     legacy stream does not synchronise with them.
+//   * Only what a host synchronisation depends on runs: cudaStreamSynchronize runs its stream,
+//     cudaEventSynchronize the event's stream up to its most recent record, cudaStreamWaitEvent
+//     makes the waiting stream run the event's stream up to that record when it gets there, and
+//     cudaDeviceSynchronize (also cudaFree, cudaFreeHost and cudaHostUnregister, which
+//     synchronise the device in CUDA) runs everything. Other queues stay queued, so a consumer
+//     that forgot to wait reads what the memory held before (cudaMalloc memory is NaN).
+//   * cudaEventQuery on an event whose record has not run runs it and returns cudaErrorNotReady
+//     that once (a polling loop sees "not ready" and still finishes; like older CUDA versions it
+//     is also the thread's last error, which callers clear); cudaEventElapsedTime on it returns
+//     cudaErrorNotReady. Event times are the host time the record RAN at.
+//   * cudaMemcpyAsync from pageable host memory to the device reads the source at call time (the
+//     driver stages it), from pinned memory (cudaMallocHost, cudaHostRegister) when it runs; a
+//     copy into host memory writes it when it runs; host to host copies run at once, after the
+//     stream's queued work.
+//   * A fault in a queued operation (a kernel breaking a rule below, a copy gone invalid) is an
+//     asynchronous error: it is printed with the fault message (kept by last_deferred_fault())
+//     and returned once by the next cudaStreamSynchronize, cudaEventSynchronize,
+//     cudaDeviceSynchronize or cudaGetLastError of the process (cudaErrorLaunchFailure for
+//     kernels).
+//   * cudaStreamDestroy runs the stream's queue first. Work still queued at process exit never
+//     runs.
+//   Threads may queue and synchronise concurrently; a stream's operations run in order, on one
+//   thread at a time (whichever synchronises), never while the runtime's lock is held.
 // - Barrier rules are strict on purpose: all threads of a block must reach the same __syncthreads
 //   (same source line) and no thread may return while others wait at one; warp operations need all
 //   lanes of their mask (lanes a partial last warp lacks are ignored). Breaking a rule, a deadlock
@@ -36,6 +69,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -415,36 +450,83 @@ void set_sm_count(int n);
 int sm_count();
 /// cudaMalloc + cudaMallocHost/cudaHostAlloc allocations not yet freed.
 int64_t live_allocations();
-/// Launches that passed validation and ran (faulted ones included).
+/// Launches that passed validation and ran (faulted ones included; queued ones once they ran).
 int64_t launch_count();
 /// Worker threads in the pool (the largest block launched so far).
 int worker_threads();
 
+/// How stream-ordered operations run (see the top of this header).
+enum class StreamMode { kImmediate, kDeferred };
+
+/// The process's stream mode: DDP_EMU_STREAMS read once, at first use (unless set_stream_mode
+/// chose one before). A value parse_stream_mode refuses stops the process with a message.
+StreamMode stream_mode();
+/// Chooses the mode from now on. Leaving deferred mode first runs every queued operation.
+void set_stream_mode(StreamMode mode);
+/// A DDP_EMU_STREAMS value: unset or "" or "immediate", or "deferred"; anything else throws
+/// std::invalid_argument naming it.
+StreamMode parse_stream_mode(const char* value);
+/// Operations queued on `stream` that have not finished (always 0 in immediate mode and for the
+/// legacy default stream); -1 for a stream that does not exist.
+int64_t queued_operations(cudaStream_t stream);
+/// The fault message of the last queued operation that failed in deferred mode ("" if none);
+/// it stays after the error was returned.
+std::string last_deferred_fault();
+
+// For the NCCL emulation, which queues its collectives on the caller's stream. None of these
+// runs queued work or changes cudaGetLastError().
+/// Whether `stream` is the legacy default stream or a live created stream.
+bool stream_exists(cudaStream_t stream);
+/// Whether the first and the last byte of [p, p + bytes) lie in cudaMalloc memory.
+bool is_device_memory(const void* p, size_t bytes);
+/// Deferred mode on a created stream: queues `work` to run in stream order and returns true
+/// (an exception from it becomes an asynchronous error). Otherwise returns false, after running
+/// what a legacy-stream operation waits for in deferred mode; the caller then runs the work
+/// itself, at once.
+bool enqueue_host_work(cudaStream_t stream, std::function<void()> work);
+
 namespace detail {
-// Runs body(ctx) once per thread of every block; throws KernelFault on any failure.
+
+// A launch's kernel and arguments, converted to the parameter types once; run() calls the
+// kernel with a copy of them, so every thread gets its own.
+class LaunchArgs {
+ public:
+  virtual ~LaunchArgs() = default;
+  virtual void run() const = 0;
+};
+
+template <class... KArgs>
+class BoundLaunch final : public LaunchArgs {
+ public:
+  template <class... Args>
+  explicit BoundLaunch(void (*kernel)(KArgs...), Args&&... args)
+      : kernel_(kernel), args_(std::forward<Args>(args)...) {}
+  void run() const override { std::apply(kernel_, args_); }
+
+ private:
+  void (*kernel_)(KArgs...);
+  std::tuple<std::decay_t<KArgs>...> args_;
+};
+
+// Checks the launch, then runs args->run() once per thread of every block, or queues that (the
+// arguments stay alive on the heap until it ran). Throws KernelFault when the launch is invalid
+// and, when it runs at once, when the kernel faults.
 void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cudaStream_t stream,
-                void (*body)(const void*), const void* ctx);
+                std::unique_ptr<const LaunchArgs> args);
 }  // namespace detail
 
 /// kernel<<<grid, block, 0, stream>>>(args...) with a name for fault messages (nullptr: the
 /// symbol name when the dynamic linker knows it, else the address). Arguments are converted
 /// to the kernel's parameter types once, by value, as a real launch does; each thread receives
-/// its own copy. Returns when every block has run.
+/// its own copy. Returns when every block has run, or in deferred mode on a created stream when
+/// the launch is queued.
 template <class... KArgs, class... Args>
 void launch_named(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                   cudaStream_t stream, Args&&... args) {
   static_assert(sizeof...(KArgs) == sizeof...(Args), "wrong number of kernel arguments");
-  struct Ctx {
-    void (*kernel)(KArgs...);
-    std::tuple<std::decay_t<KArgs>...> args;
-  };
-  const Ctx ctx{kernel, std::tuple<std::decay_t<KArgs>...>(std::forward<Args>(args)...)};
-  auto body = [](const void* p) {
-    const Ctx& c = *static_cast<const Ctx*>(p);
-    std::apply(c.kernel, c.args);
-  };
-  detail::run_launch(reinterpret_cast<void (*)()>(kernel), name, grid, block, stream,
-                     static_cast<void (*)(const void*)>(body), &ctx);
+  detail::run_launch(
+      reinterpret_cast<void (*)()>(kernel), name, grid, block, stream,
+      std::make_unique<const detail::BoundLaunch<KArgs...>>(kernel, std::forward<Args>(args)...));
 }
 
 template <class... KArgs, class... Args>

@@ -1,6 +1,7 @@
 // The engine behind nccl_emu.h: the shared-memory rendezvous of the ranks of a communicator, the
 // process-shared barrier with its timeout, the chunked collectives that every rank reduces in
-// rank order, argument checks, asynchronous errors and fault injection.
+// rank order (at call time or queued on a deferred stream), argument checks, asynchronous errors
+// and fault injection.
 #include "nccl_emu.h"
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -110,7 +112,8 @@ enum CommState : int { kJoining = 0, kReady = 1, kFinalized = 2 };
 
 // The process-local side of a communicator (the shared side is the segment).
 struct ncclComm {
-  std::string name;  // shared-memory name, with the leading '/'
+  uint64_t serial = 0;  // tells this communicator from a later one that got the same address
+  std::string name;     // shared-memory name, with the leading '/'
   int nranks = 0;
   int rank = 0;
   int device = 0;
@@ -131,10 +134,15 @@ struct ncclComm {
   std::atomic<int> async_error{ncclSuccess};
   Clock::time_point init_deadline;
   bool all_joined = false;  // seen every rank arrive, so the name is already unlinked
+  // Held while a collective runs, so collectives queued on several streams (drained by
+  // several threads) still run one at a time; guards the sequence numbers below.
+  std::mutex run_mu;
   uint64_t coll_seq = 0;
   uint64_t chunk_seq = 0;
   uint64_t barrier_seq = 0;
   int64_t allreduce_calls = 0;
+  std::atomic<int64_t> queued{0};  // collectives queued on a stream that have not run
+  int active = 0;                  // queued collectives running now; guarded by g_live_mu
 
   Clock::duration timeout() const {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
@@ -149,9 +157,12 @@ namespace {
 std::mutex g_error_mu;
 std::string g_last_error;
 std::atomic<int64_t> g_collectives{0};
+// Live communicators; g_live_cv is notified when a queued collective stops running.
 std::mutex g_live_mu;
+std::condition_variable g_live_cv;
 std::set<ncclComm*> g_live;
 std::atomic<uint64_t> g_id_counter{0};
+std::atomic<uint64_t> g_comm_serial{0};
 
 thread_local int g_group_depth = 0;
 thread_local std::vector<ncclComm*> g_group_pending;
@@ -178,6 +189,21 @@ void set_async(ncclComm* c, ncclResult_t code) {
 bool is_live(ncclComm* c) {
   std::lock_guard<std::mutex> lk(g_live_mu);
   return g_live.count(c) > 0;
+}
+
+// For a queued collective about to run: the communicator if it is still the live one it was
+// queued for, marked active so that destroying it waits until leave_live.
+ncclComm* enter_live(ncclComm* c, uint64_t serial) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  if (g_live.count(c) == 0 || c->serial != serial) return nullptr;
+  ++c->active;
+  return c;
+}
+
+void leave_live(ncclComm* c) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  --c->active;
+  g_live_cv.notify_all();
 }
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, Clock::duration d) {
@@ -478,6 +504,8 @@ ncclResult_t wait_join_locked(ncclComm* c) {
   return ncclSuccess;
 }
 
+// Collectives still queued for c find it gone and do nothing; one running in another thread is
+// waited for (an abort has released it from its barrier by then).
 void release(ncclComm* c, bool abort) {
   {
     std::lock_guard<std::mutex> lk(g_live_mu);
@@ -495,6 +523,13 @@ void release(ncclComm* c, bool abort) {
         mark_broken(c, kBrokenAbort);
       }
     }
+  }
+  {
+    std::unique_lock<std::mutex> lk(g_live_mu);
+    g_live_cv.wait(lk, [c] { return c->active == 0; });
+  }
+  {
+    std::lock_guard<std::mutex> lk(c->mu);
     unmap(c);
   }
   delete c;
@@ -720,16 +755,58 @@ ncclResult_t run(ncclComm* c, const Descriptor& d, const void* send, void* recv)
   return ncclSuccess;
 }
 
-// Whether [p, p + bytes) starts and ends in cudaMalloc memory, probed by reading one byte at
-// each end through the CUDA emulation's checked cudaMemcpy; the CUDA error state is kept.
-bool device_range(const void* p, size_t bytes) {
-  const cudaError_t before = cudaPeekAtLastError();
-  const auto* q = static_cast<const unsigned char*>(p);
-  unsigned char probe = 0;
-  const bool ok = cudaMemcpy(&probe, q, 1, cudaMemcpyDeviceToHost) == cudaSuccess &&
-                  cudaMemcpy(&probe, q + bytes - 1, 1, cudaMemcpyDeviceToHost) == cudaSuccess;
-  if (!ok && before == cudaSuccess) (void)cudaGetLastError();
-  return ok;
+// A collective as called, for running it at call time or later from its stream's queue.
+struct Call {
+  const char* fn;
+  CollectiveKind kind;
+  size_t count;
+  ncclDataType_t datatype;
+  ncclRedOp_t op;
+  int root;
+  const void* send;
+  void* recv;
+  bool inject;     // the failure DDP_NCCL_EMU_FAIL asks for
+  int64_t number;  // of the allreduce calls on this communicator
+};
+
+// Runs a checked collective now. A queued one whose communicator failed meanwhile does nothing
+// (the first error's message stays the one ncclGetLastError reports).
+ncclResult_t perform(ncclComm* c, const Call& call) {
+  std::lock_guard<std::mutex> lk(c->run_mu);
+  const auto e = static_cast<ncclResult_t>(c->async_error.load());
+  if (e != ncclSuccess) return e;
+  if (call.inject) {
+    // As an asynchronous failure in NCCL: the call itself succeeds, the error shows later.
+    set_async(c, ncclSystemError);
+    fail(ncclSystemError, cat(call.fn, ": rank ", c->rank, ": injected failure of allreduce #",
+                              call.number, " (DDP_NCCL_EMU_FAIL)"));
+    return ncclSuccess;
+  }
+  if (call.count == 0) return ncclSuccess;
+  const Descriptor d{++c->coll_seq,
+                     call.count,
+                     call.kind,
+                     call.datatype,
+                     call.kind == kAllReduce ? static_cast<int32_t>(call.op) : -1,
+                     call.root};
+  return run(c, d, call.send, call.recv);
+}
+
+// Queues the collective on the stream (the CUDA emulation's deferred mode) and returns
+// ncclSuccess, or runs it now and returns its result.
+ncclResult_t issue(ncclComm* c, const Call& call, cudaStream_t stream) {
+  const uint64_t serial = c->serial;
+  c->queued.fetch_add(1);
+  auto queued = [c, serial, call] {
+    // Destroyed or aborted before its stream got here: aborted with it, as in NCCL.
+    if (enter_live(c, serial) == nullptr) return;
+    (void)perform(c, call);
+    c->queued.fetch_sub(1);
+    leave_live(c);
+  };
+  if (ddp_emu::enqueue_host_work(stream, queued)) return ncclSuccess;
+  c->queued.fetch_sub(1);
+  return perform(c, call);
 }
 
 // The checks every collective makes before touching shared state, as NCCL's argument checks.
@@ -759,22 +836,19 @@ ncclResult_t check_collective(const char* fn, ncclComm* c, const void* send, voi
   if (c->state.load() == kFinalized) {
     return fail(ncclInvalidUsage, cat(fn, ": rank ", c->rank, ": communicator is finalized"));
   }
-  {
-    const cudaError_t before = cudaPeekAtLastError();
-    if (cudaStreamSynchronize(stream) != cudaSuccess) {
-      if (before == cudaSuccess) (void)cudaGetLastError();
-      return fail(ncclUnhandledCudaError, cat(fn, ": invalid stream"));
-    }
+  // Neither check runs the stream's queued work nor touches the CUDA error state.
+  if (!ddp_emu::stream_exists(stream)) {
+    return fail(ncclUnhandledCudaError, cat(fn, ": invalid stream"));
   }
   if (count == 0) return ncclSuccess;
   const size_t elem = type_size(t);
   if (count > SIZE_MAX / elem) return fail(ncclInvalidArgument, cat(fn, ": count overflows"));
   const size_t bytes = count * elem;
-  if (send_used && (!send || !device_range(send, bytes))) {
+  if (send_used && (!send || !ddp_emu::is_device_memory(send, bytes))) {
     return fail(ncclInvalidArgument, cat(fn, ": rank ", c->rank, ": sendbuff ", send, " is not ",
                                          bytes, " bytes of device memory"));
   }
-  if (!recv || !device_range(recv, bytes)) {
+  if (!recv || !ddp_emu::is_device_memory(recv, bytes)) {
     return fail(ncclInvalidArgument, cat(fn, ": rank ", c->rank, ": recvbuff ", recv, " is not ",
                                          bytes, " bytes of device memory"));
   }
@@ -867,6 +941,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   if (env_rc != ncclSuccess) return env_rc;
 
   auto* c = new ncclComm();
+  c->serial = g_comm_serial.fetch_add(1) + 1;
   c->name = name;
   c->nranks = nranks;
   c->rank = rank;
@@ -994,10 +1069,15 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   std::lock_guard<std::mutex> lk(comm->mu);
   poll_join_locked(comm);
   const auto e = static_cast<ncclResult_t>(comm->async_error.load());
+  const int state = comm->state.load();
   if (e != ncclSuccess) {
     *asyncError = e;
+  } else if (state == kJoining ||
+             (state == kFinalized && !comm->blocking && comm->queued.load() > 0)) {
+    // Still joining, or finalized with collectives still queued (nothing here runs them).
+    *asyncError = ncclInProgress;
   } else {
-    *asyncError = comm->state.load() == kJoining ? ncclInProgress : ncclSuccess;
+    *asyncError = ncclSuccess;
   }
   return ncclSuccess;
 }
@@ -1038,16 +1118,12 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   ++comm->allreduce_calls;
   rc = async_error_of(comm, fn);
   if (rc != ncclSuccess) return rc;
-  if (comm->rank == comm->fail_rank && comm->allreduce_calls == comm->fail_at) {
-    // As an asynchronous failure in NCCL: the call itself succeeds, the error shows later.
-    set_async(comm, ncclSystemError);
-    fail(ncclSystemError, cat(fn, ": rank ", comm->rank, ": injected failure of allreduce #",
-                              comm->allreduce_calls, " (DDP_NCCL_EMU_FAIL)"));
-    return ncclSuccess;
-  }
-  if (count == 0) return ncclSuccess;
-  const Descriptor d{++comm->coll_seq, count, kAllReduce, datatype, op, -1};
-  return run(comm, d, sendbuff, recvbuff);
+  const bool inject = comm->rank == comm->fail_rank && comm->allreduce_calls == comm->fail_at;
+  if (count == 0 && !inject) return ncclSuccess;
+  return issue(comm,
+               Call{fn, kAllReduce, count, datatype, op, -1, sendbuff, recvbuff, inject,
+                    comm->allreduce_calls},
+               stream);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
@@ -1061,8 +1137,9 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   rc = async_error_of(comm, fn);
   if (rc != ncclSuccess) return rc;
   if (count == 0) return ncclSuccess;
-  const Descriptor d{++comm->coll_seq, count, kBroadcast, datatype, -1, root};
-  return run(comm, d, sendbuff, recvbuff);
+  return issue(comm,
+               Call{fn, kBroadcast, count, datatype, ncclSum, root, sendbuff, recvbuff, false, 0},
+               stream);
 }
 
 ncclResult_t ncclGroupStart() {

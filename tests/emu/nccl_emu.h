@@ -11,8 +11,8 @@
 //   left in /dev/shm even if processes crash later. Every rank of one communicator must run in its
 //   own thread or process, except that ranks initialised inside ncclGroupStart/ncclGroupEnd join
 //   at the call and wait for their peers in ncclGroupEnd (one thread may create them all).
-// - Collectives run synchronously at call time (the emulated streams are synchronous): each rank
-//   copies its input into its slot of a staging area in the segment (a fixed chunk per rank,
+// - When a collective runs, each rank copies its input into its slot of a staging area in the
+// segment (a fixed chunk per rank,
 //   DDP_NCCL_EMU_CHUNK_BYTES, default 1 MiB, 64 B to 1 GiB rounded down to a multiple of 64, taken
 //   from the rank that creates the segment; larger counts go chunk by chunk), meets its peers at a
 //   process-shared barrier, then computes the result itself by combining the slots in rank order
@@ -22,9 +22,22 @@
 //   Reductions support the 8-, 32- and 64-bit integer types, ncclFloat32 and ncclFloat64; the
 //   16- and 8-bit float types are rejected (ncclInvalidArgument). ncclBroadcast takes every type.
 //   A collective with count 0 returns at once without meeting the peers (as in NCCL).
+// - When: in the CUDA emulation's immediate stream mode (cuda_emu.h), and on the legacy default
+//   stream in any mode, at call time, and the call returns its result. In deferred mode on a
+//   created stream, ncclAllReduce and ncclBroadcast make every check below at call time, then
+//   queue the collective on the stream and return ncclSuccess; it runs when that stream runs (a
+//   host synchronisation on it or on work that waits for it), in stream order. The peers run
+//   theirs the same way, so every rank must issue its collectives in the same order and
+//   eventually synchronise on them. The failures of a queued collective (mismatched calls, a
+//   timeout, an injected failure) become the communicator's asynchronous error; a queued
+//   collective whose communicator already has one does nothing. Collectives of one
+//   communicator run one at a time even when their streams are run by different threads. As on
+//   a device, a call that runs every stream (cudaDeviceSynchronize, cudaFree) in a process with
+//   several ranks also runs the other ranks' queued collectives, and waits for their peers.
 // - Buffers are checked like NCCL checks device pointers: both ends of every buffer must lie in
 //   cudaMalloc memory (else ncclInvalidArgument), and the stream must be valid (else
-//   ncclUnhandledCudaError). These probes leave cudaGetLastError() as it was.
+//   ncclUnhandledCudaError). These checks neither run queued work nor change
+//   cudaGetLastError().
 // - Ranks that disagree on a collective (kind, count, type, operator or root) get
 //   ncclInvalidUsage on every rank instead of undefined behaviour; the communicator's asynchronous
 //   error becomes ncclInvalidUsage.
@@ -41,19 +54,25 @@
 //   ncclInProgress; ncclCommGetAsyncError reports ncclInProgress until every rank has joined,
 //   then ncclSuccess (or ncclRemoteError after the timeout). A collective on a communicator still
 //   in progress returns ncclInvalidUsage. ncclCommFinalize returns ncclInProgress on a
-//   non-blocking communicator and ncclSuccess on a blocking one; either way nothing is pending, so
-//   ncclCommGetAsyncError then reports ncclSuccess. Collectives after ncclCommFinalize return
-//   ncclInvalidUsage.
-// - ncclCommDestroy and ncclCommAbort only release this rank's mapping and never wait for peers.
-//   ncclCommAbort also marks the communicator broken, so a peer waiting in a collective returns
-//   ncclRemoteError at once (a peer waiting for a destroyed rank times out instead). Destroying
-//   or aborting before every rank joined unlinks the name and fails the peers' init.
-// - ncclGroupStart/ncclGroupEnd nest; collectives inside a group still run at call time.
+//   non-blocking communicator and ncclSuccess on a blocking one; ncclCommGetAsyncError then
+//   reports ncclSuccess, or for a non-blocking communicator ncclInProgress while collectives
+//   queued on a stream have not run (it never runs them: synchronise the streams first).
+//   Collectives after ncclCommFinalize return ncclInvalidUsage; queued ones still run.
+// - ncclCommDestroy and ncclCommAbort only release this rank's mapping and never wait for peers,
+//   except that a queued collective of this communicator running in another thread of this
+//   process is waited for (after an abort it fails at once). Collectives still queued then do
+//   nothing when their stream runs. ncclCommAbort also marks the communicator broken, so a peer
+//   waiting in a collective returns ncclRemoteError at once (a peer waiting for a destroyed rank
+//   times out instead). Destroying or aborting before every rank joined unlinks the name and
+//   fails the peers' init.
+// - ncclGroupStart/ncclGroupEnd nest; collectives inside a group are not held back to
+//   ncclGroupEnd (they run or are queued at the call, as above).
 //
 // Fault injection (environment, read at init): DDP_NCCL_EMU_FAIL="RANK:N" makes the N-th
-// (1-based) ncclAllReduce on each communicator where this process is rank RANK fail: the call
-// returns ncclSuccess without taking part (as NCCL returns for an asynchronous failure) and the
-// communicator's asynchronous error becomes ncclSystemError. Its peers then time out as above, so
+// (1-based, counted at call time) ncclAllReduce on each communicator where this process is rank
+// RANK fail: the call returns ncclSuccess without taking part (as NCCL returns for an
+// asynchronous failure) and the communicator's asynchronous error becomes ncclSystemError (for a
+// queued allreduce, when its stream runs it). Its peers then time out as above, so
 // tests set DDP_NCCL_EMU_TIMEOUT_S small. A malformed value of any DDP_NCCL_EMU_* variable makes
 // init fail with ncclInvalidArgument.
 #pragma once

@@ -1,12 +1,18 @@
 // Self-tests of the CUDA emulator (cuda_emu.h): thread indexing, shared memory and barriers, warp
 // shuffles and votes with CUDA's width rules, the faults a broken kernel must raise instead of
-// hanging, and the runtime subset (poisoned checked allocations, copies, streams, events).
+// hanging, the runtime subset (poisoned checked allocations, copies, streams, events) and the
+// deferred stream mode that exposes missing waits.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -498,6 +504,8 @@ TEST_CASE("cudaMemcpy and cudaMemset move bytes and reject wrong directions", "[
   REQUIRE(cudaMalloc(&b, n * sizeof(int)) == cudaSuccess);
   CHECK(cudaMemcpy(a, src.data(), n * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
   CHECK(cudaMemcpyAsync(b, a, n * sizeof(int), cudaMemcpyDeviceToDevice, stream) == cudaSuccess);
+  // A non-blocking stream: the legacy-stream copy below does not wait for it.
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
   CHECK(cudaMemcpy(back.data(), b, n * sizeof(int), cudaMemcpyDefault) == cudaSuccess);
   CHECK(back == src);
 
@@ -538,6 +546,8 @@ TEST_CASE("events measure host time between records", "[emu]") {
   REQUIRE(cudaEventCreate(&never) == cudaSuccess);
   REQUIRE(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == cudaSuccess);
   CHECK(cudaEventRecord(start, stream) == cudaSuccess);
+  // The time of a record is when the stream gets there (in deferred mode, when it is run).
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(cudaEventRecord(stop) == cudaSuccess);
   CHECK(cudaEventRecord(untimed, stream) == cudaSuccess);
@@ -599,6 +609,633 @@ TEST_CASE("a 64 x 256 launch finishes in reasonable time", "[emu]") {
   std::printf("emulator: 64 blocks x 256 threads (9 barriers each) took %.3f s\n", seconds);
   CHECK(sums == reference_sums(blocks, threads, in));
   CHECK(seconds < 60.0);
+}
+
+// ----- deferred streams -------------------------------------------------------------------------
+
+// Deferred mode for the scope of a test; the mode before comes back (running what is queued).
+class DeferredStreams {
+ public:
+  DeferredStreams() : before_(ddp_emu::stream_mode()) {
+    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
+  }
+  ~DeferredStreams() { ddp_emu::set_stream_mode(before_); }
+  DeferredStreams(const DeferredStreams&) = delete;
+  DeferredStreams& operator=(const DeferredStreams&) = delete;
+
+ private:
+  ddp_emu::StreamMode before_;
+};
+
+// A device array of floats with host-side helpers that go through the legacy default stream.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(int n) : n_(n) {
+    REQUIRE(cudaMalloc(&p_, n * sizeof(float)) == cudaSuccess);
+  }
+  ~DeviceFloats() { cudaFree(p_); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  float* get() const { return p_; }
+  int size() const { return n_; }
+  std::vector<float> read() const {
+    std::vector<float> v(static_cast<size_t>(n_));
+    REQUIRE(cudaMemcpy(v.data(), p_, v.size() * sizeof(float), cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
+    return v;
+  }
+
+ private:
+  int n_;
+  float* p_ = nullptr;
+};
+
+bool all_equal(const std::vector<float>& v, float x) {
+  return std::all_of(v.begin(), v.end(), [x](float y) { return y == x; });
+}
+bool all_nan(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float y) { return std::isnan(y); });
+}
+
+__global__ void fill_kernel(float* x, int n, float v) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] = v;
+}
+
+__global__ void scale_kernel(const float* x, float* y, int n, float f) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) y[i] = x[i] * f;
+}
+
+// One entry per launch: the order in which launches ran.
+__global__ void append_kernel(int* log, int* count, int v) {
+  if (threadIdx.x == 0) log[atomicAdd(count, 1)] = v;
+}
+
+struct Payload {
+  int values[4];
+};
+
+__global__ void payload_kernel(Payload p, int* out) {
+  if (threadIdx.x < 4) out[threadIdx.x] = p.values[threadIdx.x];
+}
+
+void fill(const DeviceFloats& d, float v, cudaStream_t s) {
+  ddp_emu::launch(fill_kernel, dim3((d.size() + 63) / 64), dim3(64), s, d.get(), d.size(), v);
+}
+
+cudaStream_t make_stream(unsigned flags) {
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, flags) == cudaSuccess);
+  return s;
+}
+
+cudaEvent_t make_event(unsigned flags = cudaEventDefault) {
+  cudaEvent_t e = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&e, flags) == cudaSuccess);
+  return e;
+}
+
+TEST_CASE("deferred mode: a stream runs its operations in order when synchronised",
+          "[emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t s = make_stream(cudaStreamNonBlocking);
+  std::vector<int> log(8, -1);
+  int count = 0;
+  const int64_t launches = ddp_emu::launch_count();
+  for (int v = 1; v <= 3; ++v)
+    ddp_emu::launch(append_kernel, dim3(1), dim3(32), s, log.data(), &count, v);
+  CHECK(ddp_emu::queued_operations(s) == 3);
+  CHECK(ddp_emu::launch_count() == launches);  // nothing ran yet
+  CHECK(count == 0);
+
+  // Arguments are taken at the launch: a temporary payload is gone before the kernel runs.
+  std::vector<int> out(4, 0);
+  {
+    Payload p{{7, 8, 9, 10}};
+    ddp_emu::launch(payload_kernel, dim3(1), dim3(32), s, p, out.data());
+    p.values[0] = -1;
+  }
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(s) == 0);
+  CHECK(ddp_emu::launch_count() == launches + 4);
+  CHECK(count == 3);
+  CHECK(std::vector<int>(log.begin(), log.begin() + 3) == std::vector<int>{1, 2, 3});
+  CHECK(out == std::vector<int>{7, 8, 9, 10});
+
+  // Copies and memsets keep their place in the queue.
+  DeviceFloats d(100);
+  float* pinned = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 100 * sizeof(float)) == cudaSuccess);
+  std::fill(pinned, pinned + 100, -5.0f);
+  fill(d, 1.0f, s);
+  REQUIRE(cudaMemsetAsync(d.get(), 0, 50 * sizeof(float), s) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(pinned, d.get(), 100 * sizeof(float), cudaMemcpyDeviceToHost, s) ==
+          cudaSuccess);
+  CHECK(ddp_emu::queued_operations(s) == 3);
+  CHECK(pinned[0] == -5.0f);  // a read without a synchronisation sees the old contents
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(pinned[0] == 0.0f);
+  CHECK(pinned[49] == 0.0f);
+  CHECK(pinned[50] == 1.0f);
+  CHECK(pinned[99] == 1.0f);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+// A producer fills x on one stream; a consumer computes y = 2x on another. With the wait the
+// consumer sees the producer's values; without it, what the memory held before (NaN).
+std::vector<float> produce_consume(bool wait) {
+  cudaStream_t producer = make_stream(cudaStreamNonBlocking);
+  cudaStream_t consumer = make_stream(cudaStreamNonBlocking);
+  cudaEvent_t produced = make_event(cudaEventDisableTiming);
+  DeviceFloats x(200), y(200);
+  fill(x, 3.0f, producer);
+  REQUIRE(cudaEventRecord(produced, producer) == cudaSuccess);
+  if (wait) REQUIRE(cudaStreamWaitEvent(consumer, produced, 0) == cudaSuccess);
+  ddp_emu::launch(scale_kernel, dim3(4), dim3(64), consumer, x.get(), y.get(), 200, 2.0f);
+  REQUIRE(cudaStreamSynchronize(consumer) == cudaSuccess);
+  std::vector<float> out = y.read();
+  REQUIRE(cudaEventDestroy(produced) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(producer) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(consumer) == cudaSuccess);
+  return out;
+}
+
+TEST_CASE("deferred mode: a missing cudaStreamWaitEvent reads stale data", "[emu][deferred]") {
+  {
+    DeferredStreams deferred;
+    CHECK(all_equal(produce_consume(true), 6.0f));
+    CHECK(all_nan(produce_consume(false)));  // the bug the mode is for
+  }
+  // Immediate mode runs everything at the call, so the same bug goes unnoticed there.
+  const ddp_emu::StreamMode before = ddp_emu::stream_mode();
+  ddp_emu::set_stream_mode(ddp_emu::StreamMode::kImmediate);
+  const std::vector<float> hidden = produce_consume(false);
+  ddp_emu::set_stream_mode(before);
+  CHECK(all_equal(hidden, 6.0f));
+}
+
+TEST_CASE("deferred mode: a wait runs the other stream up to the record it captured",
+          "[emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t a = make_stream(cudaStreamNonBlocking);
+  cudaStream_t b = make_stream(cudaStreamNonBlocking);
+  cudaEvent_t e = make_event();
+  DeviceFloats x(64), y(64), z(64);
+  fill(x, 1.0f, a);
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);  // captures this record of e
+  fill(x, 5.0f, a);                                      // after the record: b must not see it
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);         // re-recorded: b still waits for #1
+  ddp_emu::launch(scale_kernel, dim3(1), dim3(64), b, x.get(), y.get(), 64, 10.0f);
+  fill(z, 2.0f, a);
+  CHECK(ddp_emu::queued_operations(a) == 5);
+  CHECK(ddp_emu::queued_operations(b) == 2);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  CHECK(all_equal(y.read(), 10.0f));
+  CHECK(ddp_emu::queued_operations(a) == 3);  // only what b depended on ran
+  CHECK(all_nan(z.read()));
+
+  // Waits chain: c waits for b, whose queue waits for a.
+  cudaStream_t c = make_stream(cudaStreamNonBlocking);
+  cudaEvent_t f = make_event();
+  REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);  // the second record of e
+  ddp_emu::launch(scale_kernel, dim3(1), dim3(64), b, x.get(), y.get(), 64, 10.0f);
+  REQUIRE(cudaEventRecord(f, b) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(c, f, 0) == cudaSuccess);
+  ddp_emu::launch(scale_kernel, dim3(1), dim3(64), c, y.get(), z.get(), 64, 0.5f);
+  REQUIRE(cudaStreamSynchronize(c) == cudaSuccess);
+  CHECK(all_equal(z.read(), 25.0f));
+  CHECK(ddp_emu::queued_operations(a) == 1);  // the fill of z after the second record
+
+  // A wait on an event that was never recorded (or whose record ran) queues nothing.
+  cudaEvent_t never = make_event();
+  REQUIRE(cudaStreamWaitEvent(c, never, 0) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(c, f, 0) == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(c) == 0);
+
+  for (cudaEvent_t ev : {e, f, never}) REQUIRE(cudaEventDestroy(ev) == cudaSuccess);
+  for (cudaStream_t st : {a, b, c}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: the legacy stream waits for blocking streams, not non-blocking ones",
+          "[emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t blocking = make_stream(cudaStreamDefault);
+  cudaStream_t nonblocking = make_stream(cudaStreamNonBlocking);
+  DeviceFloats a(64), b(64);
+
+  SECTION("a synchronous copy") {
+    fill(a, 1.0f, blocking);
+    fill(b, 2.0f, nonblocking);
+    CHECK(all_equal(a.read(), 1.0f));
+    CHECK(all_nan(b.read()));
+    CHECK(ddp_emu::queued_operations(nonblocking) == 1);
+  }
+  SECTION("a launch on stream 0") {
+    fill(a, 1.0f, blocking);
+    fill(b, 2.0f, nonblocking);
+    float* out = nullptr;
+    REQUIRE(cudaMallocHost(&out, 64 * sizeof(float)) == cudaSuccess);
+    ddp_emu::launch(scale_kernel, dim3(1), dim3(64), nullptr, a.get(), out, 64, 3.0f);
+    CHECK(out[0] == 3.0f);  // ran at the call, after the blocking stream's fill
+    CHECK(ddp_emu::queued_operations(nonblocking) == 1);
+    CHECK(cudaFreeHost(out) == cudaSuccess);  // synchronises the device
+    CHECK(ddp_emu::queued_operations(nonblocking) == 0);
+  }
+  SECTION("cudaMemset, cudaStreamSynchronize(0) and cudaEventRecord on stream 0") {
+    fill(a, 1.0f, blocking);
+    fill(b, 2.0f, nonblocking);
+    REQUIRE(cudaMemset(a.get(), 0, sizeof(float)) == cudaSuccess);
+    CHECK(ddp_emu::queued_operations(blocking) == 0);
+    fill(a, 4.0f, blocking);
+    REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+    CHECK(ddp_emu::queued_operations(blocking) == 0);
+    fill(a, 5.0f, blocking);
+    cudaEvent_t e = make_event();
+    REQUIRE(cudaEventRecord(e, nullptr) == cudaSuccess);
+    CHECK(ddp_emu::queued_operations(blocking) == 0);
+    CHECK(cudaEventQuery(e) == cudaSuccess);
+    CHECK(ddp_emu::queued_operations(nonblocking) == 1);
+    REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  }
+  SECTION("stream 0 waiting for an event of a non-blocking stream") {
+    fill(b, 2.0f, nonblocking);
+    cudaEvent_t e = make_event();
+    REQUIRE(cudaEventRecord(e, nonblocking) == cudaSuccess);
+    fill(b, 7.0f, nonblocking);
+    REQUIRE(cudaStreamWaitEvent(nullptr, e, 0) == cudaSuccess);
+    CHECK(ddp_emu::queued_operations(nonblocking) == 1);  // ran up to the record only
+    CHECK(all_equal(b.read(), 2.0f));
+    REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  }
+  CHECK(ddp_emu::queued_operations(nullptr) == 0);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(nonblocking) == 0);
+  REQUIRE(cudaStreamDestroy(blocking) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(nonblocking) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: event query, synchronize and elapsed time", "[emu][deferred]") {
+  DeferredStreams deferred;
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  cudaStream_t s = make_stream(cudaStreamNonBlocking);
+  cudaEvent_t start = make_event(), stop = make_event();
+  DeviceFloats x(64);
+  REQUIRE(cudaEventRecord(start, s) == cudaSuccess);
+  fill(x, 1.0f, s);
+  REQUIRE(cudaEventRecord(stop, s) == cudaSuccess);
+  float ms = -1.0f;
+  CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaErrorNotReady);
+  CHECK(cudaGetLastError() == cudaErrorNotReady);
+
+  // A polling loop sees "not ready" once, and the query ran the work.
+  int polls = 0;
+  while (cudaEventQuery(stop) == cudaErrorNotReady) {
+    CHECK(cudaGetLastError() == cudaErrorNotReady);  // a result to clear, as callers do
+    ++polls;
+    REQUIRE(polls < 5);
+  }
+  CHECK(polls == 1);
+  CHECK(all_equal(x.read(), 1.0f));
+  CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
+  CHECK(ms >= 0.0f);
+
+  // cudaEventSynchronize runs the stream up to the record and no further.
+  fill(x, 2.0f, s);
+  REQUIRE(cudaEventRecord(stop, s) == cudaSuccess);
+  fill(x, 3.0f, s);
+  CHECK(cudaEventSynchronize(stop) == cudaSuccess);
+  CHECK(all_equal(x.read(), 2.0f));
+  CHECK(ddp_emu::queued_operations(s) == 1);
+  CHECK(cudaEventQuery(stop) == cudaSuccess);
+
+  // A record superseded before it ran does not set the event's time when it runs late.
+  cudaEvent_t late = make_event();
+  REQUIRE(cudaEventRecord(late, s) == cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  REQUIRE(cudaEventRecord(late, nullptr) == cudaSuccess);
+  REQUIRE(cudaEventRecord(stop, nullptr) == cudaSuccess);
+  CHECK(cudaEventQuery(late) == cudaSuccess);  // the most recent record is the one that counts
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);  // runs the old record of `late`
+  CHECK(cudaEventElapsedTime(&ms, late, stop) == cudaSuccess);
+  CHECK(ms >= 0.0f);
+  CHECK(ms < 20.0f);
+
+  // An event never recorded is complete; one destroyed with its record queued is forgotten.
+  cudaEvent_t never = make_event();
+  CHECK(cudaEventQuery(never) == cudaSuccess);
+  CHECK(cudaEventSynchronize(never) == cudaSuccess);
+  CHECK(cudaEventElapsedTime(&ms, never, stop) == cudaErrorInvalidResourceHandle);
+  cudaEvent_t gone = make_event();
+  REQUIRE(cudaEventRecord(gone, s) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(gone) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);  // from the elapsed time above
+  CHECK(cudaGetLastError() == cudaSuccess);
+
+  for (cudaEvent_t e : {start, stop, late, never}) REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: threads queue and synchronise the same streams concurrently",
+          "[emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t s = make_stream(cudaStreamDefault);
+  cudaStream_t t = make_stream(cudaStreamNonBlocking);
+  const int n = 300;
+  std::vector<int> log(n, -1);
+  int count = 0;
+  std::vector<cudaEvent_t> events(n);
+  for (cudaEvent_t& e : events) e = make_event(cudaEventDisableTiming);
+  std::atomic<int> issued{0};
+  std::atomic<int> errors{0};
+  // The issuer queues launches and records; a stream t waits for s every few launches.
+  std::thread issuer([&] {
+    for (int i = 0; i < n; ++i) {
+      ddp_emu::launch(append_kernel, dim3(1), dim3(32), s, log.data(), &count, i);
+      if (cudaEventRecord(events[i], s) != cudaSuccess) ++errors;
+      if (i % 10 == 0 && cudaStreamWaitEvent(t, events[i], 0) != cudaSuccess) ++errors;
+      issued.store(i + 1);
+    }
+  });
+  // Two drainers: one synchronises events of s (the comm thread's pattern), one stream t and
+  // the legacy stream.
+  std::thread by_event([&] {
+    for (int i = 0; i < n; i += 7) {
+      while (issued.load() <= i) std::this_thread::yield();
+      if (cudaEventSynchronize(events[i]) != cudaSuccess) ++errors;
+      if (__atomic_load_n(&count, __ATOMIC_SEQ_CST) <= i) ++errors;
+    }
+  });
+  std::thread by_stream([&] {
+    while (issued.load() < n) {
+      if (cudaStreamSynchronize(t) != cudaSuccess) ++errors;
+      if (cudaStreamSynchronize(nullptr) != cudaSuccess) ++errors;
+    }
+  });
+  issuer.join();
+  by_event.join();
+  by_stream.join();
+  CHECK(errors.load() == 0);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(count == n);
+  bool ordered = true;
+  for (int i = 0; i < n; ++i) ordered = ordered && log[i] == i;
+  CHECK(ordered);
+
+  // Two threads waiting for the same slow record: the kernel runs once, both return after it.
+  std::vector<int> seen(32, -1), slow_log(1, -1);
+  int slow_count = 0;
+  ddp_emu::launch(barrier_visibility_kernel, dim3(1), dim3(32), s, 5, seen.data());
+  ddp_emu::launch(append_kernel, dim3(1), dim3(32), s, slow_log.data(), &slow_count, 9);
+  REQUIRE(cudaEventRecord(events[0], s) == cudaSuccess);
+  const int64_t launches = ddp_emu::launch_count();
+  std::thread first([&] {
+    if (cudaEventSynchronize(events[0]) != cudaSuccess || slow_count != 1) ++errors;
+  });
+  std::thread second([&] {
+    if (cudaEventSynchronize(events[0]) != cudaSuccess || slow_count != 1) ++errors;
+  });
+  first.join();
+  second.join();
+  CHECK(errors.load() == 0);
+  CHECK(ddp_emu::launch_count() == launches + 2);
+  CHECK(seen[31] == 5);
+  CHECK(slow_log[0] == 9);
+
+  for (cudaEvent_t e : events) REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(t) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: a fault in a queued kernel is an asynchronous error", "[emu][deferred]") {
+  DeferredStreams deferred;
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  cudaStream_t s = make_stream(cudaStreamNonBlocking);
+  static std::vector<int> out(64);
+  // Launch errors still surface at the call and queue nothing.
+  CHECK_THROWS_AS(ddp_emu::launch(empty_kernel, dim3(1), dim3(2048), s), ddp_emu::KernelFault);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  CHECK(ddp_emu::queued_operations(s) == 0);
+
+  DDP_EMU_LAUNCH(early_return_kernel, dim3(2), dim3(64), s, out.data());  // queued: no throw
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaErrorLaunchFailure);
+  const std::string fault = ddp_emu::last_deferred_fault();
+  INFO(fault);
+  CHECK_THAT(fault, Contains("kernel early_return_kernel, block (0,0,0), thread ("));
+  CHECK_THAT(fault, Contains("test_emulator.cpp:" + std::to_string(kDivergentBarrierLine)));
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);  // the call's result, as in CUDA
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);  // returned once
+
+  // Run by a query, it surfaces at the next cudaGetLastError (the check after every launch),
+  // and the stream goes on with what follows.
+  static std::vector<int> wide(4 * 128);
+  ddp_emu::launch(throwing_kernel, dim3(4), dim3(128), s, wide.data());
+  DeviceFloats x(64);
+  fill(x, 1.0f, s);
+  cudaEvent_t e = make_event();
+  REQUIRE(cudaEventRecord(e, s) == cudaSuccess);
+  CHECK(cudaEventQuery(e) == cudaErrorNotReady);
+  CHECK(cudaGetLastError() == cudaErrorNotReady);
+  CHECK(cudaPeekAtLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK_THAT(ddp_emu::last_deferred_fault(), Contains("std::runtime_error: boom"));
+  CHECK(all_equal(x.read(), 1.0f));
+
+  // Host work queued by a library (the NCCL emulation's collectives) that throws.
+  CHECK(ddp_emu::enqueue_host_work(s, [] { throw std::runtime_error("host work failed"); }));
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK_THAT(ddp_emu::last_deferred_fault(), Contains("host work failed"));
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaEventSynchronize(e) == cudaSuccess);
+
+  REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: which host memory async copies read, and when", "[emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t s = make_stream(cudaStreamNonBlocking);
+  DeviceFloats d(8);
+  // Pageable source: staged at the call, so rewriting it afterwards is safe.
+  std::vector<float> pageable(8, 1.0f);
+  REQUIRE(cudaMemcpyAsync(d.get(), pageable.data(), 8 * sizeof(float), cudaMemcpyHostToDevice, s) ==
+          cudaSuccess);
+  std::fill(pageable.begin(), pageable.end(), 2.0f);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(all_equal(d.read(), 1.0f));
+
+  // Pinned source (allocated or registered): read when the copy runs, so rewriting it before
+  // the stream got there is a bug that shows.
+  float* pinned = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 8 * sizeof(float)) == cudaSuccess);
+  std::fill(pinned, pinned + 8, 3.0f);
+  REQUIRE(cudaMemcpyAsync(d.get(), pinned, 8 * sizeof(float), cudaMemcpyHostToDevice, s) ==
+          cudaSuccess);
+  std::fill(pinned, pinned + 8, 4.0f);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(all_equal(d.read(), 4.0f));
+  std::vector<float> registered(16, 5.0f);
+  REQUIRE(cudaHostRegister(registered.data(), 16 * sizeof(float), cudaHostRegisterDefault) ==
+          cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(d.get(), registered.data() + 8, 8 * sizeof(float), cudaMemcpyHostToDevice,
+                          s) == cudaSuccess);
+  std::fill(registered.begin(), registered.end(), 6.0f);
+  // Unregistering synchronises the device, so the copy runs first.
+  REQUIRE(cudaHostUnregister(registered.data()) == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(s) == 0);
+  CHECK(all_equal(d.read(), 6.0f));
+
+  // Host to host runs at the call, behind the stream's queued work.
+  fill(d, 7.0f, s);
+  REQUIRE(cudaMemcpyAsync(pinned, d.get(), 8 * sizeof(float), cudaMemcpyDeviceToHost, s) ==
+          cudaSuccess);
+  std::vector<float> copy(8, 0.0f);
+  REQUIRE(cudaMemcpyAsync(copy.data(), pinned, 8 * sizeof(float), cudaMemcpyHostToHost, s) ==
+          cudaSuccess);
+  CHECK(all_equal(copy, 7.0f));
+
+  // Bad arguments are refused at the call; nothing is queued.
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaMemcpyAsync(d.get(), pinned, 9 * sizeof(float), cudaMemcpyHostToDevice, s) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemcpyAsync(pinned, d.get(), 4, static_cast<cudaMemcpyKind>(9), s) ==
+        cudaErrorInvalidValue);
+  CHECK(cudaMemsetAsync(pinned, 0, 4, s) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaMemcpyAsync(d.get(), pinned, 0, cudaMemcpyHostToDevice, s) == cudaSuccess);
+  CHECK(cudaMemsetAsync(d.get(), 0, 0, s) == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(s) == 0);
+
+  // Freeing memory synchronises the device: the queued memset runs first.
+  float* scratch = nullptr;
+  REQUIRE(cudaMalloc(&scratch, 64) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(scratch, 0, 64, s) == cudaSuccess);
+  CHECK(cudaFree(scratch) == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(s) == 0);
+  REQUIRE(cudaMemsetAsync(d.get(), 0, 8 * sizeof(float), s) == cudaSuccess);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(ddp_emu::queued_operations(s) == 0);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: destroying a stream or leaving the mode runs what is queued",
+          "[emu][deferred]") {
+  DeviceFloats x(64);
+  {
+    DeferredStreams deferred;
+    CHECK(ddp_emu::stream_mode() == ddp_emu::StreamMode::kDeferred);
+    cudaStream_t s = make_stream(cudaStreamNonBlocking);
+    fill(x, 1.0f, s);
+    CHECK(ddp_emu::queued_operations(s) == 1);
+    CHECK(cudaStreamDestroy(s) == cudaSuccess);
+    CHECK(all_equal(x.read(), 1.0f));
+    CHECK(ddp_emu::queued_operations(s) == -1);
+    CHECK(cudaStreamDestroy(s) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+
+    cudaStream_t t = make_stream(cudaStreamNonBlocking);
+    fill(x, 2.0f, t);
+    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kImmediate);
+    CHECK(ddp_emu::queued_operations(t) == 0);
+    CHECK(all_equal(x.read(), 2.0f));
+    fill(x, 3.0f, t);  // immediate now: runs at the call
+    CHECK(all_equal(x.read(), 3.0f));
+    CHECK(ddp_emu::enqueue_host_work(t, [] {}) == false);
+    REQUIRE(cudaStreamDestroy(t) == cudaSuccess);
+  }
+  CHECK(ddp_emu::parse_stream_mode(nullptr) == ddp_emu::StreamMode::kImmediate);
+  CHECK(ddp_emu::parse_stream_mode("") == ddp_emu::StreamMode::kImmediate);
+  CHECK(ddp_emu::parse_stream_mode("immediate") == ddp_emu::StreamMode::kImmediate);
+  CHECK(ddp_emu::parse_stream_mode("deferred") == ddp_emu::StreamMode::kDeferred);
+  CHECK_THROWS_WITH(ddp_emu::parse_stream_mode("Deferred"),
+                    Contains("DDP_EMU_STREAMS='Deferred' is not a stream mode"));
+}
+
+// ----- the environment and process exit, in a fresh process -------------------------------------
+
+constexpr char kExitChild[] = "deferred work queued at exit";
+constexpr char kModeChild[] = "the stream mode of this process";
+
+// Runs this test binary again with only `test` (a hidden test case below) and `env` set; returns
+// the exit status and what it wrote to stderr and stdout.
+int run_child(const char* test, const char* env, std::string* output) {
+  int pipefd[2];
+  REQUIRE(pipe(pipefd) == 0);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    if (env != nullptr) {
+      putenv(const_cast<char*>(env));
+    } else {
+      unsetenv("DDP_EMU_STREAMS");
+    }
+    execl("/proc/self/exe", "ddp_cuda_emu_tests", test, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(pipefd[1]);
+  char buf[4096];
+  ssize_t got;
+  while ((got = read(pipefd[0], buf, sizeof buf)) > 0)
+    output->append(buf, static_cast<size_t>(got));
+  close(pipefd[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
+__global__ void announce_kernel(int token) {
+  if (threadIdx.x == 0) std::printf("queued kernel %d ran\n", token);
+}
+
+TEST_CASE(kExitChild, "[.emu_child]") {
+  // Queued kernels that would announce themselves; the process ends before anything runs them.
+  cudaStream_t s = make_stream(cudaStreamNonBlocking);
+  ddp_emu::launch(announce_kernel, dim3(1), dim3(32), s, 1);
+  ddp_emu::launch(announce_kernel, dim3(1), dim3(32), s, 2);
+  std::printf("queued %lld\n", static_cast<long long>(ddp_emu::queued_operations(s)));
+}
+
+TEST_CASE(kModeChild, "[.emu_child]") {
+  std::printf("mode %s\n",
+              ddp_emu::stream_mode() == ddp_emu::StreamMode::kDeferred ? "deferred" : "immediate");
+}
+
+TEST_CASE("DDP_EMU_STREAMS chooses the mode once; work queued at exit never runs",
+          "[emu][deferred]") {
+  std::string out;
+  int status = run_child(kModeChild, "DDP_EMU_STREAMS=deferred", &out);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(out, Contains("mode deferred"));
+  out.clear();
+  status = run_child(kModeChild, nullptr, &out);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(out, Contains("mode immediate"));
+  out.clear();
+  status = run_child(kModeChild, "DDP_EMU_STREAMS=defered", &out);
+  INFO(out);
+  CHECK(WIFSIGNALED(status));
+  CHECK_THAT(out, Contains("DDP_EMU_STREAMS='defered' is not a stream mode"));
+
+  out.clear();
+  status = run_child(kExitChild, "DDP_EMU_STREAMS=deferred", &out);
+  INFO(out);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_THAT(out, Contains("queued 2"));
+  CHECK_THAT(out, Contains("All tests passed"));
+  CHECK_THAT(out, !Contains("queued kernel"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Tests of the NCCL emulation (nccl_emu.h): exact collectives across forked rank processes and
 // threads, bitwise agreement between ranks, the non-blocking init protocol, argument and usage
-// errors, timeouts, aborts and injected failures, and that no shared memory is left behind.
+// errors, timeouts, aborts and injected failures, collectives queued on deferred streams, and
+// that no shared memory is left behind.
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,7 +17,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -929,6 +932,290 @@ TEST_CASE("aborting a rank releases a peer waiting in a collective", "[nccl_emu]
     RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
   }));
   CHECK(shm_leftovers().empty());
+}
+
+// ----- deferred streams (cuda_emu.h) ----------------------------------------------------------
+
+// Deferred mode for the scope of an in-process test; the mode before comes back.
+class DeferredStreams {
+ public:
+  DeferredStreams() : before_(ddp_emu::stream_mode()) {
+    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
+  }
+  ~DeferredStreams() { ddp_emu::set_stream_mode(before_); }
+  DeferredStreams(const DeferredStreams&) = delete;
+  DeferredStreams& operator=(const DeferredStreams&) = delete;
+
+ private:
+  ddp_emu::StreamMode before_;
+};
+
+bool all_nan(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+}
+
+cudaStream_t new_stream(unsigned flags) {
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, flags) != cudaSuccess) throw std::runtime_error("stream");
+  return s;
+}
+
+TEST_CASE("deferred mode: collectives queued on streams meet across forked ranks",
+          "[nccl_emu][deferred]") {
+  const int n = 3;
+  const size_t count = 1000;  // four 1 KiB chunks
+  const ncclUniqueId id = new_id();
+  require_all_passed(run_ranks(n, {{"DDP_NCCL_EMU_CHUNK_BYTES", "1024"}}, [&](int rank) {
+    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
+    ncclComm_t comm = init_rank(n, id, rank);
+    if (!comm) return;
+    cudaStream_t stream = new_stream(cudaStreamNonBlocking);
+    DeviceBuffer<float> send(count), recv(count), root_data(count);
+    std::vector<float> in(count);
+    for (size_t i = 0; i < count; ++i) in[i] = input<float>(ncclSum, rank, i);
+    send.upload(in);
+    root_data.upload(std::vector<float>(count, rank == 1 ? 42.0f : -1.0f));
+    const int64_t before = ddp_nccl_emu::collective_count();
+    RANK_NCCL(ncclAllReduce(send.get(), recv.get(), count, ncclFloat, ncclSum, comm, stream),
+              ncclSuccess);
+    RANK_NCCL(ncclBroadcast(root_data.get(), root_data.get(), count, ncclFloat, 1, comm, stream),
+              ncclSuccess);
+    RANK_CHECK(ddp_nccl_emu::collective_count() == before + 2);
+    RANK_CHECK(ddp_emu::queued_operations(stream) == 2);
+    // Nothing ran yet: the legacy stream does not wait for a non-blocking one, and asking NCCL
+    // for its state runs nothing.
+    RANK_CHECK(all_nan(recv.download()));
+    ncclResult_t async = ncclInternalError;
+    RANK_NCCL(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    RANK_CHECK(async == ncclSuccess);
+    RANK_CHECK(ddp_emu::queued_operations(stream) == 2);
+    RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::vector<float> got = recv.download();
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += got[i] != expected<float>(ncclSum, n, i);
+    RANK_CHECK(bad == 0);
+    RANK_CHECK(root_data.download() == std::vector<float>(count, 42.0f));
+
+    // On a blocking stream, the legacy stream's next copy runs the collective.
+    cudaStream_t blocking = new_stream(cudaStreamDefault);
+    RANK_NCCL(ncclAllReduce(send.get(), send.get(), count, ncclFloat, ncclMax, comm, blocking),
+              ncclSuccess);
+    RANK_CHECK(ddp_emu::queued_operations(blocking) == 1);
+    const std::vector<float> maxed = send.download();
+    RANK_CHECK(ddp_emu::queued_operations(blocking) == 0);
+    bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += maxed[i] != expected<float>(ncclMax, n, i);
+    RANK_CHECK(bad == 0);
+    RANK_CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+    RANK_CHECK(cudaStreamDestroy(blocking) == cudaSuccess);
+    RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
+  }));
+  CHECK(shm_leftovers().empty());
+}
+
+TEST_CASE("deferred mode: an allreduce that does not wait for its producer reduces stale data",
+          "[nccl_emu][deferred]") {
+  DeferredStreams deferred;
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRank(&comm, 1, new_id(), 0) == ncclSuccess);
+  cudaStream_t compute = new_stream(cudaStreamDefault);
+  cudaStream_t comm_stream = new_stream(cudaStreamNonBlocking);
+  cudaEvent_t ready = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) == cudaSuccess);
+  // The producer writes the gradients on the compute stream; NCCL reduces them on its own.
+  auto reduce = [&](bool wait) {
+    DeviceBuffer<float> grads(64), out(64);
+    const std::vector<float> g(64, 2.5f);
+    REQUIRE(cudaMemcpyAsync(grads.get(), g.data(), 64 * sizeof(float), cudaMemcpyHostToDevice,
+                            compute) == cudaSuccess);
+    REQUIRE(cudaEventRecord(ready, compute) == cudaSuccess);
+    if (wait) REQUIRE(cudaStreamWaitEvent(comm_stream, ready, 0) == cudaSuccess);
+    CHECK(ncclAllReduce(grads.get(), out.get(), 64, ncclFloat, ncclSum, comm, comm_stream) ==
+          ncclSuccess);
+    CHECK(ddp_emu::queued_operations(compute) == 2);  // the call's checks ran nothing
+    REQUIRE(cudaStreamSynchronize(comm_stream) == cudaSuccess);
+    return out.download();
+  };
+  CHECK(reduce(true) == std::vector<float>(64, 2.5f));
+  CHECK(all_nan(reduce(false)));
+  REQUIRE(cudaEventDestroy(ready) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(compute) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(comm_stream) == cudaSuccess);
+  REQUIRE(ncclCommDestroy(comm) == ncclSuccess);
+}
+
+TEST_CASE("deferred mode: an injected failure happens when the queued allreduce runs",
+          "[nccl_emu][deferred]") {
+  ScopedEnv fail("DDP_NCCL_EMU_FAIL", "0:2");
+  DeferredStreams deferred;
+  ncclComm_t comm = nullptr;
+  REQUIRE(ncclCommInitRank(&comm, 1, new_id(), 0) == ncclSuccess);
+  cudaStream_t stream = new_stream(cudaStreamNonBlocking);
+  DeviceBuffer<float> in(16), first(16), third(16);
+  in.upload(std::vector<float>(16, 1.0f));
+  CHECK(ncclAllReduce(in.get(), first.get(), 16, ncclFloat, ncclSum, comm, stream) == ncclSuccess);
+  CHECK(ncclAllReduce(in.get(), in.get(), 16, ncclFloat, ncclSum, comm, stream) == ncclSuccess);
+  CHECK(ncclAllReduce(in.get(), third.get(), 16, ncclFloat, ncclSum, comm, stream) == ncclSuccess);
+  CHECK(ddp_emu::queued_operations(stream) == 3);
+  ncclResult_t async = ncclInternalError;
+  CHECK(ncclCommGetAsyncError(comm, &async) == ncclSuccess);
+  CHECK(async == ncclSuccess);  // not run yet
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(ncclCommGetAsyncError(comm, &async) == ncclSuccess);
+  CHECK(async == ncclSystemError);
+  CHECK_THAT(ncclGetLastError(comm), Contains("injected failure of allreduce #2"));
+  CHECK(first.download() == std::vector<float>(16, 1.0f));
+  CHECK(all_nan(third.download()));  // queued behind the failure: never ran
+  CHECK(ncclAllReduce(in.get(), in.get(), 16, ncclFloat, ncclSum, comm, stream) == ncclSystemError);
+  CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: a queued collective that times out sets the asynchronous error",
+          "[nccl_emu][deferred]") {
+  const ncclUniqueId id = new_id();
+  require_all_passed(run_ranks(2, {{"DDP_NCCL_EMU_TIMEOUT_S", "1"}}, [&](int rank) {
+    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
+    ncclComm_t comm = init_rank(2, id, rank);
+    if (!comm) return;
+    cudaStream_t stream = new_stream(cudaStreamNonBlocking);
+    DeviceBuffer<float> buf(10);
+    buf.upload(std::vector<float>(10, 1.0f + rank));
+    RANK_NCCL(ncclAllReduce(buf.get(), buf.get(), 10, ncclFloat, ncclSum, comm, stream),
+              ncclSuccess);
+    if (rank == 1) {
+      // Leaves without running its stream; the queued collective then does nothing.
+      RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
+      RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+      RANK_CHECK(buf.download() == std::vector<float>(10, 2.0f));
+      RANK_CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+      return;
+    }
+    const Clock::time_point t0 = Clock::now();
+    RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess);  // no CUDA error: NCCL's own
+    const double s = seconds_since(t0);
+    RANK_CHECK(s >= 0.9);
+    RANK_CHECK(s < 6.0);
+    ncclResult_t async = ncclInternalError;
+    RANK_NCCL(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+    RANK_CHECK(async == ncclRemoteError);
+    RANK_CHECK(std::string(ncclGetLastError(comm)).find("missing ranks: 1") != std::string::npos);
+    RANK_NCCL(ncclAllReduce(buf.get(), buf.get(), 10, ncclFloat, ncclSum, comm, stream),
+              ncclRemoteError);
+    RANK_NCCL(ncclCommAbort(comm), ncclSuccess);
+    RANK_CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+  }));
+  CHECK(shm_leftovers().empty());
+}
+
+TEST_CASE("deferred mode: finalize, destroy and several streams with queued collectives",
+          "[nccl_emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t stream = new_stream(cudaStreamNonBlocking);
+  DeviceBuffer<float> in(32), out(32);
+  in.upload(std::vector<float>(32, 3.0f));
+
+  SECTION("a non-blocking communicator finalizes once its queued collectives ran") {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    const ncclResult_t rc = ncclCommInitRankConfig(&comm, 1, new_id(), 0, &config);
+    CHECK((rc == ncclInProgress || rc == ncclSuccess));
+    ncclResult_t async = ncclInProgress;
+    for (int i = 0; i < 100 && async == ncclInProgress; ++i) {
+      REQUIRE(ncclCommGetAsyncError(comm, &async) == ncclSuccess);
+    }
+    REQUIRE(async == ncclSuccess);
+    CHECK(ncclAllReduce(in.get(), out.get(), 32, ncclFloat, ncclAvg, comm, stream) == ncclSuccess);
+    CHECK(ncclCommFinalize(comm) == ncclInProgress);
+    CHECK(ncclCommGetAsyncError(comm, &async) == ncclSuccess);
+    CHECK(async == ncclInProgress);
+    CHECK(ddp_emu::queued_operations(stream) == 1);
+    CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(ncclCommGetAsyncError(comm, &async) == ncclSuccess);
+    CHECK(async == ncclSuccess);
+    CHECK(out.download() == std::vector<float>(32, 3.0f));
+    CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  }
+  SECTION("a collective queued for a destroyed communicator does nothing") {
+    for (bool abort : {false, true}) {
+      ncclComm_t comm = nullptr;
+      REQUIRE(ncclCommInitRank(&comm, 1, new_id(), 0) == ncclSuccess);
+      CHECK(ncclBroadcast(in.get(), out.get(), 32, ncclFloat, 0, comm, stream) == ncclSuccess);
+      CHECK((abort ? ncclCommAbort(comm) : ncclCommDestroy(comm)) == ncclSuccess);
+      CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+      CHECK(all_nan(out.download()));
+    }
+  }
+  SECTION("collectives of one communicator on two streams, run by two threads") {
+    // 64-byte chunks: every collective stages hundreds of chunks, so two running at once would
+    // overwrite each other's staging slots.
+    ScopedEnv chunk("DDP_NCCL_EMU_CHUNK_BYTES", "64");
+    ncclComm_t comm = nullptr;
+    REQUIRE(ncclCommInitRank(&comm, 1, new_id(), 0) == ncclSuccess);
+    cudaStream_t other = new_stream(cudaStreamNonBlocking);
+    const int per_stream = 20;
+    const size_t count = 4000;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> bufs;
+    for (int i = 0; i < 2 * per_stream; ++i) {
+      bufs.push_back(std::make_unique<DeviceBuffer<float>>(count));
+      bufs.back()->upload(std::vector<float>(count, static_cast<float>(i)));
+    }
+    for (int i = 0; i < 2 * per_stream; ++i) {
+      float* b = bufs[static_cast<size_t>(i)]->get();
+      CHECK(ncclAllReduce(b, b, count, ncclFloat, ncclMax, comm, i % 2 ? other : stream) ==
+            ncclSuccess);
+    }
+    std::thread a([&] { (void)cudaStreamSynchronize(stream); });
+    std::thread b([&] { (void)cudaStreamSynchronize(other); });
+    a.join();
+    b.join();
+    int wrong = 0;
+    for (int i = 0; i < 2 * per_stream; ++i) {
+      wrong += bufs[static_cast<size_t>(i)]->download() !=
+               std::vector<float>(count, static_cast<float>(i));
+    }
+    CHECK(wrong == 0);
+    REQUIRE(cudaStreamDestroy(other) == cudaSuccess);
+    CHECK(ncclCommDestroy(comm) == ncclSuccess);
+  }
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+TEST_CASE("deferred mode: ranks in threads run their own streams", "[nccl_emu][deferred]") {
+  DeferredStreams deferred;
+  const int n = 2;
+  const ncclUniqueId id = new_id();
+  std::vector<ncclComm_t> comms(n, nullptr);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < n; ++r) REQUIRE(ncclCommInitRank(&comms[r], n, id, r) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  std::vector<int> failures(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      t_rank = r;
+      t_failures = 0;
+      cudaStream_t stream = new_stream(cudaStreamNonBlocking);
+      DeviceBuffer<double> buf(300);
+      std::vector<double> in(300);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = input<double>(ncclSum, r, i);
+      for (int iter = 0; iter < 10; ++iter) {
+        buf.upload(in);
+        RANK_NCCL(ncclAllReduce(buf.get(), buf.get(), 300, ncclDouble, ncclSum, comms[r], stream),
+                  ncclSuccess);
+        RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+        const std::vector<double> got = buf.download();
+        for (size_t i = 0; i < got.size(); ++i)
+          RANK_CHECK(got[i] == expected<double>(ncclSum, n, i));
+      }
+      RANK_CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+      failures[r] = t_failures;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) CHECK(failures[r] == 0);
+  for (ncclComm_t c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
 }
 
 }  // namespace

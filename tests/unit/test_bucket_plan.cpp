@@ -248,7 +248,7 @@ TEST_CASE("Reducer names the bucket whose collective failed, at finalize and syn
   const auto works = reducer.works();
   REQUIRE(works.size() == 4);
   REQUIRE_THROWS_WITH(reducer.synchronize(works, 17),
-                      Catch::Contains("gradient allreduce of bucket 1 (w1) at step 17: "));
+                      Catch::Contains("gradient allreduce of bucket 1 (w1) (global step 17): "));
 }
 
 TEST_CASE("overlap_stats: allreduce time inside backward, less time off the core", "[reducer]") {
