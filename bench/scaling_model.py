@@ -6,9 +6,10 @@ output and checked against its measured training runs.
 Model. A link is an alpha-beta pair: one allreduce of S bytes across N nodes takes
     T_N(S) = 2(N-1)·alpha + 2(N-1)/N · S / B
 (ring allreduce between nodes: 2(N-1) steps, each moving S/N bytes over the link; ranks inside a
-node meet through shared memory, which is much faster and ignored). alpha and B are fitted to
-the MPI_Allreduce sweep between the two nodes (N = 2: T = 2·alpha + S/B): alpha from the
-smallest messages, B by least squares on relative error over the bucket sizes' range. A training step is
+node meet through shared memory, which is much faster and ignored). alpha and B come from the
+MPI_Allreduce sweep between the two nodes (N = 2: T = 2·alpha + S/B): alpha from the smallest
+messages, B at each bucket's size S from the sweep's time there (interpolated between the
+measured sizes; --global-fit uses one B fitted by least squares over the buckets' range). A training step is
     step = compute + sum over buckets k of T_N(S_k)          (no overlap: one core per rank)
     step = forward + max(backward, comm chain) + optimizer   (full overlap: spare core or GPU)
 where compute is the one-node run's time per step minus its allreduce wait (same placement of
@@ -84,6 +85,18 @@ def t_allreduce(nodes, size, alpha, beta_inv):
     return 2 * (nodes - 1) * alpha + 2 * (nodes - 1) / nodes * size * beta_inv
 
 
+def beta_inv_at(rows, alpha, size, fallback):
+    """1/B at `size` read off the sweep: the measured two-node time T_2(S) = 2·alpha + S/B,
+    interpolated linearly between the sizes around S (a token-bucket link is not one
+    bandwidth: small messages ride its burst, large ones see its rate)."""
+    pts = [(s, t) for s, t in rows]
+    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+        if s0 <= size <= s1:
+            t = t0 + (t1 - t0) * (size - s0) / (s1 - s0)
+            return max(t - 2 * alpha, 0.0) / size
+    return fallback
+
+
 def bytes_sent(nodes, sizes):
     return sum(2 * (nodes - 1) / nodes * s for s in sizes)
 
@@ -96,6 +109,9 @@ def main():
     p.add_argument("--calibrate", default="fashion:unlimited",
                    help="MODEL:LINK, the one training run gamma is taken from")
     p.add_argument("--no-cpu-term", action="store_true", help="the pure link model (gamma = 0)")
+    p.add_argument("--global-fit", action="store_true",
+                   help="one bandwidth per link (fitted over the sweep) instead of the sweep's "
+                        "bandwidth at each bucket's size")
     args = p.parse_args()
     out = args.outdir
     rates = sorted({m.group(1) for f in os.listdir(out) for m in [re.match(r"allreduce-(.+)\.md$", f)] if m},
@@ -111,7 +127,7 @@ def main():
         alpha, beta_inv = fit_alpha_beta(rows, args.fit_min_bytes)
         fitted = [(s, t) for s, t in rows if s >= args.fit_min_bytes]
         worst = max(abs(2 * alpha + beta_inv * s - t) / t for s, t in fitted)
-        links[rate] = (alpha, beta_inv)
+        links[rate] = (alpha, beta_inv, rows)
         print(f"| {rate} | {alpha * 1e6:.1f} | {1 / beta_inv / 1e9:.3f} | {len(fitted)} | {worst * 100:.0f}% |")
 
     def compute_and_sizes(model):
@@ -121,8 +137,11 @@ def main():
 
     def link_only(model, rate, nodes):
         compute, sizes = compute_and_sizes(model)
-        alpha, beta_inv = links[rate]
-        return compute + sum(t_allreduce(nodes, b, alpha, beta_inv) for b in sizes)
+        alpha, beta_inv, rows = links[rate]
+        if args.global_fit:
+            return compute + sum(t_allreduce(nodes, b, alpha, beta_inv) for b in sizes)
+        return compute + sum(t_allreduce(nodes, b, alpha, beta_inv_at(rows, alpha, b, beta_inv))
+                             for b in sizes)
 
     gamma = 0.0
     cal_model, _, cal_rate = args.calibrate.partition(":")
