@@ -330,3 +330,25 @@ TEST_CASE("GPU training: NCCL with more ranks than GPUs on a node is refused on 
                                  message.find("NCCL needs one GPU per rank") == std::string::npos,
                                  "ranks without the one-GPU-per-rank error");
 }
+
+TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane hooks",
+          "[gpu][staged][nccl][errors]") {
+  std::vector<std::string> kinds = {"mpi"};
+  if (gpu_per_rank()) kinds.push_back("nccl");
+  for (const std::string& kind : kinds) {
+    INFO(kind);
+    auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+    auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
+    std::unique_ptr<ddp::Communicator> comm =
+        kind == "nccl" ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
+                       : ddp::make_staged_communicator(*mpi, *backend);
+    float* arena = comm->gradient_arena(64);
+    CHECK_THROWS_WITH(comm->gradient_arena(64), Catch::Contains("gradient_arena() called twice"));
+    const ddp::LaneHooks hooks;
+    CHECK_THROWS_AS(comm->allreduce_async(arena, 64, false, &hooks), ddp::Error);
+    if (kind == "mpi") {
+      CHECK_THROWS_WITH(comm->allreduce_async(arena + 32, 64, false),
+                        Catch::Contains("must lie in this communicator's gradient arena"));
+    }
+  }
+}
