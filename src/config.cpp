@@ -232,6 +232,8 @@ void visit_training(TrainingConfig& t, V& v) {
   v.field("log_every", t.log_every);
   v.field("max_steps", t.max_steps);
   v.field("print_shapes", t.print_shapes);
+  v.field("resume", t.resume);
+  v.field("nan_policy", t.nan_policy);
 }
 
 template <typename V>
@@ -255,6 +257,12 @@ void visit_config(TrainConfig& c, V& v) {
     s.field("save_model", c.output.save_model);
     s.field("trace", c.output.trace);
     s.field("trace_steps", c.output.trace_steps);
+  });
+  v.section("checkpoint", [&](V& s) {
+    s.field("dir", c.checkpoint.dir);
+    s.field("every_steps", c.checkpoint.every_steps);
+    s.field("every_epochs", c.checkpoint.every_epochs);
+    s.field("keep_last", c.checkpoint.keep_last);
   });
 }
 
@@ -614,6 +622,21 @@ void validate_training(const Origin& o, const TrainingConfig& t) {
   require_min(o, "training.accumulate_steps", t.accumulate_steps, 1);
   require_min(o, "training.log_every", t.log_every, 0);
   require_min(o, "training.max_steps", t.max_steps, 0);
+  if (t.nan_policy != "abort" && t.nan_policy != "skip_step") {
+    fail(o, "training.nan_policy", "must be abort or skip_step; got '" + t.nan_policy + "'");
+  }
+  // "auto" may find nothing (a fresh start); an explicit checkpoint must exist.
+  if (!t.resume.empty() && t.resume != "auto") require_file(o, "training.resume", t.resume);
+}
+
+void validate_checkpoint(const Origin& o, const CheckpointConfig& c) {
+  require_min(o, "checkpoint.every_steps", c.every_steps, 0);
+  require_min(o, "checkpoint.every_epochs", c.every_epochs, 0);
+  require_min(o, "checkpoint.keep_last", c.keep_last, 0);
+  if (c.every_steps > 0 && c.every_epochs > 0) {
+    fail(o, "checkpoint.every_epochs",
+         "set either checkpoint.every_steps or checkpoint.every_epochs, not both");
+  }
 }
 
 void validate_rest(const Origin& o, const TrainConfig& c) {
@@ -653,6 +676,7 @@ void validate(const Origin& o, const TrainConfig& c) {
   validate_data(o, c.data);
   validate_optimizer(o, c.optimizer);
   validate_training(o, c.training);
+  validate_checkpoint(o, c.checkpoint);
   validate_rest(o, c);
 }
 

@@ -1,7 +1,8 @@
 // ddp-train: one MPI rank of a data-parallel training job.
 //   mpirun -n 2 ddp-train --config configs/fashion_mnist.yaml [--set key.path=value ...]
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
-// only ends it with MPI_Abort so no rank is left waiting in a collective.
+// only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT end
+// it at the next step with a checkpoint and exit code 75 (resume with --resume auto).
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "ddp/comm.h"
 #include "ddp/config.h"
 #include "ddp/env.h"
+#include "ddp/stop.h"
 #include "ddp/trainer.h"
 
 namespace {
@@ -17,6 +19,7 @@ namespace {
 struct Options {
   std::string config;
   std::vector<std::string> overrides;
+  std::string resume;
   bool print_config = false;
 };
 
@@ -27,7 +30,9 @@ int train(const Options& opt) {
   const auto layout = ddp::describe_layout(MPI_COMM_WORLD, env);
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   ddp::TrainConfig cfg;
-  ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, opt.overrides); });
+  std::vector<std::string> overrides = opt.overrides;
+  if (!opt.resume.empty()) overrides.push_back("training.resume=" + opt.resume);
+  ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, overrides); });
   if (opt.print_config) {
     if (env.rank == 0) std::cout << ddp::to_yaml(cfg);
     return 0;
@@ -42,8 +47,9 @@ int train(const Options& opt) {
     for (const auto& line : layout) std::cout << "  " << line << "\n";
   }
   ddp::Trainer trainer(cfg, *comm, env.rank == 0 ? &std::cout : nullptr);
-  trainer.run();
-  return 0;
+  const ddp::TrainSummary summary = trainer.run();
+  // Every rank stopped at the same step and the checkpoint is durable: a requeued job resumes.
+  return summary.interrupted ? ddp::kExitInterrupted : 0;
 }
 
 }  // namespace
@@ -57,6 +63,9 @@ int main(int argc, char** argv) {
   app.add_option("-s,--set", opt.overrides, "override a config key: key.path=value (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
+  app.add_option("-r,--resume", opt.resume,
+                 "continue from a checkpoint: auto (the newest in checkpoint.dir, or a fresh "
+                 "start if none) or a checkpoint file; same as --set training.resume=...");
   app.add_flag("--print-config", opt.print_config,
                "print the effective config (defaults filled in) and exit");
   CLI11_PARSE(app, argc, argv);
@@ -70,6 +79,9 @@ int main(int argc, char** argv) {
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // After MPI_Init, which may install handlers of its own: SIGTERM/SIGINT then ask training
+  // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank.
+  ddp::install_stop_handlers();
   try {
     return train(opt);
   } catch (const ddp::CollectiveError& e) {

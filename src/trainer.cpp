@@ -31,7 +31,9 @@
 #include "ddp/optim.h"
 #include "ddp/random.h"
 #include "ddp/reducer.h"
+#include "ddp/stop.h"
 #include "ddp/trace.h"
+#include "ddp/training_checkpoint.h"
 
 namespace ddp {
 
@@ -90,6 +92,29 @@ std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Seque
   for (std::string line; std::getline(plan_lines, line);) lines.push_back(line);
   lines.push_back("world size " + std::to_string(world));
   return lines;
+}
+
+// The settings a checkpoint can only continue under: what decides the model, the order of the
+// data and the update. Paths, epochs, logging, devices and the distributed layout may change.
+std::string resume_fingerprint(const TrainConfig& cfg) {
+  static const std::vector<std::string> kKeys = {
+      "model.layers",       "model.activation",          "data.format",  "data.train.samples",
+      "data.shuffle",       "data.drop_last",            "data.csv_header", "data.seed",
+      "optimizer.",         "training.batch_size",       "training.accumulate_steps",
+      "training.seed"};
+  std::vector<std::string> all;
+  flatten_yaml(YAML::Load(to_yaml(cfg)), "", all);
+  std::string out;
+  for (const std::string& line : all) {
+    const std::string key = line.substr(0, line.find(" = "));
+    for (const std::string& k : kKeys) {
+      if (k.back() == '.' ? key.rfind(k, 0) == 0 : key == k) {
+        out += line + "\n";
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 std::string join_lines(const std::vector<std::string>& lines) {
@@ -165,6 +190,8 @@ struct TraceSpan {
 struct PendingStep {
   int64_t epoch = 0, step_in_epoch = 0, global_step = 0;
   int slot = 0;      // the backend's loss totals slot
+  bool has_totals = false;  // totals taken already (to decide on non-finite gradients)
+  XentResult totals;
   int64_t rows = 0;  // samples of this rank in the step
   bool log = false;  // ends a progress-line interval
   std::vector<std::shared_ptr<Work>> works;
@@ -199,6 +226,18 @@ struct Trainer::State {
   bool shapes_printed = false;
   std::unique_ptr<Tracer> tracer = std::make_unique<Tracer>();  // disabled unless output.trace
   int track_compute = -1, track_comm = -1, track_data = -1;
+  // Checkpoints: where run() begins (the beginning, or a checkpoint's position) and the newest
+  // checkpoint written.
+  std::string checkpoint_dir;
+  TrainingState start;
+  bool resumed = false;
+  std::string last_checkpoint;
+  int64_t last_checkpoint_step = -1;
+  // Stop agreement (poll_stop): each step's flag is reduced on comm's lane and read a step
+  // later; the flags outlive the collective that reads them.
+  float stop_flags[2] = {0.0f, 0.0f};
+  int stop_slot = 0;
+  std::shared_ptr<Work> stop_work;
   // Declared last: pending steps hold collectives of device_comm and must go first.
   std::vector<PendingStep> pending;
 
@@ -236,6 +275,11 @@ struct Trainer::State {
   void print_shapes(const Tensor& x, const Tensor& logits);
   Tally evaluate();
   std::vector<float> host_values();
+  std::vector<float> host_momentum();
+  std::vector<NamedTensor> named(const std::vector<float>& arena) const;
+  void resume();
+  void save_checkpoint(TrainingState st, const Tally& epoch_tally);
+  bool poll_stop();
   void save_weights(const std::vector<NamedTensor>& w);
   void write_trace();
 };
@@ -297,6 +341,7 @@ void Trainer::State::setup() {
   });
   broadcast_parameters();
 
+  checkpoint_dir = cfg.checkpoint.directory(cfg.output.dir);
   reducer = std::make_unique<Reducer>(plan, model->parameter_names(), grads, grad_comm());
   SgdOptions opt;
   opt.lr = static_cast<float>(cfg.optimizer.lr);
@@ -311,6 +356,7 @@ void Trainer::State::setup() {
   const int64_t b = cfg.training.batch_size;
   train_loader = std::make_unique<Loader>(train, b, cfg.data.drop_last, cfg.data.prefetch);
   if (has_test) test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch);
+  resume();
   if (on_gpu()) {
     train_uploader = std::make_unique<BatchUploader>(*backend, b, train.features);
     if (has_test)
@@ -418,7 +464,8 @@ void Trainer::State::open_outputs() {
   fs::create_directories(cfg.output.dir, ec);
   DDP_CHECK(!ec, "output.dir: cannot create " << cfg.output.dir << ": " << ec.message());
   const std::string path = cfg.output.dir + "/metrics.jsonl";
-  metrics.open(path, std::ios::out | std::ios::trunc);
+  // A resumed run continues the metrics of the run it resumes.
+  metrics.open(path, std::ios::out | (cfg.training.resume.empty() ? std::ios::trunc : std::ios::app));
   DDP_CHECK(metrics.is_open(), "output.dir: cannot write " << path << ": " << std::strerror(errno));
   std::ofstream(cfg.output.dir + "/config.yaml") << to_yaml(cfg);
 }
@@ -478,6 +525,180 @@ std::vector<float> Trainer::State::host_values() {
   return host;
 }
 
+std::vector<float> Trainer::State::host_momentum() {
+  Tensor buf = sgd->momentum_buffer();
+  std::vector<float> host(static_cast<size_t>(buf.numel()));
+  if (host.empty()) return host;
+  if (on_gpu()) {
+    cuda_copy_bytes(host.data(), buf.data, host.size() * sizeof(float));
+  } else {
+    std::copy(buf.data, buf.data + buf.numel(), host.begin());
+  }
+  return host;
+}
+
+// The parameters' slices of an arena-shaped array (values, momentum) as named tensors.
+std::vector<NamedTensor> Trainer::State::named(const std::vector<float>& arena) const {
+  std::vector<NamedTensor> out;
+  const auto& params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter* p = params[i];
+    const float* first = arena.data() + plan.param_offset[i];
+    out.push_back(NamedTensor{p->name, p->shape, std::vector<float>(first, first + p->numel())});
+  }
+  return out;
+}
+
+// Collective. training.resume: rank 0 finds, reads and validates the checkpoint; every rank
+// receives the weights, the momentum and the position, so other nodes need not see the file.
+void Trainer::State::resume() {
+  const std::string& how = cfg.training.resume;
+  if (how.empty()) return;
+  std::string path = how;
+  if (how == "auto") {
+    run_agreed(comm, [&] {
+      if (is_root()) path = latest_checkpoint(checkpoint_dir);
+    });
+    path = broadcast_string(comm, path, 0);
+    if (path.empty()) {
+      say("resume: no checkpoint in " + checkpoint_dir + ", starting from the beginning");
+      return;
+    }
+  }
+  std::vector<float> weights(plan.total_numel, 0.0f), momentum;
+  const bool with_momentum = cfg.optimizer.momentum != 0.0;
+  if (with_momentum) momentum.assign(plan.total_numel, 0.0f);
+  run_agreed(comm, [&] {
+    if (!is_root()) return;
+    TrainingCheckpoint ck = read_checkpoint(path);
+    ResumeExpectation expected;
+    for (const Parameter* p : model->parameters()) expected.parameters.emplace_back(p->name, p->shape);
+    expected.momentum = with_momentum;
+    expected.train_samples = train.size;
+    expected.config = resume_fingerprint(cfg);
+    check_resumable(ck, path, expected);
+    const auto names = model->parameter_names();
+    auto place = [&](const std::vector<NamedTensor>& tensors, std::vector<float>& arena) {
+      for (const NamedTensor& t : tensors) {
+        const size_t i = static_cast<size_t>(
+            std::find(names.begin(), names.end(), t.name) - names.begin());
+        std::copy(t.data.begin(), t.data.end(), arena.begin() + plan.param_offset[i]);
+      }
+    };
+    place(ck.weights, weights);
+    place(ck.momentum, momentum);
+    start = ck.state;
+  });
+  comm.broadcast(weights.data(), weights.size() * sizeof(float), 0);
+  if (with_momentum) comm.broadcast(momentum.data(), momentum.size() * sizeof(float), 0);
+  // The position, as exact doubles (every count is far below 2^53).
+  double pos[10] = {double(start.epoch),       double(start.step_in_epoch),
+                    double(start.epoch_position), double(start.global_step),
+                    double(start.sgd_steps),   double(start.skipped_steps),
+                    double(start.world_size),  start.epoch_loss_sum,
+                    start.epoch_correct,       start.epoch_count};
+  comm.broadcast(pos, sizeof pos, 0);
+  start.epoch = int64_t(pos[0]);
+  start.step_in_epoch = int64_t(pos[1]);
+  start.epoch_position = int64_t(pos[2]);
+  start.global_step = int64_t(pos[3]);
+  start.sgd_steps = int64_t(pos[4]);
+  start.skipped_steps = int64_t(pos[5]);
+  start.world_size = int64_t(pos[6]);
+  start.epoch_loss_sum = pos[7];
+  start.epoch_correct = pos[8];
+  start.epoch_count = pos[9];
+  if (on_gpu()) {
+    if (!weights.empty()) cuda_copy_bytes(values.data(), weights.data(), values.bytes());
+    if (with_momentum) {
+      cuda_copy_bytes(sgd->momentum_buffer().data, momentum.data(), momentum.size() * sizeof(float));
+    }
+  } else {
+    std::copy(weights.begin(), weights.end(), values.data());
+    if (with_momentum) std::copy(momentum.begin(), momentum.end(), sgd->momentum_buffer().data);
+  }
+  sgd->set_steps_taken(static_cast<long>(start.sgd_steps));
+  resumed = true;
+  std::ostringstream line;
+  line << "resume: " << path << ": epoch " << start.epoch + 1 << " step " << start.step_in_epoch
+       << " (" << start.global_step << " steps done)";
+  say(line.str());
+  if (start.world_size != comm.size()) {
+    const int64_t per_rank = cfg.training.batch_size * cfg.training.accumulate_steps;
+    say("warning: the checkpoint was written by " + std::to_string(start.world_size) +
+        " rank(s), this run has " + std::to_string(comm.size()) + ": the global batch changes from " +
+        std::to_string(per_rank * start.world_size) + " to " +
+        std::to_string(per_rank * comm.size()) +
+        " samples (the results will differ from an uninterrupted run)");
+  }
+  record({{"type", "resume"},
+          {"checkpoint", path},
+          {"epoch", start.epoch + 1},
+          {"step", start.step_in_epoch},
+          {"global_step", start.global_step},
+          {"checkpoint_world_size", start.world_size},
+          {"world_size", comm.size()}});
+}
+
+// Collective: rank 0 writes the checkpoint; every rank returns once it is durable, or throws
+// the writer's error (a full disk: the previous checkpoint is still there).
+void Trainer::State::save_checkpoint(TrainingState st, const Tally& epoch_tally) {
+  const Tally g = epoch_tally.reduced(comm);
+  st.epoch_loss_sum = g.loss_sum;
+  st.epoch_correct = g.correct;
+  st.epoch_count = g.count;
+  st.sgd_steps = sgd->steps_taken();
+  st.world_size = comm.size();
+  st.train_samples = train.size;
+  st.config = resume_fingerprint(cfg);
+  const std::string path = checkpoint_path(checkpoint_dir, st.global_step);
+  const double t0 = seconds_now();
+  backend->synchronize();  // the last step's update has landed
+  double megabytes = 0.0;
+  run_agreed(comm, [&] {
+    if (!is_root()) return;
+    TrainingCheckpoint ck;
+    ck.state = st;
+    ck.weights = named(host_values());
+    if (cfg.optimizer.momentum != 0.0) ck.momentum = named(host_momentum());
+    std::error_code ec;
+    std::filesystem::create_directories(checkpoint_dir, ec);
+    DDP_CHECK(!ec, "checkpoint.dir: cannot create " << checkpoint_dir << ": " << ec.message());
+    write_checkpoint(path, ck);
+    prune_checkpoints(checkpoint_dir, cfg.checkpoint.keep_last);
+    megabytes = static_cast<double>(std::filesystem::file_size(path, ec)) / kMiB;
+  });
+  last_checkpoint = path;
+  last_checkpoint_step = st.global_step;
+  const double seconds = seconds_now() - t0;
+  std::ostringstream line;
+  line << "checkpoint: " << path << " (epoch " << st.epoch + 1 << " step " << st.step_in_epoch
+       << ", " << std::fixed << std::setprecision(1) << megabytes << " MiB in "
+       << std::setprecision(3) << seconds << " s)";
+  say(line.str());
+  record({{"type", "checkpoint"},
+          {"path", path},
+          {"epoch", st.epoch + 1},
+          {"step", st.step_in_epoch},
+          {"global_step", st.global_step},
+          {"seconds", seconds}});
+}
+
+// Collective, once per optimizer step on every rank: whether any rank had a stop request one
+// step ago. The flag travels on comm's lane behind this step's work and is read at the next
+// boundary, so no step waits for the network; every rank sees the same sum at the same step.
+bool Trainer::State::poll_stop() {
+  bool agreed = false;
+  if (stop_work) {
+    stop_work->wait();
+    agreed = stop_flags[stop_slot ^ 1] > 0.0f;
+  }
+  stop_flags[stop_slot] = stop_requested() != 0 ? 1.0f : 0.0f;
+  stop_work = comm.allreduce_async(&stop_flags[stop_slot], 1, false);
+  stop_slot ^= 1;
+  return agreed;
+}
+
 void Trainer::State::save_weights(const std::vector<NamedTensor>& w) {
   if (!is_root() || !cfg.output.save_model) return;
   save_safetensors(cfg.output.dir + "/model.safetensors", w, {{"format", "pt"}});
@@ -506,17 +727,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log)
 
 Trainer::~Trainer() = default;
 
-std::vector<NamedTensor> Trainer::weights() const {
-  const std::vector<float> host = s_->host_values();
-  std::vector<NamedTensor> out;
-  const auto& params = s_->model->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Parameter* p = params[i];
-    const float* first = host.data() + s_->plan.param_offset[i];
-    out.push_back(NamedTensor{p->name, p->shape, std::vector<float>(first, first + p->numel())});
-  }
-  return out;
-}
+std::vector<NamedTensor> Trainer::weights() const { return s_->named(s_->host_values()); }
 
 TrainSummary Trainer::run() {
   State& s = *s_;
@@ -529,12 +740,25 @@ TrainSummary Trainer::run() {
   const int64_t features = s.train.features;
   const int world = s.comm.size();
   const bool gpu = s.on_gpu();
+  const bool skip_nonfinite = cfg.training.nan_policy == "skip_step";
+  // The averaged gradient is the same on every rank, so each rank decides alone and all
+  // decide alike. On a GPU the check costs a host sync: only done where steps are skipped
+  // (with abort, a non-finite loss stops the job a step later).
+  const bool check_gradients = !gpu || skip_nonfinite;
   const double t_start = seconds_now();
   double train_seconds = 0.0;
-  bool stop = false;
+  sum.resumed = s.resumed;
+  sum.steps = s.start.global_step;
+  sum.skipped_steps = s.start.skipped_steps;
+  const int64_t first_step = sum.steps;  // this run's steps are traced and timed
+  bool stop = cfg.training.max_steps > 0 && sum.steps >= cfg.training.max_steps;
   Tally epoch_tally, log_tally;
   double log_start = 0.0;
   int64_t steps_in_epoch = 0;
+  // Where training stands after the last step: what a checkpoint written now records.
+  TrainingState at = s.start;
+  if (s.resumed && (s.start.epoch >= cfg.training.epochs || stop))
+    s.say("resume: the checkpoint is already at the end of training");
 
   auto fetch = [&](bool traced) {
     const double t0 = seconds_now();
@@ -542,20 +766,29 @@ TrainSummary Trainer::run() {
     if (traced) tracer.span(s.track_data, "next batch", t0, seconds_now());
     return b;
   };
-
-  // Reads a queued step's results: loss (checked), communication statistics, trace, progress.
-  auto resolve = [&](PendingStep& p) {
-    XentResult r;
+  auto take_totals = [&](PendingStep& p) {
+    if (p.has_totals) return;
     try {
-      r = be.take_xent_totals(p.slot);
+      p.totals = be.take_xent_totals(p.slot);
     } catch (const Error& e) {
       DDP_THROW("epoch " << p.epoch + 1 << " step " << p.step_in_epoch << ": " << e.message());
     }
-    DDP_CHECK(std::isfinite(r.loss_sum), "loss is " << r.loss_sum << " at epoch " << p.epoch + 1
-                                                    << " step " << p.step_in_epoch
-                                                    << " (lower optimizer.lr?)");
-    epoch_tally.add(r, p.rows);
-    log_tally.add(r, p.rows);
+    p.has_totals = true;
+  };
+
+  // Reads a queued step's results: loss (checked), communication statistics, trace, progress.
+  auto resolve = [&](PendingStep& p) {
+    take_totals(p);
+    const XentResult& r = p.totals;
+    if (!std::isfinite(r.loss_sum)) {
+      DDP_CHECK(skip_nonfinite, "loss is " << r.loss_sum << " at epoch " << p.epoch + 1 << " step "
+                                           << p.step_in_epoch
+                                           << " (lower optimizer.lr? training.nan_policy: "
+                                           << "skip_step skips such steps)");
+    } else {
+      epoch_tally.add(r, p.rows);
+      log_tally.add(r, p.rows);
+    }
     try {
       s.reducer->synchronize(p.works, p.global_step);
     } catch (const Error& e) {
@@ -607,20 +840,53 @@ TrainSummary Trainer::run() {
       s.pending.erase(s.pending.begin());
     }
   };
+  // Non-finite averaged gradients (seen by every rank at once): names the ranks whose loss was
+  // non-finite, then stops the job (abort) or skips the step (skip_step). Collective.
+  auto on_nonfinite_gradients = [&](PendingStep& step, int64_t count) {
+    double first_bad = std::isfinite(step.totals.loss_sum) ? world : s.comm.rank();
+    s.comm.allreduce(&first_bad, 1, ReduceOp::Min);
+    std::ostringstream msg;
+    msg << "epoch " << step.epoch + 1 << " step " << step.step_in_epoch << ": " << count
+        << " non-finite gradient value(s) after the allreduce";
+    if (first_bad < world) {
+      msg << " (the loss was non-finite on rank " << static_cast<int>(first_bad) << ")";
+    } else {
+      msg << " (every rank's loss was finite)";
+    }
+    if (!skip_nonfinite) {
+      throw CollectiveError(msg.str() + "; lower optimizer.lr? training.nan_policy: skip_step "
+                                        "skips such steps");
+    }
+    s.say("warning: " + msg.str() + ": step skipped (training.nan_policy: skip_step)");
+    s.record({{"type", "skipped_step"},
+              {"epoch", step.epoch + 1},
+              {"step", step.step_in_epoch},
+              {"global_step", step.global_step},
+              {"nonfinite_values", count}});
+  };
 
-  for (int64_t epoch = 0; epoch < cfg.training.epochs && !stop; ++epoch) {
+  for (int64_t epoch = s.start.epoch; epoch < cfg.training.epochs && !stop; ++epoch) {
     const double epoch_start = seconds_now();
-    s.sampler->set_epoch(epoch);
+    // A resumed epoch continues after the samples its checkpoint had consumed.
+    const bool continued = epoch == s.start.epoch && s.start.epoch_position > 0;
+    int64_t position = continued ? s.start.epoch_position : 0;
+    s.sampler->set_epoch(epoch, position);
     s.train_loader->start_epoch(s.sampler->indices());
     const int64_t nb = s.train_loader->batches_in_epoch();
     const int64_t shard = s.sampler->num_samples();
-    steps_in_epoch = (nb + A - 1) / A;
+    int64_t step_in_epoch = continued ? s.start.step_in_epoch : 0;
+    steps_in_epoch = step_in_epoch + (nb + A - 1) / A;
     epoch_tally = log_tally = Tally{};
+    double restored_count = 0.0;  // samples of this epoch trained before the resume
+    if (continued && s.is_root())
+      epoch_tally = Tally{s.start.epoch_loss_sum, s.start.epoch_correct, s.start.epoch_count};
+    restored_count = continued ? s.start.epoch_count : 0.0;
     log_start = seconds_now();
-    int64_t step_in_epoch = 0;
+    bool epoch_complete = nb == 0;
+    bool checkpoint_due = false;
     auto traced_now = [&] {
       return tracer.enabled() &&
-             (cfg.output.trace_steps == 0 || sum.steps < cfg.output.trace_steps);
+             (cfg.output.trace_steps == 0 || sum.steps - first_step < cfg.output.trace_steps);
     };
     const Batch* batch = fetch(traced_now());
     if (gpu && batch != nullptr)
@@ -697,22 +963,40 @@ TrainSummary Trainer::run() {
         batch = gpu ? next : fetch(traced);
         continue;
       }
-      step.works = s.reducer->works();
-      const Mark opt_begin = traced ? s.mark() : Mark{};
-      s.sgd->step(be, s.flat(s.values),
-                  Tensor{s.grads, 1, static_cast<int64_t>(s.plan.total_numel), s.placement.device});
       ++step_in_epoch;
       ++sum.steps;
+      step.step_in_epoch = step_in_epoch;
+      step.global_step = sum.steps;
+      step.works = s.reducer->works();
+      Tensor grads{s.grads, 1, static_cast<int64_t>(s.plan.total_numel), s.placement.device};
+      bool skip = false;
+      if (check_gradients) {
+        const int64_t bad = be.count_nonfinite(grads);
+        if (bad > 0) {
+          take_totals(step);  // which rank's loss went non-finite, for the message
+          on_nonfinite_gradients(step, bad);
+          skip = true;
+          ++sum.skipped_steps;
+        }
+      }
+      const Mark opt_begin = traced ? s.mark() : Mark{};
+      if (!skip) s.sgd->step(be, s.flat(s.values), grads);
       if (traced) {
         const Mark opt_end = s.mark();
         step.spans.push_back({s.track_compute, "optimizer (SGD)", opt_begin, opt_end});
         step.spans.push_back(
             {s.track_compute, "step " + std::to_string(sum.steps), step_begin, opt_end});
       }
-      step.step_in_epoch = step_in_epoch;
-      step.global_step = sum.steps;
       const bool limit = cfg.training.max_steps > 0 && sum.steps >= cfg.training.max_steps;
       step.log = cfg.training.log_every > 0 && (sum.steps % cfg.training.log_every == 0 || limit);
+      // Every rank's shard has the same number of rows per step (the sampler pads or drops).
+      position += step.rows * world;
+      epoch_complete = group_end == nb;
+      at.epoch = epoch;
+      at.step_in_epoch = step_in_epoch;
+      at.epoch_position = position;
+      at.global_step = sum.steps;
+      at.skipped_steps = sum.skipped_steps;
       s.pending.push_back(std::move(step));
       step = PendingStep{};
       resolve_pending(gpu ? 1 : 0);
@@ -720,29 +1004,61 @@ TrainSummary Trainer::run() {
         stop = true;
         break;
       }
+      if (s.poll_stop()) {
+        sum.interrupted = true;
+        stop = true;
+        break;
+      }
+      const int64_t every = cfg.checkpoint.every_steps;
+      if (every > 0 && sum.steps % every == 0) {
+        if (epoch_complete) {
+          checkpoint_due = true;  // written after the epoch's evaluation
+        } else {
+          resolve_pending(0);
+          s.save_checkpoint(at, epoch_tally);
+        }
+      }
       batch = gpu ? next : fetch(traced);
     }
     resolve_pending(0);
     be.synchronize();  // the epoch's time includes the device finishing its work
+    if (epoch_complete) {
+      at = TrainingState{};
+      at.epoch = epoch + 1;
+      at.global_step = sum.steps;
+      at.skipped_steps = sum.skipped_steps;
+    }
+    if (sum.interrupted) {
+      // Preempted: the checkpoint first (the grace period is short), no evaluation.
+      s.say("stop requested (SIGTERM/SIGINT): writing a checkpoint at epoch " +
+            std::to_string(at.epoch + 1) + " step " + std::to_string(at.step_in_epoch));
+      s.save_checkpoint(at, epoch_complete ? Tally{} : epoch_tally);
+      break;
+    }
     const double epoch_seconds = seconds_now() - epoch_start;
     train_seconds += epoch_seconds;
     sum.epochs = epoch + 1;
     const Tally e = epoch_tally.reduced(s.comm);
-    sum.samples += static_cast<int64_t>(e.count);
+    const double trained_now = e.count - restored_count;
+    sum.samples += static_cast<int64_t>(trained_now);
     sum.train_loss = e.loss();
     sum.train_accuracy = e.accuracy();
+    if (!epoch_complete) {
+      // Stopped by max_steps inside the epoch: no epoch line, no evaluation.
+      break;
+    }
     std::ostringstream line;
     line << "epoch " << epoch + 1 << "/" << cfg.training.epochs << " done in " << std::fixed
          << std::setprecision(epoch_seconds < 1 ? 4 : 2) << epoch_seconds << " s: train loss "
          << std::setprecision(4) << e.loss() << " acc " << percent(e.accuracy()) << ", "
-         << format_rate(e.count / std::max(1e-9, epoch_seconds));
+         << format_rate(trained_now / std::max(1e-9, epoch_seconds));
     nlohmann::json record = {{"type", "epoch"},
                              {"epoch", epoch + 1},
                              {"global_step", sum.steps},
                              {"train_loss", e.loss()},
                              {"train_accuracy", e.accuracy()},
                              {"seconds", epoch_seconds},
-                             {"samples_per_sec", e.count / std::max(1e-9, epoch_seconds)}};
+                             {"samples_per_sec", trained_now / std::max(1e-9, epoch_seconds)}};
     if (s.has_test) {
       const Tally t = s.evaluate();
       sum.evaluated = true;
@@ -759,8 +1075,19 @@ TrainSummary Trainer::run() {
     }
     s.say(line.str());
     s.record(record);
+    const int64_t every_epochs = cfg.checkpoint.every_epochs;
+    if (checkpoint_due || (every_epochs > 0 && (epoch + 1) % every_epochs == 0))
+      s.save_checkpoint(at, Tally{});
   }
   s.model->set_layer_observer(nullptr);
+  // Training that ends without a checkpoint of its last step leaves one, so it can be
+  // extended (more epochs) with --resume auto.
+  if (!sum.interrupted && cfg.checkpoint.periodic() && s.last_checkpoint_step != sum.steps &&
+      sum.steps > first_step) {
+    s.save_checkpoint(at, at.step_in_epoch == 0 ? Tally{} : epoch_tally);
+  }
+  sum.last_checkpoint = s.last_checkpoint;
+  sum.stop_signal = stop_requested();
 
   sum.seconds = train_seconds;
   sum.samples_per_sec = sum.samples / std::max(1e-9, train_seconds);
@@ -770,13 +1097,15 @@ TrainSummary Trainer::run() {
   s.comm.allreduce(comm_totals, 2, ReduceOp::Sum);
   const double overlap = comm_totals[0] > 0 ? comm_totals[1] / comm_totals[0] : 1.0;
   std::ostringstream line;
-  line << "done: " << sum.epochs << " epoch(s), " << sum.steps << " steps, " << sum.samples
-       << " samples in " << std::fixed << std::setprecision(sum.seconds < 1 ? 4 : 2) << sum.seconds
-       << " s (" << format_rate(sum.samples_per_sec) << ", " << world << " rank(s))";
+  line << (sum.interrupted ? "interrupted: " : "done: ") << sum.epochs << " epoch(s), "
+       << sum.steps << " steps, " << sum.samples << " samples in " << std::fixed
+       << std::setprecision(sum.seconds < 1 ? 4 : 2) << sum.seconds << " s ("
+       << format_rate(sum.samples_per_sec) << ", " << world << " rank(s))";
   if (sum.evaluated) line << "; test accuracy " << percent(sum.test_accuracy);
   line << "; allreduce " << std::setprecision(3) << sum.comm_seconds << " s on rank 0, "
        << percent(overlap) << " hidden behind backward; data wait " << sum.data_wait_seconds
        << " s";
+  if (sum.skipped_steps > 0) line << "; " << sum.skipped_steps << " step(s) skipped (non-finite)";
   s.say(line.str());
   s.record({{"type", "summary"},
             {"epochs", sum.epochs},
@@ -791,8 +1120,16 @@ TrainSummary Trainer::run() {
             {"allreduce_seconds", sum.comm_seconds},
             {"allreduce_hidden_fraction", overlap},
             {"allreduce_wait_seconds", sum.wait_seconds},
-            {"data_wait_seconds", sum.data_wait_seconds}});
+            {"data_wait_seconds", sum.data_wait_seconds},
+            {"skipped_steps", sum.skipped_steps},
+            {"resumed", sum.resumed},
+            {"interrupted", sum.interrupted}});
   s.write_trace();
+  if (s.stop_work) s.stop_work->wait();  // the last stop flag's collective, before teardown
+  if (sum.interrupted) {
+    s.say("resume with --resume auto (or --resume " + s.last_checkpoint + ")");
+    return sum;
+  }
   run_agreed(s.comm, [&] { s.save_weights(weights()); });
   if (s.is_root() && cfg.output.save_model)
     s.say("weights: " + cfg.output.dir + "/model.safetensors");

@@ -75,6 +75,10 @@ class Backend {
   /// work that produced them. Throws ddp::Error if a label was outside [0, classes).
   virtual XentResult take_xent_totals(int slot);
 
+  /// How many values of t are NaN or ±Inf. Waits for the work that produced t (the caller
+  /// decides on it at once: skip the step or stop).
+  virtual int64_t count_nonfinite(const Tensor& t) = 0;
+
   virtual void fill(Tensor& t, float value) = 0;
   virtual void scale(Tensor& t, float factor) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;

@@ -56,6 +56,12 @@ struct TrainingConfig {
   int64_t log_every = 50;        ///< optimizer steps between progress lines; 0 = epoch lines only
   int64_t max_steps = 0;         ///< stop after this many optimizer steps in total; 0 = no limit
   bool print_shapes = false;     ///< each rank prints its replica's input/output shapes once
+  /// Continue from a checkpoint: "" (start fresh), "auto" (the newest complete checkpoint in
+  /// checkpoint.dir, or fresh when there is none) or the path of a checkpoint file.
+  std::string resume;
+  /// A non-finite loss or gradient: "abort" (stop the job naming the step and rank) or
+  /// "skip_step" (every rank skips that optimizer step and training goes on).
+  std::string nan_policy = "abort";
 };
 
 struct DistributedConfig {
@@ -80,6 +86,21 @@ struct OutputConfig {
   int64_t trace_steps = 20;  ///< optimizer steps traced (from the first); 0 = all
 };
 
+/// Periodic checkpoints (model, optimizer state, position in the data) for --resume. One is
+/// also written when the job is interrupted by SIGTERM/SIGINT, and at the end of training when
+/// every_steps or every_epochs is set.
+struct CheckpointConfig {
+  std::string dir;           ///< "" = <output.dir>/checkpoints
+  int64_t every_steps = 0;   ///< write after every N optimizer steps (0 = off)
+  int64_t every_epochs = 0;  ///< write after every N epochs (0 = off); not with every_steps
+  int64_t keep_last = 3;     ///< checkpoints kept (older ones removed); 0 = keep all
+  /// The directory checkpoints go to: dir, or <output_dir>/checkpoints when dir is empty.
+  std::string directory(const std::string& output_dir) const {
+    return dir.empty() ? output_dir + "/checkpoints" : dir;
+  }
+  bool periodic() const { return every_steps > 0 || every_epochs > 0; }
+};
+
 struct TrainConfig {
   std::string device = "cpu";  ///< cpu | cuda | auto (cuda when a GPU is visible, else cpu)
   ModelConfig model;
@@ -88,6 +109,7 @@ struct TrainConfig {
   TrainingConfig training;
   DistributedConfig distributed;
   OutputConfig output;
+  CheckpointConfig checkpoint;
   std::string source;  ///< the file it was loaded from ("" if built in code)
 };
 

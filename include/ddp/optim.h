@@ -20,6 +20,9 @@ class Sgd {
   /// The momentum buffer (empty when momentum == 0), for checkpoints.
   Tensor momentum_buffer();
   long steps_taken() const { return steps_; }
+  /// Continues from a checkpoint that had taken `steps` updates (> 0: the next update uses
+  /// the momentum buffer, which the caller restores through momentum_buffer()).
+  void set_steps_taken(long steps) { steps_ = steps; }
 
  private:
   SgdOptions options_;

@@ -1,6 +1,7 @@
 // The training loop: builds data, model, bucket plan, Reducer and optimizer from a TrainConfig,
 // makes sure every rank holds the same model, then trains and evaluates epoch by epoch.
-// Rank 0 logs progress, writes <output.dir>/metrics.jsonl and model.safetensors.
+// Rank 0 logs progress, writes <output.dir>/metrics.jsonl, model.safetensors and the
+// checkpoints (training_checkpoint.h) that training.resume continues from.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,12 @@ struct TrainSummary {
   double hidden_seconds = 0.0;  ///< part of it that ran while backward was computing
   double wait_seconds = 0.0;    ///< time the training thread waited for allreduces
   double data_wait_seconds = 0.0;
+  int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
+  bool resumed = false;        ///< continued from a checkpoint
+  /// Stopped by SIGTERM/SIGINT (stop.h) after writing a checkpoint; stop_signal says which.
+  bool interrupted = false;
+  int stop_signal = 0;
+  std::string last_checkpoint;  ///< the newest checkpoint this run wrote ("" if none)
   /// Share of allreduce time hidden behind backward (1 when nothing was communicated).
   double overlap() const { return comm_seconds > 0 ? hidden_seconds / comm_seconds : 1.0; }
 };
@@ -49,7 +56,9 @@ class Trainer {
   ~Trainer();
 
   /// Trains for training.epochs (or training.max_steps), evaluating after each epoch.
-  /// Collective. Writes metrics and the final weights on rank 0.
+  /// Collective. Writes metrics, checkpoints and the final weights on rank 0. A stop request
+  /// (stop.h) on any rank ends training on every rank at the same step boundary with a
+  /// checkpoint; the summary then says interrupted.
   TrainSummary run();
 
   /// The model's parameters as named tensors (layers.{i}.weight [out,in], layers.{i}.bias [out]).

@@ -95,6 +95,11 @@ class CpuBackend final : public Backend {
     as_array(t).setConstant(value);
   }
 
+  int64_t count_nonfinite(const Tensor& t) override {
+    checks::tensor("count_nonfinite", "t", t, kCpu);
+    return static_cast<int64_t>((!as_array(t).isFinite()).count());
+  }
+
   void scale(Tensor& t, float factor) override {
     checks::tensor("scale", "t", t, kCpu);
     as_array(t) *= factor;

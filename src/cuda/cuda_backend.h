@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
   void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
                              Tensor* dlogits, int slot) override;
   XentResult take_xent_totals(int slot) override;
+  int64_t count_nonfinite(const Tensor& t) override;
   void fill(Tensor& t, float value) override;
   void scale(Tensor& t, float factor) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -76,6 +77,8 @@ class CudaBackend final : public Backend {
   DeviceArray<XentTotals> slot_totals_;
   PinnedArray<XentTotals> slot_totals_host_;
   cudaEvent_t slot_copied_[2] = {nullptr, nullptr};
+  DeviceArray<unsigned long long> nonfinite_;
+  PinnedArray<unsigned long long> nonfinite_host_;
   bool slot_fresh_[2] = {true, true};
   bool slot_pending_[2] = {false, false};
 };

@@ -43,13 +43,18 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world, int rank
   DDP_CHECK(dataset_size > 0,
             "DistributedSampler: dataset size must be positive, got " << dataset_size);
   check_rank(world, rank, "DistributedSampler");
-  // drop_last: floor(n / world) per rank (torch's ceil((n - world) / world)); else ceil(n / world).
-  num_samples_ = drop_last_ ? size_ / world_ : (size_ + world_ - 1) / world_;
+  set_epoch(0);
 }
 
-void DistributedSampler::set_epoch(int64_t epoch) {
+void DistributedSampler::set_epoch(int64_t epoch, int64_t start) {
   DDP_CHECK(epoch >= 0, "DistributedSampler::set_epoch: epoch must be non-negative, got " << epoch);
+  DDP_CHECK(start >= 0 && start < size_, "DistributedSampler::set_epoch: start "
+                                             << start << " is outside [0, " << size_ << ")");
   epoch_ = epoch;
+  start_ = start;
+  // drop_last: floor(n / world) per rank (torch's ceil((n - world) / world)); else ceil(n / world).
+  const int64_t n = size_ - start_;
+  num_samples_ = drop_last_ ? n / world_ : (n + world_ - 1) / world_;
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -64,7 +69,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
   // start as often as needed, truncation never reaches past n.
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(num_samples_));
-  for (int64_t k = rank_; k < total_size(); k += world_)
+  for (int64_t k = start_ + rank_; k < start_ + total_size(); k += world_)
     mine.push_back(order[static_cast<size_t>(k % size_)]);
   return mine;
 }

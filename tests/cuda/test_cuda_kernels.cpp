@@ -10,6 +10,8 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <limits>
+#include <set>
 #include <vector>
 
 #include "cuda_test_support.h"
@@ -869,6 +871,31 @@ TEST_CASE("cuda fill, scale and copy write exactly their views", DDP_CUDA_TAGS) 
       be->copy(t.view(), t.view());  // same view: nothing to do
       require_bitwise_equal(t.download(), scaled, "copy onto itself");
     }
+  }
+}
+
+TEST_CASE("cuda count_nonfinite counts NaN and infinities of its view only", DDP_CUDA_TAGS) {
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  uint64_t seed = 11000;
+  for (const auto& [rows, cols] : elementwise_shapes()) {
+    const int64_t n = rows * cols;
+    INFO("shape " << rows << " x " << cols);
+    DeviceTensor t(rows, cols, kGuard);  // guard zones around the view hold NaN
+    std::vector<float> v = random_floats(static_cast<size_t>(n), seed += 10);
+    t.upload(v);
+    CHECK(be->count_nonfinite(t.view()) == 0);
+    // Non-finite values at the ends and in the middle; the largest finite float is not one.
+    const float specials[] = {kNaN, std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    const std::set<int64_t> at = {0, n / 2, n - 1};  // fewer than 3 for tiny shapes
+    int64_t expected = 0;
+    for (int64_t i : at) v[static_cast<size_t>(i)] = specials[expected++];
+    if (n > 3) v[1] = std::numeric_limits<float>::max();
+    t.upload(v);
+    CHECK(be->count_nonfinite(t.view()) == expected);
+    CHECK(cpu->count_nonfinite(host_view(v, rows, cols)) == expected);
+    require_guards_intact(t, "count_nonfinite");
   }
 }
 

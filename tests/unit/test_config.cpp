@@ -126,6 +126,12 @@ void require_same(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.output.save_model == b.output.save_model);
   CHECK(a.output.trace == b.output.trace);
   CHECK(a.output.trace_steps == b.output.trace_steps);
+  CHECK(a.training.resume == b.training.resume);
+  CHECK(a.training.nan_policy == b.training.nan_policy);
+  CHECK(a.checkpoint.dir == b.checkpoint.dir);
+  CHECK(a.checkpoint.every_steps == b.checkpoint.every_steps);
+  CHECK(a.checkpoint.every_epochs == b.checkpoint.every_epochs);
+  CHECK(a.checkpoint.keep_last == b.checkpoint.keep_last);
 }
 
 }  // namespace
@@ -254,11 +260,11 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
   CHECK(parse_error(kMinimal, {"training.bach_size=2"}) ==
         "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: epochs, "
-        "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes)");
+        "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, nan_policy)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "training, "
-        "distributed, output)");
+        "distributed, output, checkpoint)");
   CHECK(parse_error(kMinimal + "training:\n  epochs: 1\n", {"training.epochs.x=1"}) ==
         "--set training.epochs.x: training.epochs is '1', not a section, so it has no key 'x'");
   CHECK(parse_error(kMinimal, {"model.layers=[4, 3"}) ==
@@ -272,15 +278,15 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
   CHECK(parse_error(kMinimal + "trainig:\n  epochs: 2\n") ==
         "run.yaml: trainig: unknown key, did you mean 'training'? (known top-level keys: device, "
         "model, "
-        "data, optimizer, training, distributed, output)");
+        "data, optimizer, training, distributed, output, checkpoint)");
   CHECK(
       parse_error(kMinimal + "zzz: 1\n") ==
       "run.yaml: zzz: unknown key (known top-level keys: device, model, data, optimizer, training, "
-      "distributed, output)");
+      "distributed, output, checkpoint)");
   CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n") ==
         "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: "
-        "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes)");
+        "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, nan_policy)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, "
@@ -391,6 +397,22 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
        "distributed.first_bucket_mb: must be > 0, got -1.0"},
       {[](TrainConfig& c) { c.output.dir = ""; }, "output.dir: must not be empty"},
+      {[](TrainConfig& c) { c.training.nan_policy = "ignore"; },
+       "training.nan_policy: must be abort or skip_step; got 'ignore'"},
+      {[](TrainConfig& c) { c.training.resume = "/nonexistent/step-1.safetensors"; },
+       "training.resume: file not found: /nonexistent/step-1.safetensors"},
+      {[](TrainConfig& c) { c.checkpoint.every_steps = -1; },
+       "checkpoint.every_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.checkpoint.every_epochs = -2; },
+       "checkpoint.every_epochs: must be >= 0, got -2"},
+      {[](TrainConfig& c) { c.checkpoint.keep_last = -1; },
+       "checkpoint.keep_last: must be >= 0, got -1"},
+      {[](TrainConfig& c) {
+         c.checkpoint.every_steps = 10;
+         c.checkpoint.every_epochs = 1;
+       },
+       "checkpoint.every_epochs: set either checkpoint.every_steps or checkpoint.every_epochs, "
+       "not both"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO("case " << i << ": " << cases[i].second);
@@ -418,6 +440,22 @@ TEST_CASE("config: device cuda and auto, and what each build says about them", "
       parse_min("distributed: {gpus: [1, 0], nccl_algo: auto, timeout_s: 5}\n").distributed.gpus ==
       std::vector<int64_t>{1, 0});
   CHECK(parse_min("output: {trace: true, trace_steps: 0}\n").output.trace);
+}
+
+TEST_CASE("config: checkpoint section, resume and nan_policy", "[config]") {
+  const TrainConfig c = parse_min(
+      "checkpoint: {every_steps: 50, keep_last: 0}\n"
+      "training: {resume: auto, nan_policy: skip_step}\n");
+  CHECK(c.checkpoint.every_steps == 50);
+  CHECK(c.checkpoint.keep_last == 0);
+  CHECK(c.checkpoint.periodic());
+  CHECK(c.checkpoint.directory("runs/x") == "runs/x/checkpoints");
+  CHECK(c.training.resume == "auto");
+  CHECK(c.training.nan_policy == "skip_step");
+  ddp::CheckpointConfig own;
+  own.dir = "/scratch/ckpt";
+  CHECK(own.directory("runs/x") == "/scratch/ckpt");
+  CHECK_FALSE(own.periodic());
 }
 
 TEST_CASE("config: range boundaries that are allowed pass", "[config]") {
@@ -579,7 +617,8 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   syn.optimizer.momentum = 1.0 / 3.0;
   syn.optimizer.nesterov = true;
   syn.optimizer.weight_decay = 1e-7;
-  syn.training = {9, 17, 3, 42, 0, 1000, true};
+  syn.training = {9, 17, 3, 42, 0, 1000, true, "auto", "skip_step"};
+  syn.checkpoint = {"ckpt dir: x", 0, 2, 0};
   syn.distributed.bucket_cap_mb = 0.25;
   syn.distributed.first_bucket_mb = 2.5;
   syn.distributed.shared_memory = false;

@@ -661,6 +661,20 @@ TEST_CASE("cpu fill, scale and copy", "[kernels]") {
   require_equal(dst, v);
 }
 
+TEST_CASE("cpu count_nonfinite counts NaN and infinities", "[kernels]") {
+  auto backend = ddp::make_cpu_backend();
+  auto v = ddp_test::random_vector(37, 601);
+  CHECK(backend->count_nonfinite(view(v, 1, 37)) == 0);
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[17] = std::numeric_limits<float>::infinity();
+  v[36] = -std::numeric_limits<float>::infinity();
+  v[5] = std::numeric_limits<float>::max();
+  v[6] = std::numeric_limits<float>::denorm_min();
+  CHECK(backend->count_nonfinite(view(v, 1, 37)) == 3);
+  CHECK(backend->count_nonfinite(view(v, 1, 36)) == 2);  // only the view
+  CHECK(backend->count_nonfinite(Tensor{v.data(), 0, 5, ddp::Device::CPU}) == 0);
+}
+
 TEST_CASE("cpu copy rejects mismatched shapes and partial overlap", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   std::vector<float> a(12), b(12);

@@ -20,6 +20,7 @@
 
 #include "ddp/check.h"
 #include "ddp/checkpoint.h"
+#include "temp_files.h"
 #include "test_helpers.h"
 
 namespace fs = std::filesystem;
@@ -28,43 +29,17 @@ using ddp::NamedTensor;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-class TempDir {
+using ddp_test::dir_entries;
+using ddp_test::FileSizeLimit;
+using ddp_test::read_bytes;
+using ddp_test::TinyTmpfs;
+using ddp_test::write_bytes;
+
+// Each test's own directory, removed at scope exit.
+class TempDir : public ddp_test::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ddp_safetensors_XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+  TempDir() : ddp_test::TempDir("ddp_safetensors") {}
 };
-
-std::vector<std::string> dir_entries(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');
@@ -266,42 +241,6 @@ TEST_CASE("safetensors save fails on rename onto a directory and cleans up", "[s
 }
 
 namespace {
-// Caps this process's file size so write() fails part-way, like a full disk, without root.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved_) == 0);
-    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);  // get EFBIG instead of being killed
-    rlimit capped = saved_;
-    capped.rlim_cur = bytes;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &capped) == 0);
-  }
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &saved_);
-    ::signal(SIGXFSZ, old_handler_);
-  }
-
- private:
-  rlimit saved_{};
-  void (*old_handler_)(int) = nullptr;
-};
-
-// tmpfs of `size` mounted on `dir` for the object's lifetime; ok() is false where not allowed.
-class TinyTmpfs {
- public:
-  TinyTmpfs(const std::string& dir, const char* size_option) : dir_(dir) {
-    mounted_ = ::geteuid() == 0 && ::mount("tmpfs", dir_.c_str(), "tmpfs", 0, size_option) == 0;
-  }
-  ~TinyTmpfs() {
-    if (mounted_) ::umount(dir_.c_str());
-  }
-  bool ok() const { return mounted_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-};
-
 const std::vector<NamedTensor> kOldTensors = {{"old", {4}, {1, 2, 3, 4}}};
 const std::vector<NamedTensor> kBigTensors = {{"big", {100000}, std::vector<float>(100000, 0.5f)}};
 }  // namespace

@@ -153,6 +153,52 @@ TEST_CASE("sampler rejects bad arguments", "[data][sampler]") {
                       Contains("rank -1 is outside [0, 2)"));
   DistributedSampler s(10, 2, 0, true, 0, false);
   REQUIRE_THROWS_WITH(s.set_epoch(-1), Contains("epoch must be non-negative, got -1"));
+  REQUIRE_THROWS_WITH(s.set_epoch(0, 10), Contains("start 10 is outside [0, 10)"));
+  REQUIRE_THROWS_WITH(s.set_epoch(0, -1), Contains("start -1 is outside [0, 10)"));
+}
+
+TEST_CASE("sampler resumed mid-epoch: the same world continues the epoch exactly",
+          "[data][sampler]") {
+  for (bool drop_last : {false, true}) {
+    for (int world : {1, 2, 3, 4}) {
+      const int64_t n = 23;
+      const auto whole = all_ranks(n, world, true, 7, drop_last, 5);
+      // A checkpoint after k batches of one sample per rank consumed k * world positions.
+      for (int64_t k = 0; k * world < n && k < static_cast<int64_t>(whole[0].size()); ++k) {
+        for (int r = 0; r < world; ++r) {
+          INFO("drop_last " << drop_last << " world " << world << " k " << k << " rank " << r);
+          DistributedSampler s(n, world, r, true, 7, drop_last);
+          s.set_epoch(5, k * world);
+          CHECK(s.start() == k * world);
+          CHECK(s.indices() == Indices(whole[r].begin() + k, whole[r].end()));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("sampler resumed on another world size covers the rest of the epoch",
+          "[data][sampler]") {
+  const int64_t n = 23, start = 8;  // e.g. 2 ranks x 4 samples consumed
+  DistributedSampler whole(n, 1, 0, true, 3, false);
+  whole.set_epoch(2);
+  const Indices order = whole.indices();
+  for (int world : {1, 3, 4}) {
+    std::vector<Indices> per_rank;
+    for (int r = 0; r < world; ++r) {
+      DistributedSampler s(n, world, r, true, 3, false);
+      s.set_epoch(2, start);
+      per_rank.push_back(s.indices());
+      CHECK(s.num_samples() == (n - start + world - 1) / world);
+    }
+    const Indices got = interleave(per_rank);
+    INFO("world " << world);
+    // The remaining positions in order, then padding that wraps to the epoch's beginning.
+    REQUIRE(got.size() >= static_cast<size_t>(n - start));
+    CHECK(Indices(got.begin(), got.begin() + (n - start)) ==
+          Indices(order.begin() + start, order.end()));
+    for (size_t i = n - start; i < got.size(); ++i) CHECK(got[i] == order[i - (n - start)]);
+  }
 }
 
 TEST_CASE("shard_indices splits evaluation data without padding", "[data][sampler]") {

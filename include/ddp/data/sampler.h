@@ -18,13 +18,20 @@ class DistributedSampler {
                      bool drop_last);
 
   /// Selects the epoch whose order indices() returns; all ranks must use the same epoch.
-  void set_epoch(int64_t epoch);
-  /// This rank's indices for the current epoch: num_samples() of them.
+  /// `start` > 0 resumes the epoch after its first `start` positions of the global order (what
+  /// the ranks of a checkpointed run consumed, over any world size): the remaining
+  /// dataset_size - start positions are padded or dropped and split over this world as a
+  /// whole epoch would be, so with the same world the indices are exactly the tail of the
+  /// uninterrupted epoch's. 0 <= start < dataset_size.
+  void set_epoch(int64_t epoch, int64_t start = 0);
+  /// This rank's indices for the current epoch (from its start): num_samples() of them.
   std::vector<int64_t> indices() const;
-  /// Samples per rank per epoch.
+  /// Samples per rank in the current epoch (from its start).
   int64_t num_samples() const { return num_samples_; }
-  /// Samples per epoch over all ranks (num_samples() * world), padding included.
+  /// Samples over all ranks (num_samples() * world), padding included.
   int64_t total_size() const { return num_samples_ * world_; }
+  /// Position in the epoch's global order where indices() begins.
+  int64_t start() const { return start_; }
 
  private:
   int64_t size_;
@@ -34,6 +41,7 @@ class DistributedSampler {
   uint64_t seed_;
   bool drop_last_;
   int64_t epoch_ = 0;
+  int64_t start_ = 0;
   int64_t num_samples_;
 };
 
