@@ -95,13 +95,13 @@ std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Seque
 }
 
 // The settings a checkpoint can only continue under: what decides the model, the order of the
-// data and the update. Paths, epochs, logging, devices and the distributed layout may change.
+// data and the update rule. Paths, epochs, logging, devices, the batch and the world size may
+// change (positions in the data are counted in samples of the epoch's global order).
 std::string resume_fingerprint(const TrainConfig& cfg) {
   static const std::vector<std::string> kKeys = {
       "model.layers",       "model.activation",          "data.format",  "data.train.samples",
       "data.shuffle",       "data.drop_last",            "data.csv_header", "data.seed",
-      "optimizer.",         "training.batch_size",       "training.accumulate_steps",
-      "training.seed"};
+      "optimizer.",         "training.seed"};
   std::vector<std::string> all;
   flatten_yaml(YAML::Load(to_yaml(cfg)), "", all);
   std::string out;
@@ -592,11 +592,12 @@ void Trainer::State::resume() {
   comm.broadcast(weights.data(), weights.size() * sizeof(float), 0);
   if (with_momentum) comm.broadcast(momentum.data(), momentum.size() * sizeof(float), 0);
   // The position, as exact doubles (every count is far below 2^53).
-  double pos[10] = {double(start.epoch),       double(start.step_in_epoch),
+  double pos[11] = {double(start.epoch),        double(start.step_in_epoch),
                     double(start.epoch_position), double(start.global_step),
-                    double(start.sgd_steps),   double(start.skipped_steps),
-                    double(start.world_size),  start.epoch_loss_sum,
-                    start.epoch_correct,       start.epoch_count};
+                    double(start.sgd_steps),    double(start.skipped_steps),
+                    double(start.world_size),   double(start.global_batch),
+                    start.epoch_loss_sum,       start.epoch_correct,
+                    start.epoch_count};
   comm.broadcast(pos, sizeof pos, 0);
   start.epoch = int64_t(pos[0]);
   start.step_in_epoch = int64_t(pos[1]);
@@ -605,9 +606,10 @@ void Trainer::State::resume() {
   start.sgd_steps = int64_t(pos[4]);
   start.skipped_steps = int64_t(pos[5]);
   start.world_size = int64_t(pos[6]);
-  start.epoch_loss_sum = pos[7];
-  start.epoch_correct = pos[8];
-  start.epoch_count = pos[9];
+  start.global_batch = int64_t(pos[7]);
+  start.epoch_loss_sum = pos[8];
+  start.epoch_correct = pos[9];
+  start.epoch_count = pos[10];
   if (on_gpu()) {
     if (!weights.empty()) cuda_copy_bytes(values.data(), weights.data(), values.bytes());
     if (with_momentum) {
@@ -623,13 +625,20 @@ void Trainer::State::resume() {
   line << "resume: " << path << ": epoch " << start.epoch + 1 << " step " << start.step_in_epoch
        << " (" << start.global_step << " steps done)";
   say(line.str());
-  if (start.world_size != comm.size()) {
-    const int64_t per_rank = cfg.training.batch_size * cfg.training.accumulate_steps;
-    say("warning: the checkpoint was written by " + std::to_string(start.world_size) +
-        " rank(s), this run has " + std::to_string(comm.size()) + ": the global batch changes from " +
-        std::to_string(per_rank * start.world_size) + " to " +
-        std::to_string(per_rank * comm.size()) +
-        " samples (the results will differ from an uninterrupted run)");
+  const int64_t global_batch =
+      cfg.training.batch_size * cfg.training.accumulate_steps * comm.size();
+  if (start.global_batch != global_batch) {
+    say("warning: the global batch changes from " + std::to_string(start.global_batch) +
+        " samples per step (" + std::to_string(start.world_size) + " rank(s) in the checkpoint) to " +
+        std::to_string(global_batch) + " = " + std::to_string(cfg.training.batch_size) +
+        " per rank x " + std::to_string(comm.size()) + " rank(s) x " +
+        std::to_string(cfg.training.accumulate_steps) +
+        " accumulation step(s): training continues, but not as the uninterrupted run would "
+        "(keep training.batch_size x ranks the same to keep the global batch)");
+  } else if (start.world_size != comm.size()) {
+    say("resume: " + std::to_string(start.world_size) + " rank(s) in the checkpoint, " +
+        std::to_string(comm.size()) + " now; the global batch stays " +
+        std::to_string(global_batch));
   }
   record({{"type", "resume"},
           {"checkpoint", path},
@@ -649,6 +658,7 @@ void Trainer::State::save_checkpoint(TrainingState st, const Tally& epoch_tally)
   st.epoch_count = g.count;
   st.sgd_steps = sgd->steps_taken();
   st.world_size = comm.size();
+  st.global_batch = cfg.training.batch_size * cfg.training.accumulate_steps * comm.size();
   st.train_samples = train.size;
   st.config = resume_fingerprint(cfg);
   const std::string path = checkpoint_path(checkpoint_dir, st.global_step);

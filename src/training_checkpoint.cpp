@@ -86,6 +86,7 @@ Metadata encode_state(const TrainingState& s) {
           {"ddp.sgd_steps", std::to_string(s.sgd_steps)},
           {"ddp.skipped_steps", std::to_string(s.skipped_steps)},
           {"ddp.world_size", std::to_string(s.world_size)},
+          {"ddp.global_batch", std::to_string(s.global_batch)},
           {"ddp.train_samples", std::to_string(s.train_samples)},
           {"ddp.epoch_loss_sum", exact_double(s.epoch_loss_sum)},
           {"ddp.epoch_correct", exact_double(s.epoch_correct)},
@@ -138,12 +139,14 @@ TrainingState decode_state(const Metadata& m, const std::string& where) {
   s.sgd_steps = r.count("ddp.sgd_steps");
   s.skipped_steps = r.count("ddp.skipped_steps");
   s.world_size = r.count("ddp.world_size");
+  s.global_batch = r.count("ddp.global_batch");
   s.train_samples = r.count("ddp.train_samples");
   s.epoch_loss_sum = r.number("ddp.epoch_loss_sum");
   s.epoch_correct = r.number("ddp.epoch_correct");
   s.epoch_count = r.number("ddp.epoch_count");
   s.config = r.text("ddp.config");
   DDP_CHECK(s.world_size >= 1, where << ": metadata 'ddp.world_size' is 0");
+  DDP_CHECK(s.global_batch >= 1, where << ": metadata 'ddp.global_batch' is 0");
   DDP_CHECK(s.train_samples >= 1, where << ": metadata 'ddp.train_samples' is 0");
   DDP_CHECK(s.epoch_position < s.train_samples,
             where << ": metadata 'ddp.epoch_position' " << s.epoch_position

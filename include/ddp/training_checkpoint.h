@@ -23,11 +23,13 @@ struct TrainingState {
   int64_t sgd_steps = 0;       ///< updates the optimizer applied (> 0: momentum is initialised)
   int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
   int64_t world_size = 0;      ///< ranks of the run that wrote it
+  int64_t global_batch = 0;    ///< samples per optimizer step over all ranks
   int64_t train_samples = 0;   ///< size of the training set epoch_position refers to
   /// The epoch so far, summed over all ranks (so a resumed epoch reports the whole epoch).
   double epoch_loss_sum = 0.0, epoch_correct = 0.0, epoch_count = 0.0;
   /// "key = value" lines of the settings a resumed run must share (model, data order,
-  /// optimizer, batch): compared line by line on resume.
+  /// optimizer, seed): compared line by line on resume. The batch and the world size may
+  /// change (the resumed run warns that the global batch did).
   std::string config;
 };
 

@@ -15,7 +15,9 @@
 
 namespace {
 
+using ddp_test::max_abs_diff;
 using ddp_test::require_identical_replicas;
+using ddp_test::train;
 using ddp_test::world_size;
 
 std::string scratch_dir(const std::string& name) {
@@ -39,31 +41,6 @@ ddp::TrainConfig small_config(const std::string& name) {
   cfg.output.dir = scratch_dir(name);
   cfg.output.save_model = false;
   return cfg;
-}
-
-std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
-                                    ddp::TrainSummary* summary = nullptr) {
-  auto comm = ddp::make_mpi_communicator(mpi_comm);
-  ddp::Trainer trainer(cfg, *comm, nullptr);
-  ddp::TrainSummary s = trainer.run();
-  if (summary != nullptr) *summary = s;
-  return trainer.weights();
-}
-
-// Largest |a - b| over all tensors and all ranks (infinite if the structure differs or a value is
-// not finite), agreed by every rank so a failure fails everywhere at once (mpi_test_helpers.h).
-double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
-                    const std::vector<ddp::NamedTensor>& b) {
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
-    if (a[t].name != b[t].name || a[t].data.size() != b[t].data.size()) worst = INFINITY;
-    for (size_t i = 0; i < std::min(a[t].data.size(), b[t].data.size()); ++i) {
-      const double d = std::fabs(static_cast<double>(a[t].data[i]) - b[t].data[i]);
-      worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
-    }
-  }
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  return ddp_test::max_over_ranks(*comm, worst);
 }
 
 }  // namespace

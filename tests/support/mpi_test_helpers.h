@@ -7,7 +7,9 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "ddp/checkpoint.h"
 #include "ddp/comm.h"
+#include "ddp/trainer.h"
 
 namespace ddp_test {
 
@@ -58,6 +61,32 @@ inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
     errors += std::memcmp(root.data(), t.data.data(), root.size() * sizeof(float)) != 0;
   }
   require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
+}
+
+/// Trains `cfg` on a communicator over `mpi_comm`; returns the weights (and the summary).
+inline std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
+                                           ddp::TrainSummary* summary = nullptr) {
+  auto comm = ddp::make_mpi_communicator(mpi_comm);
+  ddp::Trainer trainer(cfg, *comm, nullptr);
+  ddp::TrainSummary s = trainer.run();
+  if (summary != nullptr) *summary = s;
+  return trainer.weights();
+}
+
+/// Largest |a - b| over all tensors and all ranks (infinite if the structure differs or a value
+/// is not finite), agreed by every rank so a failure fails everywhere at once.
+inline double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
+                           const std::vector<ddp::NamedTensor>& b) {
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
+    if (a[t].name != b[t].name || a[t].data.size() != b[t].data.size()) worst = INFINITY;
+    for (size_t i = 0; i < std::min(a[t].data.size(), b[t].data.size()); ++i) {
+      const double d = std::fabs(static_cast<double>(a[t].data[i]) - b[t].data[i]);
+      worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+    }
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  return max_over_ranks(*comm, worst);
 }
 
 }  // namespace ddp_test

@@ -42,6 +42,7 @@ TrainingCheckpoint sample_checkpoint(bool momentum = true) {
   c.state.sgd_steps = 30;
   c.state.skipped_steps = 1;
   c.state.world_size = 4;
+  c.state.global_batch = 8;
   c.state.train_samples = 100;
   c.state.epoch_loss_sum = 0.1 + 1e-17;
   c.state.epoch_correct = 17.0;
@@ -97,6 +98,7 @@ TEST_CASE("checkpoint round trip is exact", "[checkpoint]") {
     CHECK(r.state.sgd_steps == 30);
     CHECK(r.state.skipped_steps == 1);
     CHECK(r.state.world_size == 4);
+    CHECK(r.state.global_batch == 8);
     CHECK(r.state.train_samples == 100);
     CHECK(r.state.epoch_loss_sum == c.state.epoch_loss_sum);  // exact, not rounded to text
     CHECK(r.state.epoch_correct == 17.0);

@@ -1,0 +1,273 @@
+// Checkpoints under mpiexec: a run stopped at any step boundary (max_steps, a stop request on one
+// rank) and resumed ends with bitwise the weights of the run that was never stopped; a resume
+// on another world size continues the epoch; mismatched checkpoints are refused on every rank;
+// non-finite gradients stop the job or skip the step (training.nan_policy).
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "ddp/check.h"
+#include "ddp/comm.h"
+#include "ddp/stop.h"
+#include "ddp/trainer.h"
+#include "ddp/training_checkpoint.h"
+#include "mpi_test_helpers.h"
+
+namespace {
+
+using ddp_test::max_abs_diff;
+using ddp_test::require_identical_replicas;
+using ddp_test::train;
+using ddp_test::world_size;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// Rank 0 picks the directory and every rank uses it: rank 0 writes, the others must agree.
+std::string shared_scratch(const std::string& name) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  std::string dir = ddp_test::scratch_dir("ddp_resume_", name);
+  dir = ddp::broadcast_string(*comm, dir, 0);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// 190 samples: not a multiple of any N*B used here, so the last batch of an epoch is padded or
+// partial and a resumed epoch must reproduce that too.
+ddp::TrainConfig resume_config(const std::string& name) {
+  ddp::TrainConfig cfg;
+  cfg.model.layers = {12, 24, 16, 5};
+  cfg.data.format = "synthetic";
+  cfg.data.train.samples = 190;
+  cfg.data.seed = 11;
+  cfg.optimizer.lr = 0.05;
+  cfg.optimizer.momentum = 0.9;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.training.seed = 5;
+  cfg.training.batch_size = 7;
+  cfg.training.accumulate_steps = 2;
+  cfg.training.epochs = 3;
+  cfg.training.log_every = 0;
+  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
+  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
+  cfg.output.dir = shared_scratch(name);
+  cfg.output.save_model = false;
+  return cfg;
+}
+
+// Every rank agrees whether a and b are bitwise the same.
+bool bitwise_equal(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp::NamedTensor>& b) {
+  long differ = a.size() != b.size();
+  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
+    differ += a[t].data.size() != b[t].data.size() ||
+              std::memcmp(a[t].data.data(), b[t].data.data(),
+                          std::min(a[t].data.size(), b[t].data.size()) * sizeof(float)) != 0;
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  return ddp_test::max_over_ranks(*comm, static_cast<double>(differ)) == 0.0;
+}
+
+}  // namespace
+
+TEST_CASE("stopped at any step and resumed: bitwise the uninterrupted run's weights",
+          "[mpi][resume]") {
+  for (bool drop_last : {false, true}) {
+    ddp::TrainConfig cfg = resume_config(drop_last ? "whole_drop" : "whole");
+    cfg.data.drop_last = drop_last;
+    ddp::TrainSummary whole_summary;
+    const auto whole = train(cfg, MPI_COMM_WORLD, &whole_summary);
+    const int64_t per_epoch = whole_summary.steps / cfg.training.epochs;
+    REQUIRE(per_epoch >= 2);
+    // Inside the first epoch, exactly at its end, and inside the last one.
+    for (int64_t stop_at : {int64_t{1}, per_epoch, 2 * per_epoch + 1}) {
+      INFO("drop_last " << drop_last << ", stopped after step " << stop_at << " of "
+                        << whole_summary.steps);
+      ddp::TrainConfig first = cfg;
+      first.output.dir = shared_scratch("part" + std::to_string(stop_at) + (drop_last ? "d" : ""));
+      first.training.max_steps = stop_at;
+      first.checkpoint.every_steps = 1000;  // periodic: the last step is checkpointed at the end
+      ddp::TrainSummary first_summary;
+      train(first, MPI_COMM_WORLD, &first_summary);
+      REQUIRE(first_summary.steps == stop_at);
+      REQUIRE_FALSE(first_summary.last_checkpoint.empty());
+
+      ddp::TrainConfig rest = first;
+      rest.training.max_steps = 0;
+      rest.training.resume = "auto";
+      ddp::TrainSummary rest_summary;
+      const auto resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
+      CHECK(rest_summary.resumed);
+      CHECK(rest_summary.steps == whole_summary.steps);
+      require_identical_replicas(resumed);
+      REQUIRE(bitwise_equal(resumed, whole));
+    }
+  }
+}
+
+TEST_CASE("a stop request on one rank stops every rank at the same step with a checkpoint",
+          "[mpi][resume]") {
+  ddp::TrainConfig cfg = resume_config("signal_whole");
+  const auto whole = train(cfg, MPI_COMM_WORLD);
+  ddp::TrainConfig first = cfg;
+  first.output.dir = shared_scratch("signal");
+  if (world_rank() == world_size() - 1) ddp::request_stop(SIGTERM);  // as the handler would
+  ddp::TrainSummary first_summary;
+  train(first, MPI_COMM_WORLD, &first_summary);
+  ddp::clear_stop_request();
+  // Each step's flag is read at the next boundary: the request before step 1 stops after 2.
+  CHECK(first_summary.interrupted);
+  CHECK(first_summary.steps == 2);
+  REQUIRE(ddp_test::max_over_ranks(*ddp::make_mpi_communicator(MPI_COMM_WORLD),
+                                   first_summary.interrupted ? 0.0 : 1.0) == 0.0);
+  if (world_rank() == 0) {
+    REQUIRE(first_summary.last_checkpoint ==
+            ddp::checkpoint_path(first.output.dir + "/checkpoints", 2));
+    const ddp::TrainingCheckpoint ck = ddp::read_checkpoint(first_summary.last_checkpoint);
+    CHECK(ck.state.global_step == 2);
+    CHECK(ck.state.step_in_epoch == 2);
+    CHECK(ck.state.epoch_position == 2 * 7 * 2 * world_size());
+    CHECK(ck.state.world_size == world_size());
+  }
+  ddp::TrainConfig rest = first;
+  rest.training.resume = "auto";
+  REQUIRE(bitwise_equal(train(rest, MPI_COMM_WORLD), whole));
+}
+
+TEST_CASE("a checkpoint resumed on one rank continues the epoch as the global batch says",
+          "[mpi][resume]") {
+  const int n = world_size();
+  if (n < 2) return;
+  ddp::TrainConfig cfg = resume_config("world_whole");
+  cfg.data.train.samples = 7 * 2 * n * 9;  // no padding: N ranks x B equals 1 rank x N*B
+  const auto whole = train(cfg, MPI_COMM_WORLD);
+  ddp::TrainConfig first = cfg;
+  first.output.dir = shared_scratch("world");
+  first.training.max_steps = 4;
+  first.checkpoint.every_steps = 4;
+  train(first, MPI_COMM_WORLD);
+  // Rank 0 alone continues with the same global batch; the others wait for it.
+  MPI_Comm alone = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &alone);
+  std::vector<ddp::NamedTensor> resumed;
+  if (alone != MPI_COMM_NULL) {
+    ddp::TrainConfig rest = first;
+    rest.training.max_steps = 0;
+    rest.training.resume = "auto";
+    rest.training.batch_size = cfg.training.batch_size * n;
+    ddp::TrainSummary summary;
+    resumed = train(rest, alone, &summary);
+    CHECK(summary.steps == 3 * 9);
+    MPI_Comm_free(&alone);
+  }
+  // Every rank compares rank 0's result (the others take its structure from `whole`).
+  if (world_rank() != 0) resumed = whole;
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  for (auto& t : resumed) comm->broadcast(t.data.data(), t.data.size() * sizeof(float), 0);
+  const double diff = max_abs_diff(resumed, whole);
+  INFO("max |resumed on 1 rank - uninterrupted on " << n << "| = " << diff);
+  REQUIRE(diff <= 1e-5);
+  REQUIRE(diff > 0.0);  // a different reduction order: equal values would be suspicious
+}
+
+TEST_CASE("a mismatched checkpoint is refused on every rank naming the difference",
+          "[mpi][resume]") {
+  ddp::TrainConfig cfg = resume_config("mismatch");
+  cfg.training.max_steps = 2;
+  cfg.checkpoint.every_steps = 1;
+  train(cfg, MPI_COMM_WORLD);
+  auto refusal = [&](const std::function<void(ddp::TrainConfig&)>& change) {
+    ddp::TrainConfig other = cfg;
+    other.training.resume = "auto";
+    change(other);
+    auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+    try {
+      ddp::Trainer trainer(other, *comm, nullptr);
+    } catch (const ddp::CollectiveError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK_THAT(refusal([](auto& c) { c.optimizer.lr = 0.5; }),
+             Catch::Contains("optimizer.lr: the checkpoint was written with 0.05, this run has 0.5"));
+  CHECK_THAT(refusal([](auto& c) { c.model.layers = {12, 24, 17, 5}; }),
+             Catch::Contains("layers.1.weight' has shape [16, 24], the model's is [17, 24]"));
+  CHECK_THAT(refusal([](auto& c) { c.data.train.samples = 191; }),
+             Catch::Contains("training set of 190 samples, this run's has 191"));
+  CHECK_THAT(refusal([](auto& c) { c.optimizer.momentum = 0.0; }),
+             Catch::Contains("optimizer.momentum"));
+}
+
+TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips that step",
+          "[mpi][nan]") {
+  const int n = world_size();
+  // Sample 5's features overflow the first layer (3 x 0.5 x 3e38 > FLT_MAX whatever the
+  // summation order), so its batch's logits, loss and gradients are not finite.
+  const std::string dir = shared_scratch("nan");
+  const std::string csv = dir + "/data.csv", init = dir + "/init.safetensors";
+  const int64_t samples = 16 * n;
+  if (world_rank() == 0) {
+    std::ofstream out(csv);
+    for (int64_t i = 0; i < samples; ++i) {
+      if (i == 5) {
+        out << "3e38,3e38,3e38,1\n";
+      } else {
+        out << 0.1 * static_cast<double>(i % 7) << "," << -0.2 * static_cast<double>(i % 3)
+            << ",0.5," << (i % 3) << "\n";
+      }
+    }
+    std::vector<float> w1(3 * 8);
+    for (size_t i = 0; i < w1.size(); ++i) w1[i] = i % 2 ? 0.5f : -0.5f;
+    ddp::save_safetensors(init, {{"layers.0.weight", {8, 3}, std::vector<float>(8 * 3, 0.5f)},
+                                 {"layers.0.bias", {8}, std::vector<float>(8, 0.0f)},
+                                 {"layers.1.weight", {3, 8}, w1},
+                                 {"layers.1.bias", {3}, std::vector<float>(3, 0.0f)}});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ddp::TrainConfig cfg;
+  cfg.model.layers = {3, 8, 3};
+  cfg.model.init_from = init;
+  cfg.data.format = "csv";
+  cfg.data.train.path = csv;
+  cfg.data.shuffle = false;  // sample 5 is in the first step's batch, on rank 5 % n
+  cfg.optimizer.lr = 0.1;
+  cfg.training.batch_size = 4;
+  cfg.training.epochs = 2;
+  cfg.training.log_every = 0;
+  cfg.output.dir = dir + "/out";
+  cfg.output.save_model = false;
+
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  std::string message = "(no error)";
+  try {
+    ddp::Trainer trainer(cfg, *comm, nullptr);
+    trainer.run();
+  } catch (const ddp::CollectiveError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  const int64_t bad_step = (5 / n) / 4 + 1;  // sample 5 is local sample 5 / n of rank 5 % n
+  CHECK_THAT(message, Catch::Contains("epoch 1 step " + std::to_string(bad_step) + ": ") &&
+                          Catch::Contains("non-finite gradient value(s) after the allreduce") &&
+                          Catch::Contains("non-finite on rank " + std::to_string(5 % n)));
+
+  cfg.training.nan_policy = "skip_step";
+  ddp::TrainSummary summary;
+  const auto w = train(cfg, MPI_COMM_WORLD, &summary);
+  CHECK(summary.skipped_steps == 2);  // the step with sample 5, once per epoch
+  CHECK(summary.steps == 2 * 4);
+  CHECK(std::isfinite(summary.train_loss));
+  require_identical_replicas(w);
+  for (const auto& t : w)
+    for (float v : t.data) REQUIRE(std::isfinite(v));
+  // Skipping is not doing nothing: the other steps trained.
+  ddp::TrainConfig one_step = cfg;
+  one_step.training.max_steps = 1;  // only the skipped step: the initial weights
+  CHECK(max_abs_diff(train(one_step, MPI_COMM_WORLD), w) > 1e-4);
+}
