@@ -22,6 +22,7 @@
 namespace {
 
 using ddp_test::require_identical_replicas;
+using ddp_test::train;
 using ddp_test::world_size;
 
 std::string scratch_dir(const std::string& name) {
@@ -53,15 +54,6 @@ ddp::TrainConfig small_config(const std::string& name, const std::string& device
   cfg.output.dir = scratch_dir(name);
   cfg.output.save_model = false;
   return cfg;
-}
-
-Weights train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
-              ddp::TrainSummary* summary = nullptr) {
-  auto comm = ddp::make_mpi_communicator(mpi_comm);
-  ddp::Trainer trainer(cfg, *comm, nullptr);
-  ddp::TrainSummary s = trainer.run();
-  if (summary != nullptr) *summary = s;
-  return trainer.weights();
 }
 
 // Largest relative difference |a - b| / (|b| + 1e-3) over all tensors and ranks, agreed by
@@ -351,4 +343,64 @@ TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane 
                         Catch::Contains("must lie in this communicator's gradient arena"));
     }
   }
+}
+
+TEST_CASE("GPU training stopped and resumed continues as the uninterrupted run",
+          "[gpu][resume]") {
+  ddp::TrainConfig whole = small_config("resume_whole", "cuda");
+  whole.distributed.backend = gpu_per_rank() ? "nccl" : "mpi";
+  const Weights w_whole = train(whole, MPI_COMM_WORLD);
+  ddp::TrainConfig first = whole;
+  first.output.dir = scratch_dir("resume_first");
+  first.training.max_steps = 5;  // mid-epoch: 96 / (8 N) steps per epoch
+  first.checkpoint.every_steps = 100;
+  ddp::TrainSummary s_first;
+  train(first, MPI_COMM_WORLD, &s_first);
+  REQUIRE(s_first.steps == 5);
+  ddp::TrainConfig rest = first;
+  rest.training.max_steps = 0;
+  rest.training.resume = "auto";
+  ddp::TrainSummary s_rest;
+  const Weights w_rest = train(rest, MPI_COMM_WORLD, &s_rest);
+  REQUIRE(s_rest.resumed);
+  require_identical_replicas(w_rest);
+  // Momentum and position came back from the device: any loss would show at 1e-3 or more.
+  REQUIRE(max_rel_diff(w_rest, w_whole) <= 1e-6);
+  // The checkpoint is device-neutral: the CPU continues it too.
+  ddp::TrainConfig on_cpu = rest;
+  on_cpu.device = "cpu";
+  on_cpu.distributed.backend = "mpi";
+  REQUIRE(max_rel_diff(train(on_cpu, MPI_COMM_WORLD), w_whole) <= 1e-4);
+}
+
+TEST_CASE("GPU training: nan_policy skip_step skips the non-finite step on every rank",
+          "[gpu][nan]") {
+  const int n = world_size();
+  const std::string dir = ddp_test::shared_scratch_dir("ddp_gpu_test_", "nan");
+  const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, 16 * n, 5);
+  ddp::TrainConfig cfg;
+  cfg.device = "cuda";
+  cfg.distributed.backend = gpu_per_rank() ? "nccl" : "mpi";
+  cfg.distributed.timeout_s = 60;
+  cfg.model.layers = {3, 8, 3};
+  cfg.model.init_from = data.init;
+  cfg.data.format = "csv";
+  cfg.data.train.path = data.csv;
+  cfg.data.shuffle = false;
+  cfg.optimizer.lr = 0.1;
+  cfg.training.batch_size = 4;
+  cfg.training.epochs = 2;
+  cfg.training.log_every = 0;
+  cfg.training.nan_policy = "skip_step";
+  cfg.output.dir = dir + "/out";
+  cfg.output.save_model = false;
+  ddp::TrainSummary s_gpu, s_cpu;
+  const Weights w_gpu = train(cfg, MPI_COMM_WORLD, &s_gpu);
+  CHECK(s_gpu.skipped_steps == 2);
+  ddp::TrainConfig cpu = cfg;
+  cpu.device = "cpu";
+  cpu.distributed.backend = "mpi";
+  const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
+  CHECK(s_cpu.skipped_steps == 2);
+  REQUIRE(max_rel_diff(w_gpu, w_cpu) <= 1e-4);
 }

@@ -7,7 +7,6 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include "ddp/check.h"
@@ -30,13 +29,8 @@ int world_rank() {
   return rank;
 }
 
-// Rank 0 picks the directory and every rank uses it: rank 0 writes, the others must agree.
 std::string shared_scratch(const std::string& name) {
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  std::string dir = ddp_test::scratch_dir("ddp_resume_", name);
-  dir = ddp::broadcast_string(*comm, dir, 0);
-  std::filesystem::create_directories(dir);
-  return dir;
+  return ddp_test::shared_scratch_dir("ddp_resume_", name);
 }
 
 // 190 samples: not a multiple of any N*B used here, so the last batch of an epoch is padded or
@@ -207,34 +201,14 @@ TEST_CASE("a mismatched checkpoint is refused on every rank naming the differenc
 TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips that step",
           "[mpi][nan]") {
   const int n = world_size();
-  // Sample 5's features overflow the first layer (3 x 0.5 x 3e38 > FLT_MAX whatever the
-  // summation order), so its batch's logits, loss and gradients are not finite.
   const std::string dir = shared_scratch("nan");
-  const std::string csv = dir + "/data.csv", init = dir + "/init.safetensors";
   const int64_t samples = 16 * n;
-  if (world_rank() == 0) {
-    std::ofstream out(csv);
-    for (int64_t i = 0; i < samples; ++i) {
-      if (i == 5) {
-        out << "3e38,3e38,3e38,1\n";
-      } else {
-        out << 0.1 * static_cast<double>(i % 7) << "," << -0.2 * static_cast<double>(i % 3)
-            << ",0.5," << (i % 3) << "\n";
-      }
-    }
-    std::vector<float> w1(3 * 8);
-    for (size_t i = 0; i < w1.size(); ++i) w1[i] = i % 2 ? 0.5f : -0.5f;
-    ddp::save_safetensors(init, {{"layers.0.weight", {8, 3}, std::vector<float>(8 * 3, 0.5f)},
-                                 {"layers.0.bias", {8}, std::vector<float>(8, 0.0f)},
-                                 {"layers.1.weight", {3, 8}, w1},
-                                 {"layers.1.bias", {3}, std::vector<float>(3, 0.0f)}});
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, samples, 5);
   ddp::TrainConfig cfg;
   cfg.model.layers = {3, 8, 3};
-  cfg.model.init_from = init;
+  cfg.model.init_from = data.init;
   cfg.data.format = "csv";
-  cfg.data.train.path = csv;
+  cfg.data.train.path = data.csv;
   cfg.data.shuffle = false;  // sample 5 is in the first step's batch, on rank 5 % n
   cfg.optimizer.lr = 0.1;
   cfg.training.batch_size = 4;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,14 @@ inline std::string scratch_dir(const std::string& prefix, const std::string& nam
   return dir.string();
 }
 
+/// Rank 0's scratch_dir, on every rank: for files rank 0 writes and every rank reads.
+inline std::string shared_scratch_dir(const std::string& prefix, const std::string& name) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const std::string dir = ddp::broadcast_string(*comm, scratch_dir(prefix, name), 0);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 /// Every rank must hold bitwise the same weights as rank 0.
 inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
@@ -87,6 +96,37 @@ inline double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
   }
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   return max_over_ranks(*comm, worst);
+}
+
+/// A 3-feature, 3-class CSV data set whose sample `bad` overflows the first layer of the model
+/// in `init` (layers [3, 8, 3]): 3 x 0.5 x 3e38 exceeds FLT_MAX in any summation order, so
+/// the batch holding it has non-finite logits, loss and gradients. Written by rank 0.
+struct OverflowData {
+  std::string csv, init;
+};
+inline OverflowData write_overflow_data(const std::string& dir, int64_t samples, int64_t bad) {
+  OverflowData d{dir + "/overflow.csv", dir + "/overflow_init.safetensors"};
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::ofstream out(d.csv);
+    for (int64_t i = 0; i < samples; ++i) {
+      if (i == bad) {
+        out << "3e38,3e38,3e38,1\n";
+      } else {
+        out << 0.1 * static_cast<double>(i % 7) << "," << -0.2 * static_cast<double>(i % 3)
+            << ",0.5," << (i % 3) << "\n";
+      }
+    }
+    std::vector<float> w1(3 * 8);
+    for (size_t i = 0; i < w1.size(); ++i) w1[i] = i % 2 ? 0.5f : -0.5f;
+    ddp::save_safetensors(d.init, {{"layers.0.weight", {8, 3}, std::vector<float>(8 * 3, 0.5f)},
+                                   {"layers.0.bias", {8}, std::vector<float>(8, 0.0f)},
+                                   {"layers.1.weight", {3, 8}, w1},
+                                   {"layers.1.bias", {3}, std::vector<float>(3, 0.0f)}});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return d;
 }
 
 }  // namespace ddp_test
