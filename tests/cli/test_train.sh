@@ -51,9 +51,10 @@ expect_error "init_from with a different shape" 2 "layers.0.weight" --config "$s
 
 # The launcher: binds one rank per core when they fit, oversubscribes unbound when not.
 cores="$(nproc)"
-dry="$(DDP_TRAIN=/bin/true "$ddp_run" -n 1 --dry-run "$seed" --set training.epochs=1)"
+dry="$(DDP_TRAIN=/bin/true "$ddp_run" -n 1 --dry-run "$seed" --set training.epochs=1 --resume auto)"
 check "ddp-run binds ranks to cores when they fit" grep -q -- '--bind-to core' <<<"$dry"
 check "ddp-run passes --set through" grep -q -- '--set training.epochs=1' <<<"$dry"
+check "ddp-run passes --resume through" grep -q -- '--resume auto' <<<"$dry"
 dry="$(DDP_TRAIN=/bin/true "$ddp_run" -n $((cores + 1)) --dry-run "$seed")"
 check "ddp-run oversubscribes when ranks exceed cores" grep -q -- '--oversubscribe --bind-to none' <<<"$dry"
 check "ddp-run uses DDP_TRAIN" grep -q -- '/bin/true --config' <<<"$dry"
