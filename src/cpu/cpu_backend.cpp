@@ -97,7 +97,12 @@ class CpuBackend final : public Backend {
 
   int64_t count_nonfinite(const Tensor& t) override {
     checks::tensor("count_nonfinite", "t", t, kCpu);
-    return static_cast<int64_t>((!as_array(t).isFinite()).count());
+    // Runs every step over every gradient: first one vectorised pass whose sum is NaN exactly
+    // when some value is NaN or infinite (x * 0 is 0 for every finite x, so nothing overflows),
+    // and only then the exact count.
+    const auto a = as_array(t);
+    if (std::isfinite((a * 0.0f).sum())) return 0;
+    return static_cast<int64_t>((!a.isFinite()).count());
   }
 
   void scale(Tensor& t, float factor) override {
