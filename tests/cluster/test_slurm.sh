@@ -119,10 +119,13 @@ else
     sleep 0.1
   done
   scancel --signal=TERM --batch "$jid"
-  # Slurm holds a requeued job for a while (BeginTime); let it start at once.
-  for ((i = 0; i < 300; ++i)); do
-    if scontrol show job "$jid" 2>/dev/null | grep -q "JobState=PENDING.*Reason=BeginTime\|Restarts=1"; then
-      scontrol show job "$jid" | grep -q "JobState=PENDING" && scontrol update JobId="$jid" BeginTime=now && break
+  # Slurm holds a requeued job for a while (Reason=BeginTime); once the interrupted attempt's
+  # step daemons are gone (a new step of the same id would collide with them), let it start.
+  for ((i = 0; i < 600; ++i)); do
+    if scontrol show job "$jid" 2>/dev/null | grep -q "JobState=PENDING" &&
+      ! pgrep -f "slurmstepd: \[$jid\." >/dev/null; then
+      scontrol update JobId="$jid" StartTime=now
+      break
     fi
     sleep 0.1
   done
@@ -130,11 +133,11 @@ else
   out="$WORK/requeue-$jid.out"
   restarts="$(scontrol show job "$jid" 2>/dev/null | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')"
   if [[ "$job_state" != COMPLETED ]]; then
-    tail -20 "$out"; fail "sbatch requeue: job $jid ended $job_state"
+    tail -40 "$out"; fail "sbatch requeue: job $jid ended $job_state"
   elif ! grep -q "exited with status 75" "$out" || ! grep -q "requeueing job $jid" "$out"; then
     grep train.sbatch "$out"; fail "sbatch requeue: no interruption (exit 75) and requeue in the job output"
   elif ! grep -q '^resume: .*step-' "$out"; then
-    fail "sbatch requeue: the requeued job did not resume from the checkpoint"
+    grep -v "^epoch" "$out" | tail -20; fail "sbatch requeue: the requeued job did not resume from the checkpoint"
   else
     pass "sbatch requeue: SIGTERM -> $(grep -m1 -o 'step-[0-9]*.safetensors' "$out") -> exit 75 -> requeued (restarts $restarts) -> $(grep -m1 -o '^resume: .*)' "$out" | sed 's/.*: epoch/epoch/') -> COMPLETED"
     compare "sbatch requeued 2 nodes x 2 ranks vs uninterrupted 1 node x 4 ranks" \
