@@ -263,7 +263,7 @@ Json parse_header(const std::string& text, const std::string& where) {
   Json header;
   try {
     header = Json::parse(text, find_duplicates);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse errors, and numbers out of range (1e400)
     DDP_THROW(where << ": header is not valid JSON: " << e.what());
   }
   DDP_CHECK(header.is_object(), where << ": header is not a JSON object");

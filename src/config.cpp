@@ -3,6 +3,7 @@
 // Every message reads "<origin>: <key.path>: <problem>" so a user can find and fix the value.
 #include "ddp/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -467,11 +468,36 @@ void apply_override(YAML::Node& root, const Override& ov) {
   node[ov.parts.back()] = ov.value;
 }
 
+/// Sees a document go by without building it. Counting documents with YAML::LoadAll is not
+/// safe: yaml-cpp 0.7 returns empty documents forever, allocating as it goes, when a document
+/// starts with a stray ',' (", 3]" or "- a\n,"), so the count stops at kMaxDocuments.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+constexpr int kMaxDocuments = 100;
+
 /// The single document in `text` as a map (an empty document is an empty map).
 YAML::Node parse_document(const std::string& text, const std::string& name) {
-  std::vector<YAML::Node> docs;
+  YAML::Node doc;
+  int docs = 0;
   try {
-    docs = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentCounter counter;
+    while (docs <= kMaxDocuments && parser.HandleNextDocument(counter)) ++docs;
+    if (docs == 1) doc = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     if (e.mark.is_null()) DDP_THROW(name << ": invalid YAML: " << e.msg);
     DDP_THROW(name << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
@@ -479,12 +505,15 @@ YAML::Node parse_document(const std::string& text, const std::string& name) {
   } catch (const YAML::Exception& e) {
     DDP_THROW(name << ": invalid YAML: " << e.msg);
   }
-  DDP_CHECK(docs.size() <= 1, name << ": expected one YAML document, found " << docs.size());
-  if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
-  DDP_CHECK(docs[0].IsMap(),
-            name << ": expected a map of sections (device, model, data, ...) at the "
-                 << "top level, got " << describe(docs[0]));
-  return docs[0];
+  if (docs > kMaxDocuments) {
+    DDP_THROW(name << ": expected one YAML document, found more than " << kMaxDocuments
+                   << " (a stray ',' outside [...] or {...}?)");
+  }
+  DDP_CHECK(docs <= 1, name << ": expected one YAML document, found " << docs);
+  if (docs == 0 || doc.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  DDP_CHECK(doc.IsMap(), name << ": expected a map of sections (device, model, data, ...) at the "
+                              << "top level, got " << describe(doc));
+  return doc;
 }
 
 std::string read_text_file(const std::string& path) {

@@ -309,8 +309,9 @@ void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
                      const ResumeExpectation& expected) {
   const std::string where = "checkpoint '" + path + "'";
   for (const auto& [name, shape] : expected.parameters) {
+    // (a structured binding cannot be captured in C++17: bind a reference to it)
     auto it = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
-                           [&](const NamedTensor& t) { return t.name == name; });
+                           [&, &wanted = name](const NamedTensor& t) { return t.name == wanted; });
     DDP_CHECK(it != ckpt.weights.end(),
               where << ": has no tensor '" << name << "' (the model differs)");
     DDP_CHECK(it->shape == shape, where << ": tensor '" << name << "' has shape "

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -18,6 +19,8 @@ namespace {
 constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned byte, 3 dimensions
 constexpr uint32_t kLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
 constexpr size_t kChunk = size_t{1} << 20;
+// Most pixels a set may claim: their float copy must be addressable.
+constexpr uint64_t kMaxPixels = uint64_t{PTRDIFF_MAX} / sizeof(float);
 
 std::string hex32(uint32_t v) {
   std::ostringstream oss;
@@ -113,21 +116,26 @@ Dataset load_idx(const std::string& images_path, const std::string& labels_path)
   GzReader labels(labels_path);
   const auto img_dims = read_header(images, images_path, kImagesMagic, "images: ubyte, 3 dims", 3);
   const auto lbl_dims = read_header(labels, labels_path, kLabelsMagic, "labels: ubyte, 1 dim", 1);
-  const int64_t n = img_dims[0];
-  const int64_t features = int64_t{img_dims[1]} * img_dims[2];
-  DDP_CHECK(n == int64_t{lbl_dims[0]},
+  // Unsigned 64-bit: rows * cols of two 32-bit fields cannot wrap; n * features is checked below.
+  const uint64_t n = img_dims[0];
+  const uint64_t features = uint64_t{img_dims[1]} * img_dims[2];
+  DDP_CHECK(n == lbl_dims[0],
             "image/label count mismatch: " << images_path << " has " << n << " images but "
                                            << labels_path << " has " << lbl_dims[0] << " labels");
   DDP_CHECK(n > 0, images_path << ": zero samples (labels " << labels_path << ")");
   DDP_CHECK(features > 0, images_path << ": images are " << img_dims[1] << "x" << img_dims[2]
                                       << " pixels; need at least one");
+  // The pixels become floats; a header whose product does not fit is corrupt, not just short.
+  DDP_CHECK(features <= kMaxPixels / n,
+            images_path << ": header claims " << n << " images of " << img_dims[1] << "x"
+                        << img_dims[2] << " pixels, too many to hold in memory; corrupt header?");
 
   const auto pixels = read_payload(images, images_path, static_cast<size_t>(n * features), 16);
   const auto label_bytes = read_payload(labels, labels_path, static_cast<size_t>(n), 8);
 
   Dataset ds;
-  ds.size = n;
-  ds.features = features;
+  ds.size = static_cast<int64_t>(n);
+  ds.features = static_cast<int64_t>(features);
   ds.source = images_path + " (labels " + labels_path + ")";
   ds.x.resize(pixels.size());
   for (size_t i = 0; i < pixels.size(); ++i) ds.x[i] = static_cast<float>(pixels[i]) / 255.0f;

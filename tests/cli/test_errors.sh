@@ -52,8 +52,10 @@ expect_error "unknown device" 2 "device: must be one of cpu, cuda, auto" --confi
 mkdir -p "$WORK/tdir/trace.json"  # a directory where the trace file should go
 expect_error "trace file cannot be written" 2 "trace.json" --config "$seed" "${quick[@]}" \
   --set output.trace=true --set "output.dir=$WORK/tdir"
-# Divergence mid-training: the loss turns non-finite, the job stops naming the step and rank.
-expect_error "non-finite loss" 2 "loss is" --config "$seed" "${quick[@]}" --set optimizer.lr=1e30
+# Divergence mid-training: loss and gradients turn non-finite, the job stops naming the step
+# and the rank whose loss went first.
+expect_error "non-finite loss" 2 "non-finite gradient value(s) after the allreduce (the loss was non-finite on rank" \
+  --config "$seed" "${quick[@]}" --set optimizer.lr=1e30
 
 # A rank whose config differs (here: a hidden layer of 11 instead of 10) is refused on every rank.
 checks=$((checks + 1))

@@ -512,6 +512,12 @@ TEST_CASE("config: unreadable and malformed files", "[config]") {
         "top level, got a list");
   CHECK(parse_error(kMinimal + "---\n" + kMinimal) ==
         "run.yaml: expected one YAML document, found 2");
+  // yaml-cpp would produce empty documents forever here; the count stops.
+  for (const char* stray : {",", ", 3]}", "- a\n,"}) {
+    INFO(stray);
+    CHECK_THAT(parse_error(stray), Catch::Contains("found more than 100") &&
+                                       Catch::Contains("stray ','"));
+  }
   std::string empty = tmp.file("empty.yaml", "# nothing yet\n");
   CHECK(error_of([&] { ddp::load_config(empty); }) ==
         empty + ": model.layers: needs at least 2 widths (input and output), got 0");

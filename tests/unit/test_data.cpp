@@ -197,6 +197,18 @@ TEST_CASE("load_idx names the file and the problem for every bad input", "[data]
     REQUIRE_THROWS_WITH(ddp::load_idx(bad, dir.file("lbl_big")),
                         Contains(bad) && Contains("truncated data"));
   }
+  SECTION("header whose sizes multiply past 64 bits is refused before any arithmetic wraps") {
+    // 2^32-1 images of (2^32-1)^2 pixels: the product overflowed a signed 64-bit count.
+    write_raw(bad, idx_images(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, {1, 1, 1, 1}));
+    Bytes lb = idx_labels({});
+    lb[4] = lb[5] = lb[6] = lb[7] = 0xFF;
+    write_raw(dir.file("lbl_max"), lb);
+    REQUIRE_THROWS_WITH(ddp::load_idx(bad, dir.file("lbl_max")),
+                        Contains(bad) &&
+                            Contains("header claims 4294967295 images of "
+                                     "4294967295x4294967295 pixels") &&
+                            Contains("corrupt header"));
+  }
   SECTION("image/label count mismatch") {
     write_raw(bad, idx_labels({1, 2}));
     REQUIRE_THROWS_WITH(ddp::load_idx(img, bad), Contains(img) && Contains(bad) &&

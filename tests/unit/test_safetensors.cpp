@@ -312,6 +312,7 @@ std::vector<BadFile> bad_files() {
       {"not an object", "[1, 2]", 0, {"not a JSON object"}},
       {"NUL in header", std::string("{}\0\0", 4), 0, {"NUL"}},
       {"bad UTF-8", "{\"a\xff\":{}}", 0, {"not valid JSON"}},
+      {"number out of range", R"({"a":1e400})", 0, {"not valid JSON", "1e400"}},
       {"duplicate name", "{" + kA + "," + kA + "}", 8, {"'a'", "more than once"}},
       {"entry not object", R"({"a":5})", 0, {"tensor 'a'", "not a JSON object"}},
       {"missing dtype",
