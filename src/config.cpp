@@ -654,8 +654,8 @@ void validate_training(const Origin& o, const TrainingConfig& t) {
   if (t.nan_policy != "abort" && t.nan_policy != "skip_step") {
     fail(o, "training.nan_policy", "must be abort or skip_step; got '" + t.nan_policy + "'");
   }
-  // "auto" may find nothing (a fresh start); an explicit checkpoint must exist.
-  if (!t.resume.empty() && t.resume != "auto") require_file(o, "training.resume", t.resume);
+  // training.resume is not checked here: only rank 0 reads the checkpoint (other nodes may not
+  // see the file), and it reports a missing one.
 }
 
 void validate_checkpoint(const Origin& o, const CheckpointConfig& c) {

@@ -570,6 +570,9 @@ void Trainer::State::resume() {
   if (with_momentum) momentum.assign(plan.total_numel, 0.0f);
   run_agreed(comm, [&] {
     if (!is_root()) return;
+    std::error_code ec;
+    DDP_CHECK(std::filesystem::exists(path, ec),
+              "training.resume: checkpoint file not found: " << path << " (on rank 0)");
     TrainingCheckpoint ck = read_checkpoint(path);
     ResumeExpectation expected;
     for (const Parameter* p : model->parameters()) expected.parameters.emplace_back(p->name, p->shape);

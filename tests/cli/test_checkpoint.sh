@@ -135,7 +135,7 @@ if [[ -n "$good" ]]; then
     --resume "$good" --set optimizer.lr=0.5
   expect_error "model file instead of a checkpoint" 2 "not a training checkpoint" "${quick[@]}" \
     --resume "$WORK/ref2/model.safetensors"
-  expect_error "missing checkpoint" 2 "training.resume: file not found" "${quick[@]}" \
+  expect_error "missing checkpoint" 2 "training.resume: checkpoint file not found" "${quick[@]}" \
     --resume "$WORK/nothing.safetensors"
 
   # --- Another world size: the global batch changes (warned) or is kept -------------------

@@ -105,6 +105,36 @@ TEST_CASE("stopped at any step and resumed: bitwise the uninterrupted run's weig
   }
 }
 
+TEST_CASE("every_epochs: a checkpoint per epoch, keep_last prunes, an older one resumes exactly",
+          "[mpi][resume]") {
+  ddp::TrainConfig cfg = resume_config("epochs");
+  cfg.checkpoint.every_epochs = 1;
+  cfg.checkpoint.keep_last = 2;
+  ddp::TrainSummary summary;
+  const auto whole = train(cfg, MPI_COMM_WORLD, &summary);
+  const int64_t per_epoch = summary.steps / cfg.training.epochs;
+  std::string second_epoch;  // the older of the two kept: after epoch 2
+  long errors = 0;
+  if (world_rank() == 0) {
+    const auto kept = ddp::list_checkpoints(cfg.output.dir + "/checkpoints");
+    errors += kept.size() != 2;
+    if (kept.size() == 2) {
+      errors += kept[0].first != 2 * per_epoch || kept[1].first != 3 * per_epoch;
+      const ddp::TrainingCheckpoint ck = ddp::read_checkpoint(kept[0].second);
+      errors += ck.state.epoch != 2 || ck.state.step_in_epoch != 0 || ck.state.epoch_position != 0;
+      second_epoch = kept[0].second;
+    }
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp_test::require_on_all_ranks(*comm, errors, "checkpoints kept after 3 epochs");
+  ddp::TrainConfig rest = cfg;
+  rest.output.dir = shared_scratch("epochs_rest");
+  rest.training.resume = ddp::broadcast_string(*comm, second_epoch, 0);  // rank 0's path
+  ddp::TrainSummary rest_summary;
+  REQUIRE(bitwise_equal(train(rest, MPI_COMM_WORLD, &rest_summary), whole));
+  CHECK(rest_summary.steps == summary.steps);
+}
+
 TEST_CASE("a stop request on one rank stops every rank at the same step with a checkpoint",
           "[mpi][resume]") {
   ddp::TrainConfig cfg = resume_config("signal_whole");
