@@ -697,9 +697,10 @@ void Trainer::State::save_checkpoint(TrainingState st, const Tally& epoch_tally)
           {"seconds", seconds}});
 }
 
-// Collective, once per optimizer step on every rank: whether any rank had a stop request one
-// step ago. The flag travels on comm's lane behind this step's work and is read at the next
-// boundary, so no step waits for the network; every rank sees the same sum at the same step.
+// Collective, at the same optimizer steps on every rank (every kStopPollSteps): whether any rank
+// had a stop request at the previous poll. The flag travels on comm's lane behind this step's
+// work and is read at the next poll, so no step waits for the network; every rank sees the same
+// sum at the same step.
 bool Trainer::State::poll_stop() {
   bool agreed = false;
   if (stop_work) {
@@ -1017,7 +1018,7 @@ TrainSummary Trainer::run() {
         stop = true;
         break;
       }
-      if (s.poll_stop()) {
+      if (sum.steps % kStopPollSteps == 0 && s.poll_stop()) {
         sum.interrupted = true;
         stop = true;
         break;

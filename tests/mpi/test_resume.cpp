@@ -138,6 +138,7 @@ TEST_CASE("every_epochs: a checkpoint per epoch, keep_last prunes, an older one 
 TEST_CASE("a stop request on one rank stops every rank at the same step with a checkpoint",
           "[mpi][resume]") {
   ddp::TrainConfig cfg = resume_config("signal_whole");
+  cfg.training.epochs = 6;  // more steps than 2 x kStopPollSteps at 4 ranks too
   const auto whole = train(cfg, MPI_COMM_WORLD);
   ddp::TrainConfig first = cfg;
   first.output.dir = shared_scratch("signal");
@@ -145,18 +146,18 @@ TEST_CASE("a stop request on one rank stops every rank at the same step with a c
   ddp::TrainSummary first_summary;
   train(first, MPI_COMM_WORLD, &first_summary);
   ddp::clear_stop_request();
-  // Each step's flag is read at the next boundary: the request before step 1 stops after 2.
+  // Flags are sent every kStopPollSteps steps and read at the next poll: a request before step 1
+  // stops every rank after step 2 x kStopPollSteps.
   CHECK(first_summary.interrupted);
-  CHECK(first_summary.steps == 2);
+  CHECK(first_summary.steps == 2 * ddp::kStopPollSteps);
   REQUIRE(ddp_test::max_over_ranks(*ddp::make_mpi_communicator(MPI_COMM_WORLD),
                                    first_summary.interrupted ? 0.0 : 1.0) == 0.0);
   if (world_rank() == 0) {
     REQUIRE(first_summary.last_checkpoint ==
-            ddp::checkpoint_path(first.output.dir + "/checkpoints", 2));
+            ddp::checkpoint_path(first.output.dir + "/checkpoints", 2 * ddp::kStopPollSteps));
     const ddp::TrainingCheckpoint ck = ddp::read_checkpoint(first_summary.last_checkpoint);
-    CHECK(ck.state.global_step == 2);
-    CHECK(ck.state.step_in_epoch == 2);
-    CHECK(ck.state.epoch_position == 2 * 7 * 2 * world_size());
+    CHECK(ck.state.global_step == 2 * ddp::kStopPollSteps);
+    CHECK(ck.state.epoch_position == ck.state.step_in_epoch * 7 * 2 * world_size());
     CHECK(ck.state.world_size == world_size());
   }
   ddp::TrainConfig rest = first;
