@@ -99,9 +99,8 @@ std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Seque
 // change (positions in the data are counted in samples of the epoch's global order).
 std::string resume_fingerprint(const TrainConfig& cfg) {
   static const std::vector<std::string> kKeys = {
-      "model.layers",       "model.activation",          "data.format",  "data.train.samples",
-      "data.shuffle",       "data.drop_last",            "data.csv_header", "data.seed",
-      "optimizer.",         "training.seed"};
+      "model.layers",   "model.activation", "data.format", "data.train.samples", "data.shuffle",
+      "data.drop_last", "data.csv_header",  "data.seed",   "optimizer.",         "training.seed"};
   std::vector<std::string> all;
   flatten_yaml(YAML::Load(to_yaml(cfg)), "", all);
   std::string out;
@@ -189,7 +188,7 @@ struct TraceSpan {
 // once; on a GPU one step later, so the host queues step i+1 while the device runs step i.
 struct PendingStep {
   int64_t epoch = 0, step_in_epoch = 0, global_step = 0;
-  int slot = 0;      // the backend's loss totals slot
+  int slot = 0;             // the backend's loss totals slot
   bool has_totals = false;  // totals taken already (to decide on non-finite gradients)
   XentResult totals;
   int64_t rows = 0;  // samples of this rank in the step
@@ -465,7 +464,8 @@ void Trainer::State::open_outputs() {
   DDP_CHECK(!ec, "output.dir: cannot create " << cfg.output.dir << ": " << ec.message());
   const std::string path = cfg.output.dir + "/metrics.jsonl";
   // A resumed run continues the metrics of the run it resumes.
-  metrics.open(path, std::ios::out | (cfg.training.resume.empty() ? std::ios::trunc : std::ios::app));
+  metrics.open(path,
+               std::ios::out | (cfg.training.resume.empty() ? std::ios::trunc : std::ios::app));
   DDP_CHECK(metrics.is_open(), "output.dir: cannot write " << path << ": " << std::strerror(errno));
   std::ofstream(cfg.output.dir + "/config.yaml") << to_yaml(cfg);
 }
@@ -575,7 +575,8 @@ void Trainer::State::resume() {
               "training.resume: checkpoint file not found: " << path << " (on rank 0)");
     TrainingCheckpoint ck = read_checkpoint(path);
     ResumeExpectation expected;
-    for (const Parameter* p : model->parameters()) expected.parameters.emplace_back(p->name, p->shape);
+    for (const Parameter* p : model->parameters())
+      expected.parameters.emplace_back(p->name, p->shape);
     expected.momentum = with_momentum;
     expected.train_samples = train.size;
     expected.config = resume_fingerprint(cfg);
@@ -583,8 +584,8 @@ void Trainer::State::resume() {
     const auto names = model->parameter_names();
     auto place = [&](const std::vector<NamedTensor>& tensors, std::vector<float>& arena) {
       for (const NamedTensor& t : tensors) {
-        const size_t i = static_cast<size_t>(
-            std::find(names.begin(), names.end(), t.name) - names.begin());
+        const size_t i =
+            static_cast<size_t>(std::find(names.begin(), names.end(), t.name) - names.begin());
         std::copy(t.data.begin(), t.data.end(), arena.begin() + plan.param_offset[i]);
       }
     };
@@ -595,11 +596,16 @@ void Trainer::State::resume() {
   comm.broadcast(weights.data(), weights.size() * sizeof(float), 0);
   if (with_momentum) comm.broadcast(momentum.data(), momentum.size() * sizeof(float), 0);
   // The position, as exact doubles (every count is far below 2^53).
-  double pos[11] = {double(start.epoch),        double(start.step_in_epoch),
-                    double(start.epoch_position), double(start.global_step),
-                    double(start.sgd_steps),    double(start.skipped_steps),
-                    double(start.world_size),   double(start.global_batch),
-                    start.epoch_loss_sum,       start.epoch_correct,
+  double pos[11] = {double(start.epoch),
+                    double(start.step_in_epoch),
+                    double(start.epoch_position),
+                    double(start.global_step),
+                    double(start.sgd_steps),
+                    double(start.skipped_steps),
+                    double(start.world_size),
+                    double(start.global_batch),
+                    start.epoch_loss_sum,
+                    start.epoch_correct,
                     start.epoch_count};
   comm.broadcast(pos, sizeof pos, 0);
   start.epoch = int64_t(pos[0]);
@@ -616,7 +622,8 @@ void Trainer::State::resume() {
   if (on_gpu()) {
     if (!weights.empty()) cuda_copy_bytes(values.data(), weights.data(), values.bytes());
     if (with_momentum) {
-      cuda_copy_bytes(sgd->momentum_buffer().data, momentum.data(), momentum.size() * sizeof(float));
+      cuda_copy_bytes(sgd->momentum_buffer().data, momentum.data(),
+                      momentum.size() * sizeof(float));
     }
   } else {
     std::copy(weights.begin(), weights.end(), values.data());
@@ -632,10 +639,10 @@ void Trainer::State::resume() {
       cfg.training.batch_size * cfg.training.accumulate_steps * comm.size();
   if (start.global_batch != global_batch) {
     say("warning: the global batch changes from " + std::to_string(start.global_batch) +
-        " samples per step (" + std::to_string(start.world_size) + " rank(s) in the checkpoint) to " +
-        std::to_string(global_batch) + " = " + std::to_string(cfg.training.batch_size) +
-        " per rank x " + std::to_string(comm.size()) + " rank(s) x " +
-        std::to_string(cfg.training.accumulate_steps) +
+        " samples per step (" + std::to_string(start.world_size) +
+        " rank(s) in the checkpoint) to " + std::to_string(global_batch) + " = " +
+        std::to_string(cfg.training.batch_size) + " per rank x " + std::to_string(comm.size()) +
+        " rank(s) x " + std::to_string(cfg.training.accumulate_steps) +
         " accumulation step(s): training continues, but not as the uninterrupted run would "
         "(keep training.batch_size x ranks the same to keep the global batch)");
   } else if (start.world_size != comm.size()) {
@@ -868,8 +875,9 @@ TrainSummary Trainer::run() {
       msg << " (every rank's loss was finite)";
     }
     if (!skip_nonfinite) {
-      throw CollectiveError(msg.str() + "; lower optimizer.lr? training.nan_policy: skip_step "
-                                        "skips such steps");
+      throw CollectiveError(msg.str() +
+                            "; lower optimizer.lr? training.nan_policy: skip_step "
+                            "skips such steps");
     }
     s.say("warning: " + msg.str() + ": step skipped (training.nan_policy: skip_step)");
     s.record({{"type", "skipped_step"},
@@ -1111,8 +1119,8 @@ TrainSummary Trainer::run() {
   s.comm.allreduce(comm_totals, 2, ReduceOp::Sum);
   const double overlap = comm_totals[0] > 0 ? comm_totals[1] / comm_totals[0] : 1.0;
   std::ostringstream line;
-  line << (sum.interrupted ? "interrupted: " : "done: ") << sum.epochs << " epoch(s), "
-       << sum.steps << " steps, " << sum.samples << " samples in " << std::fixed
+  line << (sum.interrupted ? "interrupted: " : "done: ") << sum.epochs << " epoch(s), " << sum.steps
+       << " steps, " << sum.samples << " samples in " << std::fixed
        << std::setprecision(sum.seconds < 1 ? 4 : 2) << sum.seconds << " s ("
        << format_rate(sum.samples_per_sec) << ", " << world << " rank(s))";
   if (sum.evaluated) line << "; test accuracy " << percent(sum.test_accuracy);

@@ -109,9 +109,9 @@ class MetadataReader {
     errno = 0;
     char* end = nullptr;
     const long long v = std::strtoll(s.c_str(), &end, 10);
-    DDP_CHECK(!s.empty() && end == s.c_str() + s.size() && errno == 0 && v >= 0,
-              where_ << ": metadata '" << key << "' is '" << s
-                     << "', expected a non-negative integer");
+    DDP_CHECK(
+        !s.empty() && end == s.c_str() + s.size() && errno == 0 && v >= 0,
+        where_ << ": metadata '" << key << "' is '" << s << "', expected a non-negative integer");
     return static_cast<int64_t>(v);
   }
 
@@ -319,11 +319,9 @@ void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
                                         << shape_text(shape));
   }
   for (const NamedTensor& t : ckpt.weights) {
-    const bool known =
-        std::any_of(expected.parameters.begin(), expected.parameters.end(),
-                    [&](const std::pair<std::string, std::vector<int64_t>>& p) {
-                      return p.first == t.name;
-                    });
+    const bool known = std::any_of(
+        expected.parameters.begin(), expected.parameters.end(),
+        [&](const std::pair<std::string, std::vector<int64_t>>& p) { return p.first == t.name; });
     DDP_CHECK(known, where << ": tensor '" << t.name << "' is not a parameter of the model");
   }
   DDP_CHECK(expected.momentum || ckpt.momentum.empty(),
@@ -337,17 +335,16 @@ void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
   for (const std::string& line : mine) {
     auto it = std::find_if(theirs.begin(), theirs.end(),
                            [&](const std::string& t) { return key_of(t) == key_of(line); });
-    DDP_CHECK(it != theirs.end(),
-              where << ": " << key_of(line) << ": not recorded in the checkpoint (this run has "
-                    << value_of(line) << ")");
+    DDP_CHECK(it != theirs.end(), where << ": " << key_of(line)
+                                        << ": not recorded in the checkpoint (this run has "
+                                        << value_of(line) << ")");
     DDP_CHECK(*it == line, where << ": " << key_of(line) << ": the checkpoint was written with "
                                  << value_of(*it) << ", this run has " << value_of(line)
                                  << " (resume with the same settings)");
   }
   for (const std::string& line : theirs) {
-    const bool known = std::any_of(mine.begin(), mine.end(), [&](const std::string& m) {
-      return key_of(m) == key_of(line);
-    });
+    const bool known = std::any_of(mine.begin(), mine.end(),
+                                   [&](const std::string& m) { return key_of(m) == key_of(line); });
     DDP_CHECK(known, where << ": " << key_of(line) << ": set to " << value_of(line)
                            << " in the checkpoint, unknown to this run");
   }

@@ -219,9 +219,12 @@ TEST_CASE("a mismatched checkpoint is refused on every rank naming the differenc
     }
     return std::string("(accepted)");
   };
-  CHECK_THAT(refusal([](auto& c) { c.optimizer.lr = 0.5; }),
-             Catch::Contains("optimizer.lr: the checkpoint was written with 0.05, this run has 0.5"));
-  CHECK_THAT(refusal([](auto& c) { c.model.layers = {12, 24, 17, 5}; }),
+  CHECK_THAT(
+      refusal([](auto& c) { c.optimizer.lr = 0.5; }),
+      Catch::Contains("optimizer.lr: the checkpoint was written with 0.05, this run has 0.5"));
+  CHECK_THAT(refusal([](auto& c) {
+               c.model.layers = {12, 24, 17, 5};
+             }),
              Catch::Contains("layers.1.weight' has shape [16, 24], the model's is [17, 24]"));
   CHECK_THAT(refusal([](auto& c) { c.data.train.samples = 191; }),
              Catch::Contains("training set of 190 samples, this run's has 191"));

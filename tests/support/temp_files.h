@@ -23,8 +23,7 @@ namespace ddp_test {
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix = "ddp_test") {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
     REQUIRE(::mkdtemp(pattern.data()) != nullptr);
     path_ = pattern;
   }

@@ -5,8 +5,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <vector>
 
+#include "ddp/check.h"
 #include "ddp/random.h"
 
 namespace ddp_test {
@@ -31,6 +34,17 @@ inline std::vector<float> random_vector(size_t n, uint64_t seed, double lo = -1.
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
   return v;
+}
+
+/// The ddp::Error message `f` throws; "(no error)" when it returns. Other exceptions escape
+/// and fail the test (a library exception leaking out is a defect too).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ddp::Error& e) {
+    return e.message();
+  }
+  return "(no error)";
 }
 
 }  // namespace ddp_test

@@ -13,6 +13,7 @@
 #include "ddp/check.h"
 #include "ddp/config.h"
 #include "ddp/cuda.h"
+#include "test_helpers.h"
 
 #if defined(DDP_SOURCE_DIR)
 static const std::string kSourceDir = DDP_SOURCE_DIR;
@@ -39,16 +40,7 @@ TrainConfig parse_min(const std::string& extra, const std::vector<std::string>& 
   return parse(kMinimal + extra, overrides);
 }
 
-/// The ddp::Error message `f` throws; "(no error)" when it returns. Other exceptions escape
-/// and fail the test, so a yaml-cpp exception leaking out is caught too.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ddp::Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+using ddp_test::error_of;  // a yaml-cpp exception leaking out fails the test
 
 std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
   return error_of([&] { parse(text, overrides); });

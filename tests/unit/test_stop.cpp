@@ -1,12 +1,12 @@
 // Stop requests: the first SIGTERM/SIGINT only records the signal (training then stops at a step
 // boundary with a checkpoint); a second one ends the process with the signal's default action.
-#include "ddp/stop.h"
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
+#include "ddp/stop.h"
 
 TEST_CASE("a first SIGTERM or SIGINT is recorded, not fatal", "[stop]") {
   ddp::clear_stop_request();
@@ -31,10 +31,10 @@ TEST_CASE("a second signal ends the process with the default action", "[stop]") 
   REQUIRE(child >= 0);
   if (child == 0) {
     ddp::install_stop_handlers();
-    ::raise(SIGINT);                                 // recorded
+    ::raise(SIGINT);  // recorded
     if (ddp::stop_requested() != SIGINT) ::_exit(3);
-    ::raise(SIGINT);                                 // the user insists: killed here
-    ::_exit(4);                                      // not reached
+    ::raise(SIGINT);  // the user insists: killed here
+    ::_exit(4);       // not reached
   }
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);

@@ -2,8 +2,6 @@
 // flip and every truncation of a checkpoint refused; mismatched models and configs refused
 // naming what differs; listing, pruning (keep_last) and a full disk that leaves the previous
 // checkpoint intact.
-#include "ddp/training_checkpoint.h"
-
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -13,7 +11,9 @@
 #include <vector>
 
 #include "ddp/check.h"
+#include "ddp/training_checkpoint.h"
 #include "temp_files.h"
+#include "test_helpers.h"
 
 using Catch::Contains;
 using ddp::NamedTensor;
@@ -70,14 +70,7 @@ void require_same_tensors(const std::vector<NamedTensor>& a, const std::vector<N
   }
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ddp::Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+using ddp_test::error_of;
 
 }  // namespace
 
@@ -192,9 +185,13 @@ TEST_CASE("checkpoint: a different model, data or config is refused naming it", 
     change(e);
     return error_of([&] { ddp::check_resumable(r, path, e); });
   };
-  CHECK_THAT(refusal([](auto& e) { e.parameters[2].second = {2, 4}; }),
+  CHECK_THAT(refusal([](auto& e) {
+               e.parameters[2].second = {2, 4};
+             }),
              Contains("tensor 'layers.1.weight' has shape [2, 3], the model's is [2, 4]"));
-  CHECK_THAT(refusal([](auto& e) { e.parameters.push_back({"layers.2.weight", {1, 2}}); }),
+  CHECK_THAT(refusal([](auto& e) {
+               e.parameters.push_back({"layers.2.weight", {1, 2}});
+             }),
              Contains("has no tensor 'layers.2.weight' (the model differs)"));
   CHECK_THAT(refusal([](auto& e) { e.parameters.pop_back(); }),
              Contains("tensor 'layers.1.bias' is not a parameter of the model"));
@@ -203,7 +200,8 @@ TEST_CASE("checkpoint: a different model, data or config is refused naming it", 
   CHECK_THAT(refusal([](auto& e) { e.train_samples = 99; }),
              Contains("training set of 100 samples, this run's has 99"));
   CHECK_THAT(refusal([](auto& e) {
-               e.config = "model.layers = [2, 3, 2]\noptimizer.lr = 0.01\ntraining.batch_size = 2\n";
+               e.config =
+                   "model.layers = [2, 3, 2]\noptimizer.lr = 0.01\ntraining.batch_size = 2\n";
              }),
              Contains("optimizer.lr: the checkpoint was written with 0.1, this run has 0.01"));
   CHECK_THAT(refusal([](auto& e) { e.config += "training.seed = 3\n"; }),
@@ -245,8 +243,7 @@ TEST_CASE("checkpoint listing, keep_last and interrupted writes", "[checkpoint]"
   CHECK(ddp::prune_checkpoints(d, 0).empty());  // 0 keeps everything
 }
 
-TEST_CASE("checkpoint: a full disk during a write leaves the previous one intact",
-          "[checkpoint]") {
+TEST_CASE("checkpoint: a full disk during a write leaves the previous one intact", "[checkpoint]") {
   TempDir dir("ddp_ckpt");
   const std::string d = dir.path().string();
   TrainingCheckpoint c = sample_checkpoint();
