@@ -1,8 +1,9 @@
 // ddp-train: one MPI rank of a data-parallel training job.
 //   mpirun -n 2 ddp-train --config configs/fashion_mnist.yaml [--set key.path=value ...]
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
-// only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT end
-// it at the next step with a checkpoint and exit code 75 (resume with --resume auto).
+// only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT/SIGUSR1
+// end it at the next step with a checkpoint and exit code 75 (resume with --resume auto). Every
+// rank exits with the agreed code even when the launcher signals it during MPI_Finalize.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -52,6 +53,22 @@ int train(const Options& opt) {
   return summary.interrupted ? ddp::kExitInterrupted : 0;
 }
 
+// train() with its errors turned into the exit code every rank agrees on; an error on some
+// ranks only aborts the job here (MPI_Abort does not return).
+int run_rank(const Options& opt, int rank) {
+  try {
+    return train(opt);
+  } catch (const ddp::CollectiveError& e) {
+    // Every rank has this error: one message, clean exit with a failure code everywhere.
+    if (rank == 0) std::cerr << "ddp-train: error: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-train: error: " << e.what() << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,18 +96,15 @@ int main(int argc, char** argv) {
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // After MPI_Init, which may install handlers of its own: SIGTERM/SIGINT then ask training
+  // After MPI_Init, which may install handlers of its own: SIGTERM/SIGINT/SIGUSR1 then ask training
   // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank.
   ddp::install_stop_handlers();
-  try {
-    return train(opt);
-  } catch (const ddp::CollectiveError& e) {
-    // Every rank has this error: one message, clean exit with a failure code everywhere.
-    if (rank == 0) std::cerr << "ddp-train: error: " << e.what() << std::endl;
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "ddp-train: error: " << e.what() << std::endl;
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
-  }
+  const int code = run_rank(opt, rank);
+  // Every rank agreed on this outcome. Once the first rank exits non-zero, mpirun ends the
+  // others with SIGTERM, possibly while they are still in MPI_Finalize: they exit with this
+  // code all the same.
+  std::cout.flush();
+  std::cerr.flush();
+  ddp::set_final_exit_code(code);
+  return code;  // MPI_Finalize in ~MpiSession
 }

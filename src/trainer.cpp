@@ -1052,7 +1052,7 @@ TrainSummary Trainer::run() {
     }
     if (sum.interrupted) {
       // Preempted: the checkpoint first (the grace period is short), no evaluation.
-      s.say("stop requested (SIGTERM/SIGINT): writing a checkpoint at epoch " +
+      s.say("stop requested (SIGTERM/SIGINT/SIGUSR1): writing a checkpoint at epoch " +
             std::to_string(at.epoch + 1) + " step " + std::to_string(at.step_in_epoch));
       s.save_checkpoint(at, epoch_complete ? Tally{} : epoch_tally);
       break;

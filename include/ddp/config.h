@@ -87,8 +87,8 @@ struct OutputConfig {
 };
 
 /// Periodic checkpoints (model, optimizer state, position in the data) for --resume. One is
-/// also written when the job is interrupted by SIGTERM/SIGINT, and at the end of training when
-/// every_steps or every_epochs is set.
+/// also written when the job is interrupted by SIGTERM/SIGINT/SIGUSR1, and at the end of training
+/// when every_steps or every_epochs is set.
 struct CheckpointConfig {
   std::string dir;           ///< "" = <output.dir>/checkpoints
   int64_t every_steps = 0;   ///< write after every N optimizer steps (0 = off)

@@ -1,6 +1,7 @@
-// Graceful stop requests: SIGTERM (Slurm preemption, kill) and SIGINT (Ctrl-C) only set a flag;
-// the trainer's ranks agree on it at an optimizer-step boundary, write a checkpoint and end
-// with kExitInterrupted, so a requeued job continues with --resume auto.
+// Graceful stop requests: SIGTERM (Slurm preemption, kill), SIGINT (Ctrl-C) and SIGUSR1 (what
+// mpirun forwards to every rank; launch/ddp-run turns its own SIGINT/SIGTERM into it) only set
+// a flag; the trainer's ranks agree on it at an optimizer-step boundary, write a checkpoint and
+// end with kExitInterrupted, so a requeued job continues with --resume auto.
 #pragma once
 
 namespace ddp {
@@ -9,8 +10,9 @@ namespace ddp {
 /// again"; resume with --resume auto).
 constexpr int kExitInterrupted = 75;
 
-/// Installs the SIGTERM and SIGINT handlers. The first signal requests a stop; a second one
-/// ends the process at once with the default action (a user pressing Ctrl-C twice).
+/// Installs the SIGTERM, SIGINT and SIGUSR1 handlers. The first signal requests a stop; a second
+/// one ends the process at once with the default action (a user pressing Ctrl-C twice). Once the
+/// outcome is final (set_final_exit_code) any signal ends the process with that code.
 void install_stop_handlers();
 
 /// Optimizer steps between the trainer's stop polls (all ranks poll at the same steps). A poll
@@ -26,5 +28,13 @@ int stop_requested();
 
 /// Forgets a pending request (tests).
 void clear_stop_request();
+
+/// Declares this process's outcome final: the run finished, stopped with a durable checkpoint
+/// or failed with an error every rank agreed on, and `code` is what it exits with. From then on
+/// these signals end the process at once with `code` (async-signal-safe `_exit`; flush streams
+/// first). mpirun tears a job down as soon as one rank exits non-zero, while a peer may still
+/// be inside MPI_Finalize and cannot leave it until mpirun kills it (docs/reliability.md): that
+/// peer then exits with its own outcome, not of the launcher's signal.
+void set_final_exit_code(int code);
 
 }  // namespace ddp

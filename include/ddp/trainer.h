@@ -32,9 +32,9 @@ struct TrainSummary {
   double hidden_seconds = 0.0;  ///< part of it that ran while backward was computing
   double wait_seconds = 0.0;    ///< time the training thread waited for allreduces
   double data_wait_seconds = 0.0;
-  int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
-  bool resumed = false;        ///< continued from a checkpoint
-  /// Stopped by SIGTERM/SIGINT (stop.h) after writing a checkpoint; stop_signal says which.
+  int64_t skipped_steps = 0;  ///< steps skipped for non-finite gradients (nan_policy skip_step)
+  bool resumed = false;       ///< continued from a checkpoint
+  /// Stopped by SIGTERM/SIGINT/SIGUSR1 (stop.h) after writing a checkpoint; stop_signal says which.
   bool interrupted = false;
   int stop_signal = 0;
   std::string last_checkpoint;  ///< the newest checkpoint this run wrote ("" if none)

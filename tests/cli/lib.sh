@@ -1,5 +1,5 @@
 # Helpers for the end-to-end tests: run ddp-train under mpiexec with a time limit, record every
-# rank's exit code, and check messages. Sourced by tests/cli/test_*.sh (run by ctest).
+# rank's own exit code, find a rank's process, and check messages. Sourced by tests/cli/test_*.sh (run by ctest).
 set -uo pipefail
 
 : "${DDP_TRAIN:?DDP_TRAIN must point at the ddp-train binary}"
@@ -14,37 +14,104 @@ checks=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 pass() { echo "ok: $*"; }
 
-# run_ranks N LIMIT_S ARGS...: runs ddp-train ARGS on N ranks; sets $out (stdout+stderr), $rc
-# (mpiexec's code), $rank_codes (each rank's own exit code, space-separated) and $elapsed.
-run_ranks() {
-  local n="$1" limit="$2"; shift 2
+# Each rank runs in this wrapper, which records ddp-train's own exit code in $WORK/rc.<rank>
+# and is otherwise transparent. mpirun signals each rank's whole process group: the wrapper
+# survives SIGTERM and SIGUSR1 (traps, so ddp-train still starts with the default dispositions)
+# and records what ddp-train did with them, instead of dying and losing the code; a ddp-train
+# killed by a signal is passed on as that signal, so mpirun reports it as such.
+rank_wrapper="$WORK/ddp-train-rank"
+cat >"$rank_wrapper" <<WRAPPER
+#!/usr/bin/env bash
+trap : TERM USR1
+$(printf '%q' "$DDP_TRAIN") "\$@"
+code=\$?
+echo \$code >$(printf '%q' "$WORK")/rc.\${OMPI_COMM_WORLD_RANK:-0}
+if ((code > 128)); then trap - TERM USR1; kill -\$((code - 128)) \$\$; fi
+exit \$code
+WRAPPER
+chmod +x "$rank_wrapper"
+
+# ranks_command N ARGS...: sets $cmd to the mpiexec command line running ddp-train ARGS on N
+# ranks, each in the wrapper; clears the recorded codes.
+ranks_command() {
+  local n="$1"; shift
   rm -f "$WORK"/rc.*
-  local start=$SECONDS
-  out="$(timeout "$limit" "$DDP_MPIEXEC" -n "$n" --oversubscribe bash -c \
-    '"$0" "$@"; code=$?; echo $code > "'"$WORK"'/rc.${OMPI_COMM_WORLD_RANK:-0}"; exit $code' \
-    "$DDP_TRAIN" "$@" 2>&1)"
-  rc=$?
-  elapsed=$((SECONDS - start))
+  cmd=("$DDP_MPIEXEC" -n "$n" --oversubscribe "$rank_wrapper" "$@")
+}
+
+# read_rank_codes N: sets $rank_codes to each rank's exit code, space-separated ("missing" for a
+# rank that recorded none).
+read_rank_codes() {
+  local r
   rank_codes=""
-  for ((r = 0; r < n; ++r)); do
+  for ((r = 0; r < $1; ++r)); do
     rank_codes+="$(cat "$WORK/rc.$r" 2>/dev/null || echo missing) "
   done
 }
 
-# expect_error NAME N MESSAGE ARGS...: the run must fail on every rank, within 60 s, and the
-# output must contain MESSAGE.
+# run_ranks N LIMIT_S ARGS...: runs ddp-train ARGS on N ranks; sets $out (stdout+stderr), $rc
+# (mpiexec's code), $rank_codes and $elapsed.
+run_ranks() {
+  local n="$1" limit="$2"; shift 2
+  ranks_command "$n" "$@"
+  local start=$SECONDS
+  out="$(timeout "$limit" "${cmd[@]}" 2>&1)"
+  rc=$?
+  elapsed=$((SECONDS - start))
+  read_rank_codes "$n"
+}
+
+# start_ranks N LOG ARGS...: starts ddp-train ARGS on N ranks in the background, output to LOG;
+# sets $launcher (mpiexec's pid). After `wait "$launcher"`, read_rank_codes N.
+start_ranks() {
+  local n="$1" log="$2"; shift 2
+  ranks_command "$n" "$@"
+  "${cmd[@]}" >"$log" 2>&1 &
+  launcher=$!
+}
+
+# The pids of the ddp-train processes whose command line contains $1 (not their wrappers).
+ranks_of() {
+  local pid
+  for pid in $(pgrep -f -- "$1" || true); do
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == ddp-train ]] && echo "$pid"
+  done
+}
+# rank_pid PATTERN R: the pid of rank R among ranks_of PATTERN.
+rank_pid() {
+  local pid
+  for pid in $(ranks_of "$1"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+    fi
+  done
+}
+# wait_until LIMIT_S COMMAND...: waits until COMMAND succeeds; non-zero after LIMIT_S seconds.
+wait_until() {
+  local limit="$1"; shift
+  local i
+  for ((i = 0; i < limit * 10; ++i)); do
+    "$@" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# expect_error NAME N MESSAGE ARGS...: the run must fail within 60 s with MESSAGE in the
+# output, every rank exiting 1 by itself and mpiexec returning 1.
 expect_error() {
   local name="$1" n="$2" message="$3"; shift 3
   checks=$((checks + 1))
   run_ranks "$n" 60 "$@"
   if ((rc == 124)); then fail "$name: hung (killed after 60 s)"; return; fi
-  if ((rc == 0)); then fail "$name: exited 0"; echo "$out" | tail -5; return; fi
-  local code
-  for code in $rank_codes; do
-    if [[ "$code" == 0 ]]; then fail "$name: a rank exited 0 (codes: $rank_codes)"; return; fi
-  done
   if ! grep -qF -- "$message" <<<"$out"; then
     fail "$name: message '$message' not in output:"; echo "$out" | tail -8; return
+  fi
+  local expected
+  expected="$(printf '1 %.0s' $(seq "$n"))"
+  if ((rc != 1)) || [[ "$rank_codes" != "$expected" ]]; then
+    fail "$name: mpiexec $rc, rank codes '$rank_codes' (expected 1 everywhere)"
+    echo "$out" | tail -8; return
   fi
   pass "$name (${elapsed}s, rank codes: $rank_codes)"
 }

@@ -1,52 +1,19 @@
 # Checkpoints through the real binary: a rank killed (SIGKILL) mid-run ends the whole job
 # quickly and the newest checkpoint resumes to bitwise the uninterrupted weights (2 and 4
-# ranks); SIGTERM on one rank checkpoints and ends every rank with code 75; truncated,
-# bit-flipped and mismatched checkpoints are refused; a full disk keeps the previous
-# checkpoint; another world size resumes with a warning about the global batch.
+# ranks); SIGTERM on one rank, and Ctrl-C on launch/ddp-run, checkpoint and end every rank with
+# code 75; truncated, bit-flipped and mismatched checkpoints are refused; a full disk keeps the
+# previous checkpoint; another world size resumes with a warning about the global batch.
 source "$(dirname "$0")/lib.sh"
 
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
 timeout_s=5
 common=(--config "$seed" --set training.log_every=0 --set "distributed.timeout_s=$timeout_s")
 
-# The pids of the ddp-train processes writing to output dir $1 (not their bash wrappers).
-ranks_of() {
-  local pid
-  for pid in $(pgrep -f -- "output.dir=$1( |$)" || true); do
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == ddp-train ]] && echo "$pid"
-  done
-}
-# The pid of rank $2 of the run writing to $1.
-rank_pid() {
-  local pid
-  for pid in $(ranks_of "$1"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$pid"
-    fi
-  done
-}
-# Starts an N-rank run in the background (each rank's exit code to $WORK/rc.<rank>); sets
-# $launcher. Arguments: N LOG ARGS...
-start_ranks() {
-  local n="$1" log="$2"; shift 2
-  rm -f "$WORK"/rc.*
-  "$DDP_MPIEXEC" -n "$n" --oversubscribe bash -c \
-    '"$0" "$@"; code=$?; echo $code > "'"$WORK"'/rc.${OMPI_COMM_WORLD_RANK:-0}"; exit $code' \
-    "$DDP_TRAIN" "$@" >"$log" 2>&1 &
-  launcher=$!
-}
-# Waits (up to $1 s) until command $2... succeeds; returns non-zero on timeout.
-wait_until() {
-  local limit="$1"; shift
-  local i
-  for ((i = 0; i < limit * 10; ++i)); do
-    "$@" && return 0
-    sleep 0.1
-  done
-  return 1
-}
+# The ranks writing to output dir $1, and rank $2 among them.
+ranks_in() { ranks_of "output.dir=$1( |$)"; }
+rank_in() { rank_pid "output.dir=$1( |$)" "$2"; }
 has_checkpoint() { compgen -G "$1/checkpoints/step-*.safetensors" >/dev/null; }
-running() { kill -0 "$launcher" 2>/dev/null || [[ -n "$(ranks_of "$1")" ]]; }
+running() { kill -0 "$launcher" 2>/dev/null || [[ -n "$(ranks_in "$1")" ]]; }
 stopped() { ! running "$1"; }
 same_weights() { cmp -s "$1/model.safetensors" "$2/model.safetensors"; }
 
@@ -57,13 +24,13 @@ kill_and_resume() {
   checks=$((checks + 1))
   run_ranks "$n" 300 "${common[@]}" --set "output.dir=$ref" --set "training.epochs=$epochs"
   if ((rc != 0)); then fail "$name: the reference run failed ($rc)"; echo "$out" | tail -5; return; fi
-  start_ranks "$n" "$WORK/kill$n.log" "${common[@]}" --set "output.dir=$dir" \
+  start_ranks "$n" "$dir.log" "${common[@]}" --set "output.dir=$dir" \
     --set "training.epochs=$epochs" --set checkpoint.every_steps=500
   if ! wait_until 120 has_checkpoint "$dir"; then
     fail "$name: no checkpoint appeared"; kill "$launcher"; wait "$launcher"; return
   fi
   local victim
-  victim="$(rank_pid "$dir" "$victim_rank")"
+  victim="$(rank_in "$dir" "$victim_rank")"
   if [[ -z "$victim" ]] || [[ -e "$dir/model.safetensors" ]]; then
     fail "$name: the run ended before it could be killed"; wait "$launcher"; return
   fi
@@ -71,12 +38,18 @@ kill_and_resume() {
   local start=$SECONDS
   if ! wait_until $((timeout_s + 10)) stopped "$dir"; then
     fail "$name: ranks still run $((SECONDS - start)) s after the kill (limit timeout_s + 10)"
-    kill -9 $(ranks_of "$dir") 2>/dev/null; wait "$launcher"; return
+    kill -9 $(ranks_in "$dir") 2>/dev/null; wait "$launcher"; return
   fi
   wait "$launcher"; local job_rc=$? elapsed=$((SECONDS - start))
-  if ((job_rc == 0)); then fail "$name: the job exited 0"; return; fi
+  # The launcher ends the other ranks (SIGTERM, then SIGKILL to their process groups: their
+  # own codes are the launcher's), names the killed rank and returns its signal.
+  if ((job_rc != 137)); then fail "$name: the job exited $job_rc, expected 137 (SIGKILL)"; return; fi
+  local named
+  named="$(grep -m1 -o "process rank $victim_rank with PID [0-9]* on node [^ ]* exited on signal 9" "$dir.log")"
+  if [[ -z "$named" ]]; then fail "$name: the killed rank is not named"; tail -8 "$dir.log"; return; fi
+  # The newest complete checkpoint: a write the kill interrupted leaves a .tmp file beside it.
   local newest
-  newest="$(ls "$dir/checkpoints" | tail -1)"
+  newest="$(cd "$dir/checkpoints" && ls step-*.safetensors | tail -1)"
   run_ranks "$n" 300 "${common[@]}" --set "output.dir=$dir" --set "training.epochs=$epochs" \
     --resume auto
   if ((rc != 0)); then fail "$name: resume failed ($rc)"; echo "$out" | tail -5; return; fi
@@ -84,7 +57,7 @@ kill_and_resume() {
     fail "$name: did not resume from the newest checkpoint $newest"; echo "$out" | grep resume; return
   fi
   if ! same_weights "$ref" "$dir"; then fail "$name: resumed weights differ from the uninterrupted run"; return; fi
-  pass "$name: job ended ${elapsed}s after the kill (code $job_rc), resumed from $newest, weights bitwise the uninterrupted run's"
+  pass "$name: job ended ${elapsed}s after the kill (code $job_rc, \"$named\"), resumed from $newest, weights bitwise the uninterrupted run's"
 }
 kill_and_resume 2 1 2000
 kill_and_resume 4 0 600
@@ -96,12 +69,12 @@ start_ranks 2 "$WORK/term.log" "${common[@]}" --set "output.dir=$dir" --set trai
 if ! wait_until 60 grep -q '^epoch 20/' "$WORK/term.log"; then
   fail "SIGTERM: training did not start"; kill "$launcher"
 else
-  kill -TERM "$(rank_pid "$dir" 1)"
+  kill -TERM "$(rank_in "$dir" 1)"
   wait_until $((timeout_s + 10)) stopped "$dir"
   wait "$launcher"; job_rc=$?
-  codes="$(cat "$WORK"/rc.0 "$WORK"/rc.1 2>/dev/null | tr '\n' ' ')"
-  if [[ "$codes" != "75 75 " ]] || ((job_rc != 75)); then
-    fail "SIGTERM: rank codes '$codes', job $job_rc (expected 75 everywhere)"; tail -5 "$WORK/term.log"
+  read_rank_codes 2
+  if [[ "$rank_codes" != "75 75 " ]] || ((job_rc != 75)); then
+    fail "SIGTERM: rank codes '$rank_codes', job $job_rc (expected 75 everywhere)"; tail -5 "$WORK/term.log"
   elif ! has_checkpoint "$dir"; then
     fail "SIGTERM: no checkpoint written"
   else
@@ -112,6 +85,34 @@ else
       fail "SIGTERM: resumed weights differ from the uninterrupted run"
     else
       pass "SIGTERM: every rank exited 75 after $(grep -m1 -o 'checkpoint: [^ ]*' "$WORK/term.log"); resume matches bitwise"
+    fi
+  fi
+fi
+
+# --- Ctrl-C on launch/ddp-run: mpirun would abort; ddp-run passes it on, every rank exits 75 --
+checks=$((checks + 1))
+ctrlc="$WORK/ctrlc"
+rm -f "$WORK"/rc.*
+# SIGINT at its default disposition, as in a terminal (a background job of a script ignores it).
+DDP_TRAIN="$rank_wrapper" env --default-signal=INT "$DDP_SOURCE_DIR/launch/ddp-run" -n 2 "$seed" \
+  --set training.log_every=0 --set "distributed.timeout_s=$timeout_s" --set "output.dir=$ctrlc" \
+  --set training.epochs=2000 >"$WORK/ctrlc.log" 2>&1 &
+runner=$!
+if ! wait_until 60 grep -q '^epoch 20/' "$WORK/ctrlc.log"; then
+  fail "Ctrl-C on ddp-run: training did not start"; tail -5 "$WORK/ctrlc.log"; kill "$runner"
+else
+  kill -INT "$runner"
+  wait "$runner"; job_rc=$?
+  read_rank_codes 2
+  if [[ "$rank_codes" != "75 75 " ]] || ((job_rc != 75)); then
+    fail "Ctrl-C on ddp-run: rank codes '$rank_codes', ddp-run $job_rc (expected 75 everywhere)"
+    tail -5 "$WORK/ctrlc.log"
+  else
+    run_ranks 2 300 "${common[@]}" --set "output.dir=$ctrlc" --set training.epochs=2000 --resume auto
+    if ((rc != 0)) || ! same_weights "$WORK/ref2" "$ctrlc"; then
+      fail "Ctrl-C on ddp-run: the resumed run ($rc) does not end with the uninterrupted weights"
+    else
+      pass "Ctrl-C on ddp-run: every rank exited 75 after $(grep -m1 -o 'checkpoint: [^ ]*' "$WORK/ctrlc.log"), so did ddp-run; resume matches bitwise"
     fi
   fi
 fi

@@ -119,11 +119,15 @@ else
     sleep 0.1
   done
   scancel --signal=TERM --batch "$jid"
-  # Slurm holds a requeued job for a while (Reason=BeginTime); once the interrupted attempt's
-  # step daemons are gone (a new step of the same id would collide with them), let it start.
+  # Slurm holds a requeued job for two minutes (Reason=BeginTime: until the credentials the
+  # nodes revoked for the first attempt expire). Let it start sooner, once the interrupted
+  # attempt's step daemons are gone (a new step of the same id would collide with them) and the
+  # nodes have finished with it, in a later second than that: a node refuses a credential issued
+  # in the second it revoked the job's ("Job credential revoked").
   for ((i = 0; i < 600; ++i)); do
     if scontrol show job "$jid" 2>/dev/null | grep -q "JobState=PENDING" &&
-      ! pgrep -f "slurmstepd: \[$jid\." >/dev/null; then
+      ! pgrep -f "slurmstepd: \[$jid\." >/dev/null && ! sinfo -h -N -o %T | grep -q comp; then
+      sleep 1.1
       scontrol update JobId="$jid" StartTime=now
       break
     fi
