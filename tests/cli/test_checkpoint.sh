@@ -40,7 +40,7 @@ kill_and_resume() {
     fail "$name: ranks still run $((SECONDS - start)) s after the kill (limit timeout_s + 10)"
     kill -9 $(ranks_in "$dir") 2>/dev/null; wait "$launcher"; return
   fi
-  wait "$launcher"; local job_rc=$? elapsed=$((SECONDS - start))
+  wait "$launcher"; local job_rc=$? ended_after=$((SECONDS - start))
   # The launcher ends the other ranks (SIGTERM, then SIGKILL to their process groups: their
   # own codes are the launcher's), names the killed rank and returns its signal.
   if ((job_rc != 137)); then fail "$name: the job exited $job_rc, expected 137 (SIGKILL)"; return; fi
@@ -57,7 +57,7 @@ kill_and_resume() {
     fail "$name: did not resume from the newest checkpoint $newest"; echo "$out" | grep resume; return
   fi
   if ! same_weights "$ref" "$dir"; then fail "$name: resumed weights differ from the uninterrupted run"; return; fi
-  pass "$name: job ended ${elapsed}s after the kill (code $job_rc, \"$named\"), resumed from $newest, weights bitwise the uninterrupted run's"
+  pass "$name: job ended ${ended_after}s after the kill (code $job_rc, \"$named\"), resumed from $newest, weights bitwise the uninterrupted run's"
 }
 kill_and_resume 2 1 2000
 kill_and_resume 4 0 600
