@@ -20,6 +20,12 @@
 #define DDP_UNROLL
 #endif
 
+// DDP_EMU_SHARED(name); after each __shared__ array: the emulation poisons it before every block
+// so that reading what the block did not write shows; nothing on a device.
+#if !defined(DDP_CUDA_EMULATION)
+#define DDP_EMU_SHARED(name) static_assert(sizeof(name) > 0, "a shared array")
+#endif
+
 /// DDP_CUDA_CHECK(cudaMemcpyAsync(...)): throws ddp::Error naming the call, CUDA's error name
 /// and text, file:line and rank.
 #define DDP_CUDA_CHECK(call)                                                   \
@@ -56,6 +62,9 @@ void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStr
 
 /// Ceiling division for grid sizes.
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// The most blocks a grid has along x (along y and z: 65535).
+constexpr int64_t kMaxGridX = 2147483647;
 
 }  // namespace cuda
 }  // namespace ddp

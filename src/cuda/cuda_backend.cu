@@ -243,28 +243,10 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
   launch_elementwise(op, params.numel(), all_aligned16({op.p, op.g, op.buf}), sm_count_, stream_);
 }
 
-/// Adds the number of NaN/±Inf values of t[0, n) to *count: each thread counts its share and
-/// adds it once with an integer atomic (exact whatever the order).
-__global__ void count_nonfinite_kernel(const float* t, int64_t n, unsigned long long* count) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  unsigned long long mine = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float v = t[i];
-    mine += (v - v == 0.0f) ? 0u : 1u;  // finite - itself is 0; NaN and ±Inf give NaN
-  }
-  if (mine != 0) atomicAdd(count, mine);
-}
-
 int64_t CudaBackend::count_nonfinite(const Tensor& t) {
   checks::tensor("count_nonfinite", "t", t, kCuda);
   DDP_CUDA_CHECK(cudaMemsetAsync(nonfinite_.data(), 0, sizeof(unsigned long long), stream_));
-  if (t.numel() > 0) {
-    const dim3 grid(grid_for(t.numel(), sm_count_));
-    const dim3 block(kElementwiseThreads);
-    auto* kernel = &count_nonfinite_kernel;
-    DDP_LAUNCH(kernel, grid, block, stream_, t.data, t.numel(), nonfinite_.data());
-  }
+  launch_count_nonfinite(t.data, t.numel(), nonfinite_.data(), sm_count_, stream_);
   DDP_CUDA_CHECK(cudaMemcpyAsync(nonfinite_host_.data(), nonfinite_.data(),
                                  sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream_));
   DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -1,11 +1,14 @@
 // The engine behind cuda_emu.h: the worker pool that runs the threads of one block at a time,
-// the block and warp barriers with their rule, deadlock and fault checks, and the host runtime
-// (checked allocations, streams with their deferred queues, events, device queries).
+// the serial schedules that let one thread of the block run at a time, the block and warp
+// barriers with their rule, deadlock and fault checks, the launch checks (dimensions, the
+// kernels' compiled resource usage), and the host runtime (guarded and poisoned allocations,
+// streams with their deferred queues, events, device queries).
 #include "cuda_emu.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -76,6 +80,7 @@ namespace {
 using detail::WarpOp;
 
 constexpr unsigned kMaxBlockThreads = 1024;
+constexpr unsigned kNoThread = ~0u;
 
 // Unwinds the threads of a block another thread already failed. Not a std::exception, so a
 // kernel's own catch (const std::exception&) cannot swallow it.
@@ -181,6 +186,16 @@ struct Launch {
   std::string fault;
   std::vector<Warp> warps;
 
+  // Serial schedules: the thread whose turn it is (kNoThread: none; read atomically by waiting
+  // threads), the threads ready to run (a bit each), a wake-up word per thread.
+  Schedule order = Schedule::kParallel;
+  std::mt19937_64 rng;
+  unsigned turn = kNoThread;
+  std::vector<uint64_t> ready;
+  std::unique_ptr<Signal[]> go;
+
+  bool serial() const { return order != Schedule::kParallel; }
+
   void reset_block_locked() {
     exited = waiting = blocked = 0;
     barrier_file = nullptr;
@@ -232,11 +247,83 @@ void fail_locked(Launch& l, const std::string& cause) {
       s.wake();
     }
   }
+  if (l.serial()) {
+    for (unsigned t = 0; t < l.threads; ++t) {
+      l.go[t].bump();
+      l.go[t].wake();
+    }
+  }
 }
 
 [[noreturn]] void fail_and_unwind(Launch& l, const std::string& cause) {
   fail_locked(l, cause);
   throw AbortBlock{};
+}
+
+// ----- serial schedules -------------------------------------------------------------------------
+
+void mark_ready_locked(Launch& l, unsigned tid) { l.ready[tid / 64] |= uint64_t{1} << (tid % 64); }
+
+// Takes the next ready thread in the launch's order out of the ready set; kNoThread if none.
+unsigned take_next_locked(Launch& l) {
+  const size_t words = l.ready.size();
+  size_t w = words;
+  unsigned bit = 0;
+  if (l.order == Schedule::kForward) {
+    for (w = 0; w < words && l.ready[w] == 0; ++w) {
+    }
+    if (w < words) bit = static_cast<unsigned>(__builtin_ctzll(l.ready[w]));
+  } else if (l.order == Schedule::kReverse) {
+    for (w = words; w > 0 && l.ready[w - 1] == 0; --w) {
+    }
+    if (w == 0) return kNoThread;
+    --w;
+    bit = 63u - static_cast<unsigned>(__builtin_clzll(l.ready[w]));
+  } else {
+    uint64_t count = 0;
+    for (uint64_t word : l.ready) count += static_cast<uint64_t>(__builtin_popcountll(word));
+    if (count == 0) return kNoThread;
+    uint64_t k = l.rng() % count;
+    for (w = 0; k >= static_cast<uint64_t>(__builtin_popcountll(l.ready[w])); ++w) {
+      k -= static_cast<uint64_t>(__builtin_popcountll(l.ready[w]));
+    }
+    uint64_t word = l.ready[w];
+    for (; k > 0; --k) word &= word - 1;  // drop the k lowest set bits
+    bit = static_cast<unsigned>(__builtin_ctzll(word));
+  }
+  if (w >= words) return kNoThread;
+  l.ready[w] &= ~(uint64_t{1} << bit);
+  return static_cast<unsigned>(w * 64 + bit);
+}
+
+// The calling thread stops running (it waits, or it returned): the next ready thread goes.
+void pass_turn_locked(Launch& l) {
+  const unsigned next = take_next_locked(l);
+  __atomic_store_n(&l.turn, next, __ATOMIC_RELEASE);
+  if (next != kNoThread) {
+    l.go[next].bump();
+    l.go[next].wake();
+  }
+}
+
+// Every thread of the block is ready and the first in the order goes (a block's start).
+void start_block_locked(Launch& l) {
+  if (!l.serial()) return;
+  std::fill(l.ready.begin(), l.ready.end(), 0);
+  for (unsigned t = 0; t < l.threads; ++t) mark_ready_locked(l, t);
+  pass_turn_locked(l);
+}
+
+// Returns when it is thread `tid`'s turn (at once in the parallel schedule); throws AbortBlock
+// when the launch fails meanwhile.
+void wait_turn(Launch& l, unsigned tid) {
+  if (!l.serial()) return;
+  for (;;) {
+    const uint32_t seen = l.go[tid].value();
+    if (is_aborted(l)) throw AbortBlock{};
+    if (__atomic_load_n(&l.turn, __ATOMIC_ACQUIRE) == tid) return;
+    l.go[tid].wait_change(seen);
+  }
 }
 
 std::string waits_locked(const Launch& l) {
@@ -312,19 +399,28 @@ void warp_arrive(Launch& l, const ThreadCtx& c, std::unique_lock<std::mutex>& lk
     }
     l.blocked -= static_cast<unsigned>(__builtin_popcount(others));
     w.groups.erase(w.groups.begin() + static_cast<std::ptrdiff_t>(gi));
+    if (l.serial()) {
+      for (unsigned i = 0; i < 32; ++i) {
+        if (members >> i & 1u) mark_ready_locked(l, c.warp * 32 + i);
+      }
+      pass_turn_locked(l);
+    }
     lk.unlock();
     for (unsigned i = 0; i < 32; ++i) {
       if (others >> i & 1u) w.released[i].wake();
     }
+    wait_turn(l, c.tid);
     return;
   }
   ++l.blocked;
   check_deadlock_locked(l);
   Signal& mine = w.released[c.lane];
   const uint32_t seen = mine.value();
+  if (l.serial()) pass_turn_locked(l);
   lk.unlock();
   mine.wait_change(seen);
   if (is_aborted(l)) throw AbortBlock{};
+  wait_turn(l, c.tid);
 }
 
 // Source lane of a shuffle by PTX's rules; the own lane when the source is out of the segment.
@@ -353,11 +449,32 @@ unsigned shuffle_source(WarpOp op, unsigned lane, int lane_arg, int width) {
   return static_cast<unsigned>(j);
 }
 
+// ----- shared arrays --------------------------------------------------------------------------
+
+struct SharedArrays {
+  std::mutex mu;
+  std::vector<std::pair<void*, size_t>> arrays;
+};
+
+SharedArrays& shared_arrays() {
+  static SharedArrays* arrays = new SharedArrays;  // never destroyed: launches may outlive main
+  return *arrays;
+}
+
+// All-ones bytes in every registered shared array (DDP_EMU_SHARED): called before each block,
+// while no thread of the launch runs.
+void poison_shared_arrays() {
+  SharedArrays& a = shared_arrays();
+  std::lock_guard<std::mutex> lk(a.mu);
+  for (const auto& [p, n] : a.arrays) std::memset(p, 0xFF, n);
+}
+
 // ----- the worker pool ------------------------------------------------------------------------
 
 // Runs the kernel for the calling thread; false when the launch is failing.
-bool run_body(Launch& l) {
+bool run_body(Launch& l, unsigned tid) {
   try {
+    wait_turn(l, tid);
     l.args->run();
     return true;
   } catch (const AbortBlock&) {
@@ -399,6 +516,8 @@ bool finish_block(Launch& l, const ThreadCtx& c) {
   }
   if (l.exited == l.threads) {
     l.reset_block_locked();
+    poison_shared_arrays();
+    start_block_locked(l);  // the next block's first thread (none runs if this was the last)
     l.block_end.bump();
     lk.unlock();
     l.block_end.wake();
@@ -409,6 +528,7 @@ bool finish_block(Launch& l, const ThreadCtx& c) {
     return false;
   }
   const uint32_t seen = l.block_end.value();
+  if (l.serial()) pass_turn_locked(l);
   lk.unlock();
   l.block_end.wait_change(seen);
   return !is_aborted(l);
@@ -427,7 +547,7 @@ void run_thread(Launch& l, unsigned tid) {
   g_ctx = &c;
   for (uint64_t b = 0; b < l.blocks; ++b) {
     blockIdx = unflatten(b, l.grid);
-    if (!run_body(l) || !finish_block(l, c)) break;
+    if (!run_body(l, tid) || !finish_block(l, c)) break;
   }
   g_ctx = nullptr;
 }
@@ -542,7 +662,64 @@ cudaError_t record(cudaError_t e) {
 struct Allocation {
   size_t bytes;
   bool device;
+  void* map = nullptr;  // device blocks: the whole mapping, guard pages included
+  size_t map_bytes = 0;
 };
+
+// Device blocks: the checked all-ones bytes before the start (after the end: up to the next
+// kAlignment), then an inaccessible page on either side of the mapping.
+constexpr size_t kGuardBytes = 256;
+
+size_t page_bytes() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+size_t round_up(size_t v, size_t unit) { return (v + unit - 1) / unit * unit; }
+
+// Maps [PROT_NONE page][... guard | bytes | all-ones to a multiple of 256][PROT_NONE page] and
+// returns the 256-aligned start, every byte up to the end page all-ones; nullptr when out of
+// memory.
+void* map_device_block(size_t bytes, Allocation& a) {
+  const size_t page = page_bytes();
+  const size_t span = round_up(bytes, kAlignment);
+  const size_t inner = round_up(span + kGuardBytes, page);
+  const size_t total = inner + 2 * page;
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  char* b = static_cast<char*>(base);
+  if (mprotect(b, page, PROT_NONE) != 0 || mprotect(b + page + inner, page, PROT_NONE) != 0) {
+    munmap(base, total);
+    return nullptr;
+  }
+  char* p = b + page + inner - span;
+  std::memset(p - kGuardBytes, 0xFF, kGuardBytes + span);
+  a.map = base;
+  a.map_bytes = total;
+  return p;
+}
+
+// Where the guard bytes around a device block were changed ("" if nowhere); restores them.
+std::string check_guard(uintptr_t start, const Allocation& a) {
+  unsigned char* p = reinterpret_cast<unsigned char*>(start);
+  const size_t tail = round_up(a.bytes, kAlignment) - a.bytes;
+  std::string where;
+  for (size_t i = 0; i < kGuardBytes && where.empty(); ++i) {
+    if (p[-static_cast<std::ptrdiff_t>(kGuardBytes - i)] != 0xFF)
+      where = std::to_string(kGuardBytes - i) + " byte(s) before the start";
+  }
+  for (size_t i = 0; i < tail && where.empty(); ++i) {
+    if (p[a.bytes + i] != 0xFF) where = "byte " + std::to_string(i) + " past the end";
+  }
+  if (where.empty()) return "";
+  std::memset(p - kGuardBytes, 0xFF, kGuardBytes);
+  std::memset(p + a.bytes, 0xFF, tail);
+  char at[32];
+  std::snprintf(at, sizeof at, "%p", static_cast<void*>(p));
+  return "wrote outside a device allocation: " + where + " of the " + std::to_string(a.bytes) +
+         "-byte block at " + at;
+}
 
 // Locking: `mu` guards everything here, every stream's queue and counters and every event's
 // record state. It is never held while a queued operation runs (kernels need the worker pool,
@@ -550,7 +727,9 @@ struct Allocation {
 // stream's (a queued wait) without any lock held. A thread that finds the stream it must run
 // already being run by another thread waits on `cv`, which is notified whenever an operation
 // finishes or a stream goes away. Other locks taken while running operations (the launch mutex,
-// the asynchronous-error mutex) are never held while taking `mu` or waiting on `cv`.
+// the asynchronous-error mutex) are never held while taking `mu` or waiting on `cv`, except that
+// a launch checks the guard bytes of the device blocks under `mu` before it lets the launch
+// mutex go (nothing that holds `mu` waits for a launch).
 struct Registry {
   std::mutex mu;
   std::condition_variable cv;
@@ -603,6 +782,36 @@ StreamMode mode_now() {
 }
 
 bool deferred() { return mode_now() == StreamMode::kDeferred; }
+
+// ----- thread schedule ---------------------------------------------------------------------------
+
+struct ScheduleChoice {
+  Schedule order;
+  uint64_t seed;
+};
+
+std::mutex g_schedule_mu;
+bool g_schedule_set = false;
+ScheduleChoice g_schedule{Schedule::kParallel, 1};
+uint64_t g_schedule_launches = 0;  // launches since the schedule was chosen
+
+// The schedule of the next launch, and its place among the launches since it was chosen.
+
+ScheduleChoice schedule_now(uint64_t* launch_index = nullptr) {
+  std::lock_guard<std::mutex> lk(g_schedule_mu);
+  if (!g_schedule_set) {
+    g_schedule_set = true;
+    try {
+      g_schedule.order = parse_schedule(std::getenv("DDP_EMU_SCHEDULE"), &g_schedule.seed);
+    } catch (const std::exception& e) {
+      // A misspelt schedule must not silently test something else.
+      std::fprintf(stderr, "cuda emulation: %s\n", e.what());
+      std::abort();
+    }
+  }
+  if (launch_index != nullptr) *launch_index = g_schedule_launches++;
+  return g_schedule;
+}
 
 // The asynchronous error of the process, not yet returned, and the last deferred fault message.
 std::mutex g_async_mu;
@@ -740,11 +949,17 @@ cudaError_t allocate(void** ptr, size_t bytes, bool device) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   if (device && bytes > kTotalGlobalMem - r.device_bytes) return record(cudaErrorMemoryAllocation);
+  Allocation a{bytes, device};
   void* p = nullptr;
-  if (posix_memalign(&p, kAlignment, bytes) != 0 || !p) return record(cudaErrorMemoryAllocation);
   // All-ones bytes read as NaN floats: memory a kernel reads before anything wrote it shows.
-  std::memset(p, 0xFF, bytes);
-  r.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device};
+  if (device) {
+    p = map_device_block(bytes, a);
+    if (!p) return record(cudaErrorMemoryAllocation);
+  } else {
+    if (posix_memalign(&p, kAlignment, bytes) != 0 || !p) return record(cudaErrorMemoryAllocation);
+    std::memset(p, 0xFF, bytes);
+  }
+  r.allocations[reinterpret_cast<uintptr_t>(p)] = a;
   if (device) r.device_bytes += bytes;
   *ptr = p;
   return cudaSuccess;
@@ -760,17 +975,42 @@ cudaError_t release(void* ptr, bool device) {
   if (it == r.allocations.end() || it->second.device != device) {
     return record(cudaErrorInvalidValue);
   }
-  if (device) r.device_bytes -= it->second.bytes;
+  const Allocation a = it->second;
   r.allocations.erase(it);
-  std::free(ptr);
+  if (device) {
+    r.device_bytes -= a.bytes;
+    munmap(a.map, a.map_bytes);
+  } else {
+    std::free(ptr);
+  }
   return cudaSuccess;
 }
 
 }  // namespace
 
+// The first changed guard byte of any device block, as a message ("" if none).
+std::string check_device_guards() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::string found;
+  for (const auto& [start, a] : r.allocations) {
+    if (!a.device) continue;
+    std::string where = check_guard(start, a);
+    if (found.empty()) found = std::move(where);
+  }
+  return found;
+}
+
 // ----- device-side entry points ----------------------------------------------------------------
 
 namespace detail {
+
+SharedArray::SharedArray(void* address, size_t bytes) {
+  std::memset(address, 0xFF, bytes);
+  SharedArrays& a = shared_arrays();
+  std::lock_guard<std::mutex> lk(a.mu);
+  a.arrays.emplace_back(address, bytes);
+}
 
 void sync_threads(const char* file, int line) {
   ThreadCtx& c = current("__syncthreads()", file, line);
@@ -796,16 +1036,23 @@ void sync_threads(const char* file, int line) {
     l.waiting = 0;
     l.blocked -= l.threads - 1;
     l.barrier.bump();
+    if (l.serial()) {
+      for (unsigned t = 0; t < l.threads; ++t) mark_ready_locked(l, t);
+      pass_turn_locked(l);
+    }
     lk.unlock();
     l.barrier.wake();
+    wait_turn(l, c.tid);
     return;
   }
   ++l.blocked;
   check_deadlock_locked(l);
   const uint32_t seen = l.barrier.value();
+  if (l.serial()) pass_turn_locked(l);
   lk.unlock();
   l.barrier.wait_change(seen);
   if (is_aborted(l)) throw AbortBlock{};
+  wait_turn(l, c.tid);
 }
 
 void sync_warp(unsigned mask, const char* file, int line) {
@@ -880,9 +1127,114 @@ void execute_launch(const LaunchArgs& args, const std::string& name, dim3 grid, 
     const unsigned n = std::min(32u, l.threads - 32 * i);
     l.warps[i].lanes = n == 32 ? 0xffffffffu : (1u << n) - 1;
   }
+  uint64_t index = 0;
+  const ScheduleChoice choice = schedule_now(&index);
+  static constexpr Schedule kRotation[] = {Schedule::kForward, Schedule::kReverse,
+                                           Schedule::kRandom};
+  l.order = choice.order == Schedule::kRotate ? kRotation[index % 3] : choice.order;
+  if (l.serial()) {
+    // Each launch its own sequence, the same on every run of the same program.
+    l.rng.seed(choice.seed ^ (0x9E3779B97F4A7C15ull * (index + 1)));
+    l.ready.assign((l.threads + 63) / 64, 0);
+    l.go = std::make_unique<Signal[]>(l.threads);
+    std::lock_guard<std::mutex> lk(l.mu);
+    start_block_locked(l);
+  }
   ++g_launches;
+  poison_shared_arrays();
   Pool::instance().run(l);
   if (is_aborted(l)) throw KernelFault(l.fault);
+  const std::string overrun = check_device_guards();
+  if (!overrun.empty()) throw KernelFault("kernel " + name + ": " + overrun);
+}
+
+// The kernel's mangled name, or "" when the dynamic symbol table does not have it.
+std::string kernel_symbol(void (*kernel_id)()) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(kernel_id), &info) && info.dli_sname) return info.dli_sname;
+  return "";
+}
+
+std::string kernel_display_name(const std::string& symbol, void (*kernel_id)()) {
+  if (!symbol.empty()) return demangle(symbol.c_str());
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "at %p", reinterpret_cast<void*>(kernel_id));
+  return buf;
+}
+
+// Throws KernelFault (recording the launch error) if a device would refuse the launch: its
+// dimensions, and for a kernel with known usage the limits of every target architecture.
+void check_launch(const std::string& symbol, const std::string& kernel_name, dim3 grid,
+                  dim3 block) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  std::string bad;
+  cudaError_t error = cudaErrorInvalidConfiguration;
+  if (block.x == 0 || block.y == 0 || block.z == 0 || threads > kMaxBlockThreads) {
+    bad = "a block has " + std::to_string(threads) + " threads (1 to 1024 allowed)";
+  } else if (block.x > 1024 || block.y > 1024 || block.z > 64) {
+    bad = "block dimensions exceed (1024,1024,64)";
+  } else if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    bad = "the grid is empty";
+  } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    bad = "grid dimensions exceed (2147483647,65535,65535)";
+  } else if (!symbol.empty()) {
+    const UsageTable& usage = kernel_usage();
+    const auto it = usage.find(symbol);
+    if (it != usage.end()) {
+      for (const KernelUsage& u : it->second) {
+        const ArchLimits* arch = find_arch(u.sm);
+        if (arch == nullptr) continue;
+        bad = launch_refusal(*arch, u, static_cast<unsigned>(threads));
+        if (!bad.empty()) {
+          if (block_registers(*arch, u, static_cast<unsigned>(threads)) > arch->regs_per_block)
+            error = cudaErrorLaunchOutOfResources;
+          break;
+        }
+      }
+    }
+  }
+  if (bad.empty()) return;
+  record(error);
+  throw KernelFault("kernel " + kernel_name + ": " +
+                    (error == cudaErrorLaunchOutOfResources ? "launch out of resources"
+                                                            : "invalid launch configuration") +
+                    ", grid " + triple(grid.x, grid.y, grid.z) + " block " +
+                    triple(block.x, block.y, block.z) + ": " + bad);
+}
+
+// ----- kernel usage and launch audits ------------------------------------------------------------
+
+struct UsageState {
+  std::mutex mu;
+  bool loaded = false;
+  bool from_reports = false;
+  UsageTable table;
+};
+
+UsageState& usage_state() {
+  static UsageState* state = new UsageState;  // never destroyed: launches may outlive main
+  return *state;
+}
+
+struct AuditState {
+  std::mutex mu;
+  bool active = false;
+  std::vector<AuditedLaunch> launches;
+};
+
+AuditState& audit_state() {
+  static AuditState* state = new AuditState;
+  return *state;
+}
+
+// Records the launch and returns true when an AuditLaunches scope is open (it then never runs).
+bool audit_launch(const std::string& symbol, const std::string& kernel_name, dim3 grid,
+                  dim3 block) {
+  AuditState& a = audit_state();
+  std::lock_guard<std::mutex> lk(a.mu);
+  if (!a.active) return false;
+  a.launches.push_back(AuditedLaunch{symbol, kernel_name, grid, block});
+  return true;
 }
 
 }  // namespace
@@ -893,36 +1245,10 @@ void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cu
     throw KernelFault(where(*g_ctx->launch) +
                       ": launched a kernel (dynamic parallelism is not emulated)");
   }
-  std::string kernel_name;
-  if (name) {
-    kernel_name = name;
-  } else {
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(kernel_id), &info) && info.dli_sname) {
-      kernel_name = demangle(info.dli_sname);
-    } else {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "at %p", reinterpret_cast<void*>(kernel_id));
-      kernel_name = buf;
-    }
-  }
-  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  std::string bad;
-  if (block.x == 0 || block.y == 0 || block.z == 0 || threads > kMaxBlockThreads) {
-    bad = "a block has " + std::to_string(threads) + " threads (1 to 1024 allowed)";
-  } else if (block.x > 1024 || block.y > 1024 || block.z > 64) {
-    bad = "block dimensions exceed (1024,1024,64)";
-  } else if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
-    bad = "the grid is empty";
-  } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-    bad = "grid dimensions exceed (2147483647,65535,65535)";
-  }
-  if (!bad.empty()) {
-    record(cudaErrorInvalidConfiguration);
-    throw KernelFault("kernel " + kernel_name + ": invalid launch configuration, grid " +
-                      triple(grid.x, grid.y, grid.z) + " block " +
-                      triple(block.x, block.y, block.z) + ": " + bad);
-  }
+  const std::string symbol = kernel_symbol(kernel_id);
+  const std::string kernel_name = name ? std::string(name) : kernel_display_name(symbol, kernel_id);
+  check_launch(symbol, kernel_name, grid, block);
+  if (audit_launch(symbol, kernel_name, grid, block)) return;
   {
     Registry& r = registry();
     std::unique_lock<std::mutex> lk(r.mu);
@@ -977,9 +1303,87 @@ StreamMode parse_stream_mode(const char* value) {
 
 StreamMode stream_mode() { return mode_now(); }
 
+Schedule parse_schedule(const char* value, uint64_t* seed) {
+  *seed = 1;
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "parallel") return Schedule::kParallel;
+  if (v == "forward") return Schedule::kForward;
+  if (v == "reverse") return Schedule::kReverse;
+  if (v == "random") return Schedule::kRandom;
+  if (v == "rotate") return Schedule::kRotate;
+  if (v.rfind("random:", 0) == 0 && v.size() > 7 &&
+      v.find_first_not_of("0123456789", 7) == std::string::npos && v.size() <= 7 + 19) {
+    *seed = std::stoull(v.substr(7));
+    return Schedule::kRandom;
+  }
+  throw std::invalid_argument("DDP_EMU_SCHEDULE='" + v +
+                              "' is not a schedule (parallel, forward, reverse, random, "
+                              "random:SEED or rotate)");
+}
+
+Schedule schedule() { return schedule_now().order; }
+
+uint64_t schedule_seed() { return schedule_now().seed; }
+
+void set_schedule(Schedule order, uint64_t seed) {
+  std::lock_guard<std::mutex> lk(g_schedule_mu);
+  g_schedule_set = true;
+  g_schedule = ScheduleChoice{order, seed};
+  g_schedule_launches = 0;
+}
+
 void set_stream_mode(StreamMode mode) {
   if (mode_now() == StreamMode::kDeferred && mode != StreamMode::kDeferred) run_streams(false);
   g_mode.store(static_cast<int>(mode), std::memory_order_release);
+}
+
+const UsageTable& kernel_usage() {
+  detail::UsageState& u = detail::usage_state();
+  std::lock_guard<std::mutex> lk(u.mu);
+  if (!u.loaded) {
+    u.loaded = true;
+    const char* dir = std::getenv("DDP_EMU_KERNEL_RESOURCES");
+    if (dir != nullptr && *dir != '\0') {
+      u.table = load_usage_reports(dir);
+      u.from_reports = !u.table.empty();
+    }
+  }
+  return u.table;
+}
+
+bool have_kernel_usage() {
+  kernel_usage();
+  detail::UsageState& u = detail::usage_state();
+  std::lock_guard<std::mutex> lk(u.mu);
+  return u.from_reports;
+}
+
+void set_kernel_usage(UsageTable table) {
+  detail::UsageState& u = detail::usage_state();
+  std::lock_guard<std::mutex> lk(u.mu);
+  u.table = std::move(table);
+  u.loaded = true;
+  u.from_reports = false;
+}
+
+AuditLaunches::AuditLaunches() {
+  detail::AuditState& a = detail::audit_state();
+  std::lock_guard<std::mutex> lk(a.mu);
+  if (a.active) throw std::logic_error("AuditLaunches scopes do not nest");
+  a.active = true;
+  a.launches.clear();
+}
+
+AuditLaunches::~AuditLaunches() {
+  detail::AuditState& a = detail::audit_state();
+  std::lock_guard<std::mutex> lk(a.mu);
+  a.active = false;
+}
+
+std::vector<AuditedLaunch> AuditLaunches::launches() const {
+  detail::AuditState& a = detail::audit_state();
+  std::lock_guard<std::mutex> lk(a.mu);
+  return a.launches;
 }
 
 int64_t queued_operations(cudaStream_t stream) {
@@ -1051,6 +1455,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorNotReady";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
+    case cudaErrorLaunchOutOfResources:
+      return "cudaErrorLaunchOutOfResources";
   }
   return "cudaErrorUnknown";
 }
@@ -1075,6 +1481,8 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "device not ready";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch";
   }
   return "unrecognized error code";
 }

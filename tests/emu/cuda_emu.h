@@ -5,12 +5,21 @@
 // How it executes (and what that means for kernel code):
 // - ddp_emu::launch runs the blocks of a grid ONE AFTER ANOTHER; the threads of a block are real
 //   threads (a pool of up to 1024 workers), so barriers, shuffles and races behave like on a
-//   device.
+//   device, or take turns one at a time in an adversarial order (serial schedules, below).
 // - `__shared__` is `static`: a function-local static array is shared by the threads of the running
 //   block exactly like shared memory because only one block runs at a time. Consequences: declare
 //   shared arrays at function scope (kernel or inline __device__ helper), never `extern __shared__`
-//   (dynamic shared memory is not supported); the contents persist from one block (and launch) to
-//   the next instead of being undefined, so an unwritten shared read sees stale data, not garbage.
+//   (dynamic shared memory is not supported). Name each one in DDP_EMU_SHARED(name) after its
+//   declaration: it is then filled with all-ones bytes before every block, so a read of a location
+//   the block has not written is NaN or -1 (an unregistered array keeps the previous block's data).
+// - Device allocations (cudaMalloc) end where an inaccessible page begins: a read or write past
+//   the end of one stops the process (SIGSEGV; AddressSanitizer prints where). The bytes up to
+//   the next 256 and the 256 before the start hold all-ones bytes; a launch that changed them
+//   fails with KernelFault naming the allocation.
+// - A launch a device would refuse fails (KernelFault, cudaErrorInvalidConfiguration or
+//   cudaErrorLaunchOutOfResources): its dimensions always, and for a kernel ptxas reported on
+//   (DDP_EMU_KERNEL_RESOURCES, launch_limits.h) its registers and shared memory on every target
+//   architecture.
 // - `__device__` and `__forceinline__` expand to nothing (not `inline`, which would break
 //   `__device__ inline` and `inline __forceinline__`): functions defined in headers must say
 //   `inline` themselves.
@@ -49,6 +58,15 @@
 //     runs.
 //   Threads may queue and synchronise concurrently; a stream's operations run in order, on one
 //   thread at a time (whichever synchronises), never while the runtime's lock is held.
+// - Threads of a block take turns by a schedule (ddp_emu::Schedule, DDP_EMU_SCHEDULE): PARALLEL
+//   (the default) lets them all run at once, as the operating system schedules them. FORWARD,
+//   REVERSE and RANDOM[:SEED] run ONE thread at a time: it runs alone until it stops at a sync
+//   point (a __syncthreads, a warp operation, its return), then the next ready thread goes —
+//   the lowest thread index, the highest, or a seeded random one (the same sequence on every
+//   run). ROTATE gives launch 0, 1, 2, 3... of the process forward, reverse, random, forward...
+//   Warps are no lockstep either (as on Volta and later, with independent thread scheduling). A
+//   missing __syncthreads or __syncwarp then always shows the same way: a thread reads shared
+//   memory before its writers wrote it, or after the next round overwrote it.
 // - Barrier rules are strict on purpose: all threads of a block must reach the same __syncthreads
 //   (same source line) and no thread may return while others wait at one; warp operations need all
 //   lanes of their mask (lanes a partial last warp lacks are ignored). Breaking a rule, a deadlock
@@ -76,6 +94,9 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "launch_limits.h"
 
 // ---------------------------------------------------------------------------------------------
 // Device-side language
@@ -88,6 +109,23 @@
 #define __constant__
 #define __shared__ static
 #define __launch_bounds__(...)
+
+namespace ddp_emu {
+namespace detail {
+/// Registers one shared array: it is filled with all-ones bytes now and before every block of
+/// every launch, so a read of a location the block has not written yet is NaN (floats) or -1
+/// (integers), never a plausible value left by the block before.
+struct SharedArray {
+  SharedArray(void* address, size_t bytes);
+};
+}  // namespace detail
+}  // namespace ddp_emu
+
+/// DDP_EMU_SHARED(name); after a `__shared__` array's declaration: the emulation poisons it
+/// between blocks (nothing on a device, see cuda_api.h).
+#define DDP_EMU_SHARED(name)                                                                     \
+  static const ::ddp_emu::detail::SharedArray ddp_emu_shared_##name(static_cast<void*>(&(name)), \
+                                                                    sizeof(name))
 
 struct uint3 {
   unsigned x, y, z;
@@ -321,6 +359,7 @@ enum cudaError {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchOutOfResources = 701,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
@@ -466,12 +505,62 @@ void set_stream_mode(StreamMode mode);
 /// A DDP_EMU_STREAMS value: unset or "" or "immediate", or "deferred"; anything else throws
 /// std::invalid_argument naming it.
 StreamMode parse_stream_mode(const char* value);
+/// How the threads of a block take turns (see the top of this header).
+enum class Schedule { kParallel, kForward, kReverse, kRandom, kRotate };
+
+/// The process's schedule: DDP_EMU_SCHEDULE read once, at first use (unless set_schedule chose
+/// one before). A value parse_schedule refuses stops the process with a message.
+Schedule schedule();
+/// The seed of the kRandom schedule.
+uint64_t schedule_seed();
+/// Chooses the schedule (and, for kRandom, the seed) for the launches from now on. Launch i
+/// after the choice draws its random order from (seed, i), so the same launches after the
+/// same choice take the same turns.
+void set_schedule(Schedule order, uint64_t seed = 1);
+/// A DDP_EMU_SCHEDULE value: unset or "" or "parallel", "forward", "reverse", "random",
+/// "random:SEED" (seed 1 by default, stored in *seed) or "rotate"; anything else throws
+/// std::invalid_argument naming it.
+Schedule parse_schedule(const char* value, uint64_t* seed);
+
 /// Operations queued on `stream` that have not finished (always 0 in immediate mode and for the
 /// legacy default stream); -1 for a stream that does not exist.
 int64_t queued_operations(cudaStream_t stream);
 /// The fault message of the last queued operation that failed in deferred mode ("" if none);
 /// it stays after the error was returned.
 std::string last_deferred_fault();
+
+/// The kernels' compiled resource usage launches are checked against (launch_limits.h): read
+/// once, at first use, from the ptxas reports (*.resources) under the directory
+/// DDP_EMU_KERNEL_RESOURCES names (the build writes one beside each CUDA object). A launch of a
+/// kernel the reports know is refused, as a device of any target architecture would refuse it,
+/// with KernelFault (and cudaErrorLaunchOutOfResources or cudaErrorInvalidConfiguration).
+/// Without reports only the launch dimensions are checked.
+const UsageTable& kernel_usage();
+/// Whether kernel_usage() came from reports (DDP_EMU_KERNEL_RESOURCES set and readable).
+bool have_kernel_usage();
+/// Replaces the table (tests of the check itself); the reports are not read afterwards.
+void set_kernel_usage(UsageTable table);
+
+/// One launch seen by an AuditLaunches scope.
+struct AuditedLaunch {
+  std::string symbol;  ///< the kernel's mangled name ("" when dladdr cannot name it)
+  std::string name;    ///< demangled, for messages
+  dim3 grid, block;
+};
+
+/// While one lives, every launch on this process is checked exactly as a real one (dimensions,
+/// and every target architecture's limits for kernels with known usage), recorded, and then
+/// neither run nor queued: launch code can be driven with the largest shapes it accepts and
+/// null pointers. Not nestable; the launches of other threads are audited too.
+class AuditLaunches {
+ public:
+  AuditLaunches();
+  ~AuditLaunches();
+  AuditLaunches(const AuditLaunches&) = delete;
+  AuditLaunches& operator=(const AuditLaunches&) = delete;
+  /// The launches that passed the checks so far, in order.
+  std::vector<AuditedLaunch> launches() const;
+};
 
 // For the NCCL emulation, which queues its collectives on the caller's stream. None of these
 // runs queued work or changes cudaGetLastError().

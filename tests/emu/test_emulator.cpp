@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -192,6 +193,8 @@ TEST_CASE("__syncthreads is a real barrier", "[emu]") {
   ddp_emu::launch(barrier_visibility_kernel, dim3(3), dim3(64), nullptr, token, seen.data());
   for (size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == token + static_cast<int>(i / 64));
 
+  // The control needs threads that run at the same time; serial schedules have their own tests.
+  if (ddp_emu::schedule() != ddp_emu::Schedule::kParallel) return;
   std::vector<int> raced(64, -2);
   ddp_emu::launch(no_barrier_kernel, dim3(1), dim3(64), nullptr, token + 7, raced.data());
   CHECK(raced[0] == token + 7);
@@ -609,6 +612,179 @@ TEST_CASE("a 64 x 256 launch finishes in reasonable time", "[emu]") {
   std::printf("emulator: 64 blocks x 256 threads (9 barriers each) took %.3f s\n", seconds);
   CHECK(sums == reference_sums(blocks, threads, in));
   CHECK(seconds < 60.0);
+}
+
+// ----- serial schedules --------------------------------------------------------------------------
+
+// A schedule for the scope of a test; the one before comes back.
+class ScheduleScope {
+ public:
+  explicit ScheduleScope(ddp_emu::Schedule order, uint64_t seed = 1)
+      : before_(ddp_emu::schedule()), seed_(ddp_emu::schedule_seed()) {
+    ddp_emu::set_schedule(order, seed);
+  }
+  ~ScheduleScope() { ddp_emu::set_schedule(before_, seed_); }
+  ScheduleScope(const ScheduleScope&) = delete;
+  ScheduleScope& operator=(const ScheduleScope&) = delete;
+
+ private:
+  ddp_emu::Schedule before_;
+  uint64_t seed_;
+};
+
+// Each thread notes its index in the order it gets there, before a barrier, after it, and after
+// a shuffle: turns[0..n), turns[n..2n), turns[2n..3n).
+__global__ void turns_kernel(int* turns, int* counters) {
+  const int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  turns[atomicAdd(&counters[0], 1)] = tid;
+  __syncthreads();
+  turns[n + atomicAdd(&counters[1], 1)] = tid;
+  const int v = __shfl_xor_sync(kFull, tid, 1);
+  turns[2 * n + atomicAdd(&counters[2], 1)] = v ^ 1;
+}
+
+std::vector<int> turns_of(ddp_emu::Schedule order, uint64_t seed, unsigned threads) {
+  ScheduleScope scope(order, seed);
+  std::vector<int> turns(3 * threads, -1);
+  int counters[3] = {0, 0, 0};
+  ddp_emu::launch(turns_kernel, dim3(1), dim3(threads), nullptr, turns.data(), counters);
+  return turns;
+}
+
+std::vector<int> iota_of(int from, int to) {  // from, from±1, ..., to
+  std::vector<int> v;
+  for (int i = from; i != to; i += from < to ? 1 : -1) v.push_back(i);
+  v.push_back(to);
+  return v;
+}
+
+TEST_CASE("serial schedules: one thread at a time, in the schedule's order", "[emu][schedule]") {
+  using ddp_emu::Schedule;
+  const unsigned n = 64;
+  auto part = [&](const std::vector<int>& t, unsigned k) {
+    return std::vector<int>(t.begin() + k * n, t.begin() + (k + 1) * n);
+  };
+  // Forward: threads 0, 1, ... to the barrier; then each warp alone through its shuffle.
+  const std::vector<int> fwd = turns_of(Schedule::kForward, 1, n);
+  CHECK(part(fwd, 0) == iota_of(0, 63));
+  CHECK(part(fwd, 1) == iota_of(0, 63));
+  CHECK(part(fwd, 2) == iota_of(0, 63));
+  const std::vector<int> rev = turns_of(Schedule::kReverse, 1, n);
+  CHECK(part(rev, 0) == iota_of(63, 0));
+  CHECK(part(rev, 1) == iota_of(63, 0));
+  CHECK(part(rev, 2) == iota_of(63, 0));
+  // Random: a permutation in each interval, the same for the same seed, another for another.
+  const std::vector<int> a = turns_of(Schedule::kRandom, 7, n);
+  for (unsigned k = 0; k < 3; ++k) {
+    std::vector<int> sorted = part(a, k);
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == iota_of(0, 63));
+  }
+  CHECK(part(a, 0) != iota_of(0, 63));
+  CHECK(part(a, 0) != part(a, 1));
+  CHECK(turns_of(Schedule::kRandom, 7, n) == a);
+  CHECK(turns_of(Schedule::kRandom, 8, n) != a);
+  // Rotate: forward, reverse, random, forward, ... from the choice on.
+  ScheduleScope rotate(Schedule::kRotate, 7);
+  std::vector<std::vector<int>> rotated;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int> turns(3 * n, -1);
+    int counters[3] = {0, 0, 0};
+    ddp_emu::launch(turns_kernel, dim3(1), dim3(n), nullptr, turns.data(), counters);
+    rotated.push_back(part(turns, 0));
+  }
+  CHECK(rotated[0] == iota_of(0, 63));
+  CHECK(rotated[1] == iota_of(63, 0));
+  CHECK(rotated[2] != iota_of(0, 63));
+  CHECK(rotated[2] != iota_of(63, 0));
+  CHECK(rotated[3] == iota_of(0, 63));
+}
+
+// Thread t writes slot t and reads slot t+1 (a neighbour in the block, or in the warp), with or
+// without the barrier between.
+template <bool kBarrier, bool kWarp>
+__global__ void neighbour_kernel(int token, int* out) {
+  __shared__ int slot[128];
+  const unsigned t = threadIdx.x;
+  slot[t] = token + static_cast<int>(t);
+  if (kBarrier && kWarp) __syncwarp();
+  if (kBarrier && !kWarp) __syncthreads();
+  const unsigned u = kWarp ? (t & ~31u) | ((t + 1) & 31u) : (t + 1) % blockDim.x;
+  out[t] = slot[u] - token - static_cast<int>(u);  // 0 when the neighbour had written
+}
+
+template <bool kBarrier, bool kWarp>
+int stale_reads(ddp_emu::Schedule order, uint64_t seed = 1) {
+  ScheduleScope scope(order, seed);
+  const int token = 5000 + static_cast<int>(ddp_emu::launch_count()) * 1000;
+  std::vector<int> out(128, -1);
+  ddp_emu::launch(neighbour_kernel<kBarrier, kWarp>, dim3(1), dim3(128), nullptr, token,
+                  out.data());
+  return static_cast<int>(128 - std::count(out.begin(), out.end(), 0));
+}
+
+TEST_CASE("serial schedules: a missing __syncthreads or __syncwarp reads what was not written",
+          "[emu][schedule]") {
+  using ddp_emu::Schedule;
+  for (Schedule order : {Schedule::kForward, Schedule::kReverse, Schedule::kRandom}) {
+    INFO("schedule " << static_cast<int>(order));
+    CHECK(stale_reads<true, false>(order) == 0);
+    CHECK(stale_reads<true, true>(order) == 0);
+  }
+  // Forward: every thread but the last reads a neighbour that has not run yet (per warp: 31 of
+  // 32); reverse: only the thread that wraps around.
+  CHECK(stale_reads<false, false>(Schedule::kForward) == 127);
+  CHECK(stale_reads<false, true>(Schedule::kForward) == 4 * 31);
+  CHECK(stale_reads<false, false>(Schedule::kReverse) == 1);
+  CHECK(stale_reads<false, true>(Schedule::kReverse) == 4);
+  CHECK(stale_reads<false, false>(Schedule::kRandom) > 0);
+  CHECK(stale_reads<false, true>(Schedule::kRandom) > 0);
+}
+
+TEST_CASE("serial schedules: rule violations and faults are still caught", "[emu][schedule]") {
+  using ddp_emu::Schedule;
+  for (Schedule order : {Schedule::kForward, Schedule::kReverse, Schedule::kRandom}) {
+    ScheduleScope scope(order, 3);
+    static std::vector<int> out(4 * 128);
+    CHECK_THAT(fault_of([] { ddp_emu::launch(two_barriers_kernel, dim3(1), dim3(32), nullptr); }),
+               Contains("must meet at the same __syncthreads()"));
+    CHECK_THAT(fault_of([] {
+                 ddp_emu::launch(early_return_kernel, dim3(2), dim3(64), nullptr, out.data());
+               }),
+               Contains("__syncthreads()"));
+    CHECK_THAT(
+        fault_of([] { ddp_emu::launch(throwing_kernel, dim3(4), dim3(128), nullptr, out.data()); }),
+        Contains("std::runtime_error: boom"));
+    CHECK_THAT(fault_of([] {
+                 ddp_emu::launch(warp_waits_for_barrier_kernel, dim3(1), dim3(64), nullptr,
+                                 out.data());
+               }),
+               Contains("deadlock"));
+    // The block's threads are released after a fault: the next launch runs normally.
+    const unsigned blocks = 4, threads = 256;
+    std::vector<int> in(blocks * threads);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i % 13) - 6;
+    CHECK(block_sums(blocks, threads, in) == reference_sums(blocks, threads, in));
+  }
+}
+
+TEST_CASE("parse_schedule accepts the schedules and refuses anything else", "[emu][schedule]") {
+  using ddp_emu::Schedule;
+  uint64_t seed = 0;
+  CHECK(ddp_emu::parse_schedule(nullptr, &seed) == Schedule::kParallel);
+  CHECK(ddp_emu::parse_schedule("", &seed) == Schedule::kParallel);
+  CHECK(ddp_emu::parse_schedule("parallel", &seed) == Schedule::kParallel);
+  CHECK(ddp_emu::parse_schedule("forward", &seed) == Schedule::kForward);
+  CHECK(ddp_emu::parse_schedule("reverse", &seed) == Schedule::kReverse);
+  CHECK(ddp_emu::parse_schedule("random", &seed) == Schedule::kRandom);
+  CHECK(seed == 1);
+  CHECK(ddp_emu::parse_schedule("random:42", &seed) == Schedule::kRandom);
+  CHECK(seed == 42);
+  CHECK(ddp_emu::parse_schedule("rotate", &seed) == Schedule::kRotate);
+  for (const char* bad : {"fowrard", "random:", "random:x", "Random", "random:-1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(ddp_emu::parse_schedule(bad, &seed), Contains("is not a schedule"));
+  }
 }
 
 // ----- deferred streams -------------------------------------------------------------------------
@@ -1162,6 +1338,8 @@ TEST_CASE("deferred mode: destroying a stream or leaving the mode runs what is q
 
 constexpr char kExitChild[] = "deferred work queued at exit";
 constexpr char kModeChild[] = "the stream mode of this process";
+constexpr char kReadPastEndChild[] = "a kernel reads past the end of a device allocation";
+constexpr char kScheduleChild[] = "the thread schedule of this process";
 
 // Runs this test binary again with only `test` (a hidden test case below) and `env` set; returns
 // the exit status and what it wrote to stderr and stdout.
@@ -1180,6 +1358,7 @@ int run_child(const char* test, const char* env, std::string* output) {
       putenv(const_cast<char*>(env));
     } else {
       unsetenv("DDP_EMU_STREAMS");
+      unsetenv("DDP_EMU_SCHEDULE");
     }
     execl("/proc/self/exe", "ddp_cuda_emu_tests", test, static_cast<char*>(nullptr));
     _exit(127);
@@ -1236,6 +1415,108 @@ TEST_CASE("DDP_EMU_STREAMS chooses the mode once; work queued at exit never runs
   CHECK_THAT(out, Contains("queued 2"));
   CHECK_THAT(out, Contains("All tests passed"));
   CHECK_THAT(out, !Contains("queued kernel"));
+}
+
+// ----- out-of-bounds device memory and unwritten shared memory ----------------------------------
+
+__global__ void write_at_kernel(float* p, int i) {
+  if (threadIdx.x == 0) p[i] = 1.0f;
+}
+
+__global__ void read_at_kernel(const float* p, int i, float* out) {
+  if (threadIdx.x == 0) *out = p[i];
+}
+
+float* g_guarded = nullptr;  // 10 floats
+
+TEST_CASE("a write outside a device allocation fails the launch that made it", "[emu][guard]") {
+  REQUIRE(cudaMalloc(&g_guarded, 10 * sizeof(float)) == cudaSuccess);
+  ddp_emu::launch(write_at_kernel, dim3(1), dim3(32), nullptr, g_guarded, 9);  // the last one
+  std::string fault = fault_of([] {
+    ddp_emu::launch_named("write_at_kernel", write_at_kernel, dim3(1), dim3(32), nullptr, g_guarded,
+                          10);
+  });
+  CHECK_THAT(fault, Contains("kernel write_at_kernel: wrote outside a device allocation: byte 0 "
+                             "past the end of the 40-byte block at"));
+  fault =
+      fault_of([] { ddp_emu::launch(write_at_kernel, dim3(1), dim3(32), nullptr, g_guarded, 63); });
+  CHECK_THAT(fault, Contains("byte 212 past the end of the 40-byte block"));
+  fault =
+      fault_of([] { ddp_emu::launch(write_at_kernel, dim3(1), dim3(32), nullptr, g_guarded, -1); });
+  CHECK_THAT(fault, Contains("4 byte(s) before the start of the 40-byte block"));
+  // Each fault is reported once: the guard bytes are restored, the next launch is clean.
+  ddp_emu::launch(write_at_kernel, dim3(1), dim3(32), nullptr, g_guarded, 0);
+  CHECK(cudaFree(g_guarded) == cudaSuccess);
+}
+
+TEST_CASE(kReadPastEndChild, "[.emu_child]") {
+  float* p = nullptr;
+  float* out = nullptr;
+  REQUIRE(cudaMalloc(&p, 64 * sizeof(float)) == cudaSuccess);  // ends at the inaccessible page
+  REQUIRE(cudaMalloc(&out, sizeof(float)) == cudaSuccess);
+  ddp_emu::launch(read_at_kernel, dim3(1), dim3(32), nullptr, p, 63, out);
+  std::printf("read the last element\n");
+  std::fflush(stdout);
+  ddp_emu::launch(read_at_kernel, dim3(1), dim3(32), nullptr, p, 64, out);
+  std::printf("read past the end and went on\n");
+}
+
+TEST_CASE("a read past the end of a device allocation stops the process", "[emu][guard]") {
+  std::string out;
+  const int status = run_child(kReadPastEndChild, nullptr, &out);
+  INFO(out);
+  CHECK_THAT(out, Contains("read the last element"));
+  CHECK_THAT(out, !Contains("went on"));
+  // A SIGSEGV, or AddressSanitizer's report of it (which then exits non-zero).
+  const bool segv =
+      (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) ||
+      (WIFEXITED(status) && WEXITSTATUS(status) != 0 && out.find("SEGV") != std::string::npos);
+  CHECK(segv);
+}
+
+__global__ void unwritten_shared_kernel(float* out) {
+  __shared__ float slot[64];
+  DDP_EMU_SHARED(slot);
+  const unsigned t = threadIdx.x;
+  if (blockIdx.x == 0 || t % 2 == 0) slot[t] = static_cast<float>(t);  // block 1: even slots only
+  __syncthreads();
+  out[blockIdx.x * 64 + t] = slot[t];
+}
+
+TEST_CASE("a shared location the block did not write reads as NaN, not the last block's value",
+          "[emu][guard]") {
+  std::vector<float> out(2 * 64, 0.0f);
+  ddp_emu::launch(unwritten_shared_kernel, dim3(2), dim3(64), nullptr, out.data());
+  for (int t = 0; t < 64; ++t) {
+    INFO("thread " << t);
+    CHECK(out[t] == static_cast<float>(t));
+    if (t % 2 == 0) {
+      CHECK(out[64 + t] == static_cast<float>(t));
+    } else {
+      CHECK(std::isnan(out[64 + t]));
+    }
+  }
+}
+
+TEST_CASE(kScheduleChild, "[.emu_child]") {
+  std::printf("schedule %d seed %llu\n", static_cast<int>(ddp_emu::schedule()),
+              static_cast<unsigned long long>(ddp_emu::schedule_seed()));
+}
+
+TEST_CASE("DDP_EMU_SCHEDULE chooses the schedule once; a misspelt one stops the process",
+          "[emu][schedule]") {
+  std::string out;
+  int status = run_child(kScheduleChild, "DDP_EMU_SCHEDULE=random:99", &out);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(out, Contains("schedule 3 seed 99"));
+  out.clear();
+  status = run_child(kScheduleChild, nullptr, &out);
+  CHECK_THAT(out, Contains("schedule 0 seed 1"));
+  out.clear();
+  status = run_child(kScheduleChild, "DDP_EMU_SCHEDULE=fowrard", &out);
+  INFO(out);
+  CHECK(WIFSIGNALED(status));
+  CHECK_THAT(out, Contains("DDP_EMU_SCHEDULE='fowrard' is not a schedule"));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale and the fused SGD
-// step over the whole parameter arena in one launch. Grid-stride loops over float4s when every
-// pointer is 16-byte aligned (then the tail of n % 4 elements goes one by one), sized to fill
-// the device once. Compiled by nvcc and by the CPU emulation.
+// Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale, the fused SGD step
+// over the whole parameter arena in one launch, and the count of non-finite values (the NaN
+// check). Grid-stride loops over float4s when every pointer is 16-byte aligned (then the tail
+// of n % 4 elements goes one by one), sized to fill the device once. Compiled by nvcc and by
+// the CPU emulation.
 #pragma once
 
 #include <cstdint>
@@ -137,6 +138,27 @@ void launch_elementwise(const Op& op, int64_t n, bool vec, int sm_count, cudaStr
     auto* kernel = &elementwise_kernel<Op, false>;
     DDP_LAUNCH(kernel, grid, block, stream, op, n);
   }
+}
+
+/// Adds the number of NaN/±Inf values of t[0, n) to *count: each thread counts its share and
+/// adds it once with an integer atomic (exact whatever the order).
+__global__ void count_nonfinite_kernel(const float* t, int64_t n, unsigned long long* count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  unsigned long long mine = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float v = t[i];
+    mine += (v - v == 0.0f) ? 0u : 1u;  // finite - itself is 0; NaN and ±Inf give NaN
+  }
+  if (mine != 0) atomicAdd(count, mine);
+}
+
+/// Launches count_nonfinite_kernel over t[0, n) on `stream`; *count is zeroed by the caller.
+inline void launch_count_nonfinite(const float* t, int64_t n, unsigned long long* count,
+                                   int sm_count, cudaStream_t stream) {
+  if (n == 0) return;
+  DDP_LAUNCH(count_nonfinite_kernel, dim3(grid_for(n, sm_count)), dim3(kElementwiseThreads), stream,
+             t, n, count);
 }
 
 }  // namespace cuda

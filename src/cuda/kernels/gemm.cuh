@@ -119,7 +119,9 @@ struct TileIo {
   }
 };
 
-/// One BM x BN tile of C per block, (BM/TM)·(BN/TN) threads; blockIdx.z is the K slice.
+/// One BM x BN tile of C per block, (BM/TM)·(BN/TN) threads. blockIdx.x numbers the tiles row
+/// by row (a grid's y and z extents stop at 65535, which a batch of 2^21 rows would pass);
+/// blockIdx.z is the K slice.
 /// A thread's TM rows are TM/4 groups of 4 consecutive rows spaced BM·4/TM apart (likewise its
 /// columns), so the warp's 16-byte shared-memory reads fall in distinct banks. The 128x128
 /// tile asks for two resident blocks per multiprocessor (<= 128 registers per thread) so one
@@ -136,13 +138,16 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), BM >= 128 ? 2 : 1)
   using LoadB = TileIo<BN, BK, kThreads, B_KC, VEC>;
 
   alignas(16) __shared__ float a_tile[2][BK][BM + 4];
+  DDP_EMU_SHARED(a_tile);
   alignas(16) __shared__ float b_tile[2][BK][BN + 4];
+  DDP_EMU_SHARED(b_tile);
 
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % kThreadsX;
   const int ty = tid / kThreadsX;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * BN;
+  const int64_t tiles_n = (p.n + BN - 1) / BN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_n * BM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) % tiles_n * BN;
   const int kbegin = static_cast<int>(blockIdx.z) * p.k_per_split;
   const int kend = p.k < kbegin + p.k_per_split ? p.k : kbegin + p.k_per_split;
   const int tiles = kend > kbegin ? (kend - kbegin + BK - 1) / BK : 0;
@@ -270,8 +275,12 @@ inline GemmTile gemm_tile(int tile) {
 
 template <int BM, int BN, int BK, int TM, int TN, bool A_KC, bool B_KC>
 void launch_gemm_tile(const GemmArgs& p, int splits, bool vec, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, BN)),
-                  static_cast<unsigned>(ceil_div(p.m, BM)), static_cast<unsigned>(splits));
+  const int64_t tiles = ceil_div(p.n, BN) * ceil_div(p.m, BM);
+  if (tiles > kMaxGridX) {
+    DDP_THROW("gemm: " << p.m << " x " << p.n << " needs " << tiles << " tiles of " << BM << " x "
+                       << BN << ", more blocks than a grid holds (" << kMaxGridX << ")");
+  }
+  const dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits));
   const dim3 block((BM / TM) * (BN / TN));
   if (vec) {
     auto* kernel = &gemm_kernel<BM, BN, BK, TM, TN, A_KC, B_KC, true>;

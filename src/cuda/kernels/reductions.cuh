@@ -21,6 +21,7 @@ constexpr int kColumnSumRows = 8;
 __global__ void column_sums_kernel(const float* __restrict__ dy, int64_t rows, int64_t cols,
                                    bool accumulate, float* __restrict__ out) {
   __shared__ float partial[kColumnSumRows][33];
+  DDP_EMU_SHARED(partial);
   const int tx = static_cast<int>(threadIdx.x);
   const int ty = static_cast<int>(threadIdx.y);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
@@ -148,8 +149,11 @@ constexpr int kXentReduceThreads = 256;
 __global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ labels, int64_t rows,
                                    bool accumulate, XentTotals* totals) {
   __shared__ double loss[kXentReduceThreads];
+  DDP_EMU_SHARED(loss);
   __shared__ long long correct[kXentReduceThreads];
+  DDP_EMU_SHARED(correct);
   __shared__ long long bad[kXentReduceThreads];
+  DDP_EMU_SHARED(bad);
   const int t = static_cast<int>(threadIdx.x);
   double my_loss = 0.0;
   long long my_correct = 0;

@@ -1,0 +1,310 @@
+// The launch audit: every kernel and launch configuration the CUDA backend can choose, at the
+// largest shapes it accepts, checked against the limits of every architecture the build
+// targets. The launch code runs inside an AuditLaunches scope, where the emulation checks each
+// launch as a device would (grid and block dimensions; registers and shared memory from
+// ptxas's report of the real build when it has one) without running it. Also: every kernel the
+// report lists is covered here, the report reader reads what ptxas writes, and the check
+// refuses what a device refuses. The only translation unit besides the backend that includes
+// the kernel headers, so it is a program of its own (ddp_launch_audit_tests).
+#include <dlfcn.h>
+
+#define CATCH_CONFIG_MAIN
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/gemm.cuh"
+#include "cuda/kernels/reductions.cuh"
+#include "cuda_emu.h"
+
+namespace {
+
+using ddp_emu::ArchLimits;
+using ddp_emu::AuditedLaunch;
+using ddp_emu::KernelUsage;
+
+// The backend's shape limit (cuda_backend.cu: as_int) and the most multiprocessors a target
+// device has (H200: 132); grids sized by SM count are audited at that count.
+constexpr int kMaxDim = INT_MAX;
+constexpr int kMaxSms = 132;
+
+// Drives every launcher of the kernel headers through each choice it can make.
+void launch_every_gemm() {
+  using ddp::cuda::GemmArgs;
+  const struct { bool a_kc, b_kc; } layouts[] = {{true, true}, {true, false}, {false, false}};
+  // The largest accepted extent in each dimension in turn (the others small, as any product
+  // that fits in memory has them), and all three small.
+  const struct {
+    int m, n, k;
+  } shapes[] = {{kMaxDim, 16, 16}, {16, kMaxDim, 16}, {16, 16, kMaxDim}, {100, 100, 100}};
+  for (const auto& layout : layouts) {
+    for (const auto& shape : shapes) {
+      for (int tile = 0; tile < 3; ++tile) {
+        for (int splits : {1, 16}) {
+          for (bool vec : {false, true}) {
+            GemmArgs p;
+            p.m = shape.m;
+            p.n = shape.n;
+            p.k = shape.k;
+            ddp::GemmPlan plan;
+            plan.tile = tile;
+            plan.splits = splits;
+            plan.vectorized = vec;
+            ddp::cuda::launch_gemm(p, plan, layout.a_kc, layout.b_kc, nullptr, nullptr);
+          }
+        }
+      }
+    }
+  }
+}
+
+void launch_every_reduction() {
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, kMaxDim, false, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, 1, 1, true, nullptr, nullptr);
+  // Each row kernel the class count selects: values per lane 1, 2, 4, 8, 16, 32, and more.
+  for (int classes : {1, 33, 65, 129, 257, 513, 1025, kMaxDim}) {
+    ddp::cuda::launch_softmax_xent(nullptr, nullptr, kMaxDim, classes, 1.0f, nullptr,
+                                   ddp::cuda::XentRowOut{nullptr, nullptr}, false, nullptr,
+                                   nullptr);
+  }
+}
+
+template <typename Op>
+void launch_both_ways(const Op& op) {
+  for (bool vec : {false, true}) {
+    ddp::cuda::launch_elementwise(op, int64_t{kMaxDim} * 64, vec, kMaxSms, nullptr);
+  }
+}
+
+void launch_every_elementwise() {
+  launch_both_ways(ddp::cuda::ReluForwardOp{});
+  launch_both_ways(ddp::cuda::ReluBackwardOp{});
+  launch_both_ways(ddp::cuda::FillOp{});
+  launch_both_ways(ddp::cuda::ScaleOp{});
+  launch_both_ways(ddp::cuda::SgdOp{});
+  ddp::cuda::launch_count_nonfinite(nullptr, int64_t{kMaxDim} * 64, nullptr, kMaxSms, nullptr);
+}
+
+std::vector<AuditedLaunch> audit_everything() {
+  ddp_emu::AuditLaunches audit;
+  launch_every_gemm();
+  launch_every_reduction();
+  launch_every_elementwise();
+  return audit.launches();
+}
+
+// A table of what the audit saw: per kernel, its block, the largest grid, and per target
+// architecture registers, shared memory and resident blocks per multiprocessor.
+std::string usage_table(const std::vector<AuditedLaunch>& launches) {
+  struct Row {
+    std::string name;
+    unsigned threads = 0;
+    dim3 grid{1, 1, 1};
+  };
+  std::map<std::string, Row> rows;
+  for (const AuditedLaunch& l : launches) {
+    Row& r = rows[l.symbol.empty() ? l.name : l.symbol];
+    r.name = l.name;
+    r.threads = l.block.x * l.block.y * l.block.z;
+    r.grid.x = std::max(r.grid.x, l.grid.x);
+    r.grid.y = std::max(r.grid.y, l.grid.y);
+    r.grid.z = std::max(r.grid.z, l.grid.z);
+  }
+  std::ostringstream os;
+  const ddp_emu::UsageTable& usage = ddp_emu::kernel_usage();
+  for (const auto& [symbol, r] : rows) {
+    os << r.name << ": " << r.threads << " threads, largest grid (" << r.grid.x << "," << r.grid.y
+       << "," << r.grid.z << ")";
+    const auto it = usage.find(symbol);
+    if (it != usage.end()) {
+      for (const KernelUsage& u : it->second) {
+        const ArchLimits* arch = ddp_emu::find_arch(u.sm);
+        os << "\n    sm_" << u.sm << ": " << u.registers << " registers, " << u.static_smem
+           << " B smem, " << u.stack << " B stack";
+        if (arch != nullptr)
+          os << ", " << ddp_emu::resident_blocks(*arch, u, r.threads) << " block(s) per SM";
+      }
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+TEST_CASE("launch audit: every launch configuration fits every target architecture",
+          "[emu][audit]") {
+  std::vector<AuditedLaunch> launches;
+  try {
+    launches = audit_everything();
+  } catch (const ddp_emu::KernelFault& e) {
+    FAIL("a device would refuse a launch the backend can make: " << e.what());
+  }
+  // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
+  // 7 cross-entropy row kernels and its reduction, 5 elementwise ops x 2, count_nonfinite.
+  std::set<std::string> kernels;
+  for (const AuditedLaunch& l : launches) kernels.insert(l.name);
+  CHECK(kernels.size() == 39);
+  if (ddp_emu::have_kernel_usage()) {
+    // Every kernel the build compiled is one the audit launched: a new kernel must be added
+    // here, so its launches are checked too.
+    std::set<std::string> launched;
+    for (const AuditedLaunch& l : launches) launched.insert(l.symbol);
+    for (const auto& [symbol, per_arch] : ddp_emu::kernel_usage()) {
+      INFO("compiled kernel " << symbol);
+      CHECK(launched.count(symbol) == 1);
+      std::set<int> archs;
+      for (const KernelUsage& u : per_arch) archs.insert(u.sm);
+      CHECK(archs == std::set<int>{75, 80, 86, 89, 90});
+    }
+    WARN("kernels and their resources per architecture:\n" << usage_table(launches));
+  } else {
+    WARN(
+        "no ptxas report (DDP_EMU_KERNEL_RESOURCES; a build without nvcc): launch dimensions "
+        "audited, registers and shared memory not");
+  }
+}
+
+TEST_CASE("launch check: the limits a device enforces", "[emu][audit]") {
+  const ArchLimits& turing = *ddp_emu::find_arch(75);
+  const ArchLimits& hopper = *ddp_emu::find_arch(90);
+  KernelUsage u;
+  u.sm = 75;
+  u.registers = 64;
+  // 1024 threads x 64 registers is exactly a block's 65536; one register more is 9 units of 256
+  // per warp: 73728.
+  CHECK(ddp_emu::launch_refusal(turing, u, 1024).empty());
+  u.registers = 65;
+  CHECK(ddp_emu::block_registers(turing, u, 1024) == 73728);
+  CHECK_THAT(ddp_emu::launch_refusal(turing, u, 1024),
+             Catch::Contains("too many resources requested for launch"));
+  CHECK(ddp_emu::launch_refusal(turing, u, 512).empty());
+  u.registers = 32;
+  CHECK_THAT(ddp_emu::launch_refusal(turing, u, 1025), Catch::Contains("1025 threads"));
+  // Shared memory: 48 KiB without the opt-in attribute everywhere; with it 64 KiB on Turing,
+  // 227 KiB on Hopper.
+  u.static_smem = 16 * 1024;
+  CHECK(ddp_emu::launch_refusal(turing, u, 256, 32 * 1024).empty());
+  CHECK_THAT(ddp_emu::launch_refusal(turing, u, 256, 40 * 1024),
+             Catch::Contains("without cudaFuncAttributeMaxDynamicSharedMemorySize"));
+  CHECK(ddp_emu::launch_refusal(turing, u, 256, 40 * 1024, true).empty());
+  CHECK_THAT(ddp_emu::launch_refusal(turing, u, 256, 60 * 1024, true),
+             Catch::Contains("even with the opt-in attribute"));
+  CHECK(ddp_emu::launch_refusal(hopper, u, 256, 200 * 1024, true).empty());
+  // Residency: 256 threads x 128 registers = 32768 per block: two per SM.
+  u.registers = 128;
+  u.static_smem = 16896;
+  CHECK(ddp_emu::resident_blocks(turing, u, 256) == 2);
+  CHECK(ddp_emu::resident_blocks(hopper, u, 256) == 2);
+}
+
+// A kernel for the refusal test: what it does does not matter, its usage table entry does.
+// External linkage, so dladdr finds its name as it finds the real kernels'.
+namespace audit_test {
+__global__ void audit_probe_kernel(float* out) {
+  if (out != nullptr) out[threadIdx.x] = 1.0f;
+}
+}  // namespace audit_test
+using audit_test::audit_probe_kernel;
+
+TEST_CASE("launch check: the emulation refuses a launch a device would refuse", "[emu][audit]") {
+  // Grid dimensions, whatever the kernel: grid.y of 65536 is one too many.
+  try {
+    ddp_emu::AuditLaunches audit;
+    ddp_emu::launch(audit_probe_kernel, dim3(1, 65536), dim3(32), nullptr, nullptr);
+    FAIL("grid.y = 65536 was accepted");
+  } catch (const ddp_emu::KernelFault& e) {
+    CHECK_THAT(e.what(), Catch::Contains("grid dimensions exceed"));
+  }
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  // Registers: the kernel as if ptxas had given it 72 registers on sm_86.
+  Dl_info info{};
+  REQUIRE(dladdr(reinterpret_cast<void*>(&audit_probe_kernel), &info) != 0);
+  REQUIRE(info.dli_sname != nullptr);
+  const ddp_emu::UsageTable saved = ddp_emu::kernel_usage();
+  ddp_emu::UsageTable table = saved;
+  KernelUsage u;
+  u.sm = 86;
+  u.registers = 72;
+  table[info.dli_sname] = {u};
+  ddp_emu::set_kernel_usage(table);
+  try {
+    ddp_emu::AuditLaunches audit;
+    ddp_emu::launch(audit_probe_kernel, dim3(1), dim3(512), nullptr, nullptr);
+    CHECK(audit.launches().size() == 1);
+    ddp_emu::launch(audit_probe_kernel, dim3(1), dim3(1024), nullptr, nullptr);
+    FAIL("1024 threads x 72 registers was accepted");
+  } catch (const ddp_emu::KernelFault& e) {
+    CHECK_THAT(e.what(), Catch::Contains("launch out of resources"));
+    CHECK_THAT(e.what(), Catch::Contains("on sm_86"));
+  }
+  CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources);
+  ddp_emu::set_kernel_usage(saved);
+}
+
+TEST_CASE("ptxas report: entries per kernel and architecture", "[emu][audit]") {
+  std::istringstream report(
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function '_ZN3ddp4kernILi64EEEvv' for 'sm_75'\n"
+      "ptxas info    : Function properties for _ZN3ddp4kernILi64EEEvv\n"
+      "    16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+      "ptxas info    : Used 10 registers, used 1 barriers, 256 bytes smem, 368 bytes cmem[0]\n"
+      "ptxas info    : Compile time = 36.859 ms\n"
+      "ptxas info    : Compiling entry function '_ZN3ddp4kernILi64EEEvv' for 'sm_90'\n"
+      "ptxas info    : Function properties for _ZN3ddp4kernILi64EEEvv\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 12 registers, used 0 barriers\n");
+  ddp_emu::UsageTable table;
+  CHECK(ddp_emu::parse_ptxas_report(report, table) == 2);
+  REQUIRE(table.size() == 1);
+  const std::vector<KernelUsage>& u = table.begin()->second;
+  REQUIRE(u.size() == 2);
+  CHECK(u[0].sm == 75);
+  CHECK(u[0].registers == 10);
+  CHECK(u[0].static_smem == 256);
+  CHECK(u[0].stack == 16);
+  CHECK(u[0].spill == 8);
+  CHECK(u[1].sm == 90);
+  CHECK(u[1].registers == 12);
+  CHECK(u[1].static_smem == 0);
+}
+
+TEST_CASE("every shared array of the kernels is poisoned between blocks in the emulation",
+          "[emu][audit]") {
+  // A __shared__ array without DDP_EMU_SHARED keeps the previous block's data in the
+  // emulation, so a read of what the block never wrote would go unnoticed.
+  static const std::regex shared(
+      R"(^\s*(alignas\([0-9]+\)\s*)?__shared__\s+[\w:<> ]+?\s(\w+)\s*\[)");
+  static const std::regex registered(R"(^\s*DDP_EMU_SHARED\((\w+)\);)");
+  int arrays = 0;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(std::string(DDP_SOURCE_DIR) + "/src/cuda")) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".cu" && ext != ".cuh") continue;
+    std::ifstream in(entry.path());
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      std::smatch m;
+      if (!std::regex_search(lines[i], m, shared)) continue;
+      ++arrays;
+      const std::string name = m[2].str();
+      INFO(entry.path().string() << ":" << i + 1 << ": " << lines[i]);
+      std::smatch r;
+      const bool next = i + 1 < lines.size() && std::regex_search(lines[i + 1], r, registered);
+      CHECK(next);
+      if (next) CHECK(r[1].str() == name);
+    }
+  }
+  CHECK(arrays == 6);  // the GEMM's two tiles, column sums, the cross-entropy total's three
+}
