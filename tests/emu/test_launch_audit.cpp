@@ -308,3 +308,17 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
   }
   CHECK(arrays == 6);  // the GEMM's two tiles, column sums, the cross-entropy total's three
 }
+
+TEST_CASE("a GEMM with more tiles than a grid holds is refused with a clear error",
+          "[emu][audit]") {
+  ddp::cuda::GemmArgs p;
+  p.m = kMaxDim;  // 2^26 x 2^26 tiles of 32 x 32: far more than 2^31 - 1 blocks
+  p.n = kMaxDim;
+  p.k = 16;
+  ddp::GemmPlan plan;
+  plan.tile = 2;
+  ddp_emu::AuditLaunches audit;
+  CHECK_THROWS_WITH(ddp::cuda::launch_gemm(p, plan, true, true, nullptr, nullptr),
+                    Catch::Contains("more blocks than a grid holds (2147483647)"));
+  CHECK(audit.launches().empty());
+}
