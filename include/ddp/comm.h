@@ -1,7 +1,7 @@
-// Communicator: the collectives data parallelism needs. The MPI implementation runs every MPI
-// call on one communication thread per rank, so a gradient allreduce progresses while the
-// training thread computes the rest of backward (Open MPI does not progress a non-blocking
-// collective unless someone calls into MPI). The CUDA communicators (include/ddp/cuda_comm.h)
+// Communicator: the collectives data parallelism needs. The MPI implementation runs them on a
+// communication lane per rank (src/comm/lane.h): its own thread drives them while the training
+// thread computes the rest of backward (Open MPI does not progress a non-blocking collective
+// unless someone calls into MPI), and a thread that waits for one drives them itself. The CUDA communicators (include/ddp/cuda_comm.h)
 // implement the same interface over GPU memory: NCCL on a comm stream, or staged through
 // pinned host memory and MPI.
 #pragma once

@@ -1,99 +1,27 @@
-// MPI communicator: one communication thread per rank executes every MPI call in submission
-// order, so async allreduces overlap the training thread's compute, and only one thread ever
-// calls MPI (MPI_THREAD_SERIALIZED suffices).
-#if defined(__linux__)
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
+// MPI communicator: collectives run in submission order on the rank's communication lane
+// (lane.h), so async allreduces overlap the training thread's compute, and only one thread at a
+// time ever calls MPI (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed
+// straight out of each other's memory (an MPI shared-memory window) between futex barriers; the
+// other collectives are non-blocking MPI calls completed by a bounded, core-yielding poll.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <exception>
+#include <cstdint>
 #include <functional>
-#include <mutex>
-#include <thread>
+#include <memory>
+#include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ddp/check.h"
 #include "ddp/comm.h"
 #include "ddp/tensor.h"
+#include "lane.h"
+#include "shm_barrier.h"
 
 namespace ddp {
 
 namespace {
-
-// What every piece of work on the lane shares: how long a wait may take, and the flag a wait
-// that gave up raises (the communicator is then broken: its lane is stuck in MPI).
-struct LaneState {
-  std::atomic<double> timeout_s{600.0};
-  std::atomic<bool> broken{false};
-};
-
-class MpiWork : public Work {
- public:
-  MpiWork(std::shared_ptr<LaneState> lane, std::string what)
-      : lane_(std::move(lane)), what_(std::move(what)) {}
-
-  void wait() override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const double timeout = lane_->timeout_s.load();
-    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_; })) {
-      lane_->broken = true;
-      DDP_THROW(what_ << " did not complete within " << timeout
-                      << " s (distributed.timeout_s): a peer rank died, stalled or "
-                         "stopped on an error");
-    }
-    if (error_) std::rethrow_exception(error_);
-  }
-  double start_time() const override { return start_; }
-  double end_time() const override { return end_; }
-
-  void run(const std::function<void()>& fn, const LaneHooks* hooks) {
-    std::exception_ptr error;
-    try {
-      if (hooks != nullptr && hooks->ready) hooks->ready();
-      start_ = seconds_now();
-      if (hooks != nullptr && hooks->before) hooks->before();
-      fn();
-      if (hooks != nullptr && hooks->after) hooks->after();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    if (start_ == 0.0) start_ = seconds_now();
-    end_ = seconds_now();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = error;
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::shared_ptr<LaneState> lane_;
-  std::string what_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-  double start_ = 0.0, end_ = 0.0;
-};
-
-// The comm thread yields the core to computation. Where a rank has a core to itself the
-// training thread and this one share it: Open MPI busy-polls while waiting for a peer, and at
-// equal priority that polling takes turns with backward; at the lowest priority it runs when
-// backward does not need the core (Linux gives each thread its own nice value). Where spare
-// cores exist the thread simply runs on one of them.
-void lower_thread_priority() {
-#if defined(__linux__)
-  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
-#endif
-}
 
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
@@ -114,7 +42,7 @@ class MpiCommunicator : public Communicator {
     DDP_MPI_CHECK(MPI_Query_thread(&provided));
     DDP_CHECK(provided >= MPI_THREAD_SERIALIZED,
               "MPI was initialised without thread support (MPI_THREAD_SERIALIZED needed for the "
-              "communication thread)");
+              "communication lane)");
     DDP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
     DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -124,27 +52,23 @@ class MpiCommunicator : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_size(node, &local_size_));
     MPI_Comm_free(&node);
     single_node_ = local_size_ == size_;
-    thread_ = std::thread([this] { loop(); });
+    lane_ = std::make_unique<Lane>();
   }
 
   ~MpiCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (lane_->broken) {
-      // The lane is stuck inside MPI on a collective a peer never joined: joining would hang,
-      // and freeing what that call uses would let it write into freed memory should it ever
-      // return. The job is about to be aborted; leave both to the end of the process.
-      thread_.detach();
+    if (lane_->broken()) {
+      // A collective was lost: MPI may still hold requests into the arena and the window, and
+      // the lane's thread may be stuck in a blocking MPI call a peer never joined. The job is
+      // about to be aborted: leave all of it to the end of the process.
+      if (lane_->stop_broken()) lane_.release();
       new Buffer(std::move(arena_storage_));
       return;
     }
-    thread_.join();
-    if (window_ != MPI_WIN_NULL) {
-      MPI_Win_unlock_all(window_);
-      MPI_Win_free(&window_);
+    lane_.reset();  // runs what is queued, then joins its thread
+    for (MPI_Win* w : {&window_, &control_window_}) {
+      if (*w == MPI_WIN_NULL) continue;
+      MPI_Win_unlock_all(*w);
+      MPI_Win_free(w);
     }
     MPI_Comm_free(&comm_);
   }
@@ -161,9 +85,9 @@ class MpiCommunicator : public Communicator {
       arena_ = arena_storage_.data();
       return arena_;
     }
-    submit("allocation of the shared gradient arena", nullptr, [this, numel] {
-      allocate_window(numel);
-    })->wait();
+    lane_->submit("allocation of the shared gradient arena",
+                  [this, numel] { allocate_window(numel); }, nullptr, /*any_thread=*/false)
+        ->wait();
     return arena_;
   }
 
@@ -173,74 +97,116 @@ class MpiCommunicator : public Communicator {
               "allreduce of " << count << " floats is too large");
     const bool shared =
         window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
-    return submit("allreduce of " + std::to_string(count) + " floats", hooks,
-                  [this, data, count, average, shared] {
-                    if (shared) {
-                      shared_memory_allreduce(static_cast<size_t>(data - arena_), count);
-                    } else {
-                      DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count),
-                                                  MPI_FLOAT, MPI_SUM, comm_));
-                    }
-                    if (average && size_ > 1) {
-                      const float inv = 1.0f / static_cast<float>(size_);
-                      for (size_t i = 0; i < count; ++i) data[i] *= inv;
-                    }
-                  });
+    std::string what = "allreduce of " + std::to_string(count) + " floats";
+    if (shared) {
+      const size_t offset = static_cast<size_t>(data - arena_);
+      return lane_->submit(std::move(what), [this, offset, count, average] {
+        shared_memory_allreduce(offset, count);
+        if (average) scale(arena_ + offset, count);
+      }, hooks);
+    }
+    if (count <= kPolledFloats) {
+      return lane_->submit(std::move(what), [this, data, count, average] {
+        MPI_Request request = MPI_REQUEST_NULL;
+        DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT,
+                                     MPI_SUM, comm_, &request));
+        complete(request);
+        if (average) scale(data, count);
+      }, hooks);
+    }
+    // A gradient bucket across nodes: Open MPI's blocking allreduce picks the algorithm for the
+    // message size (its non-blocking one progresses only while polled). It has no deadline, so
+    // only the lane's thread runs it and a waiter's timeout is what ends a lost one. Everything
+    // it uses is captured by value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    return lane_->submit(std::move(what), [comm, size, data, count, average] {
+      DDP_MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+      if (average && size > 1) {
+        const float inv = 1.0f / static_cast<float>(size);
+        for (size_t i = 0; i < count; ++i) data[i] *= inv;
+      }
+    }, hooks, /*any_thread=*/false);
   }
 
   void allreduce(double* data, size_t count, ReduceOp op) override {
-    submit("allreduce of " + std::to_string(count) + " double(s)", nullptr,
-           [this, data, count, op] {
-             DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
-                                         to_mpi(op), comm_));
-           })
-        ->wait();
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " doubles is too large");
+    lane_->submit("allreduce of " + std::to_string(count) + " double(s)", [this, data, count, op] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
+                                   to_mpi(op), comm_, &request));
+      complete(request);
+    })->wait();
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
     DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
               "broadcast of " << bytes << " bytes is too large");
-    submit("broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
-           nullptr,
-           [this, data, bytes, root] {
-             DDP_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_));
-           })
+    lane_->submit("broadcast of " + std::to_string(bytes) + " bytes from rank " +
+                      std::to_string(root),
+                  [this, data, bytes, root] {
+                    MPI_Request request = MPI_REQUEST_NULL;
+                    DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root,
+                                             comm_, &request));
+                    complete(request);
+                  })
         ->wait();
   }
 
   void barrier() override {
-    submit("barrier", nullptr, [this] { DDP_MPI_CHECK(MPI_Barrier(comm_)); })->wait();
+    lane_->submit("barrier", [this] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+      complete(request);
+    })->wait();
   }
 
   void set_timeout(double seconds) override {
     DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
-    lane_->timeout_s = seconds;
+    lane_->set_timeout(seconds);
   }
-  double timeout() const override { return lane_->timeout_s.load(); }
+  double timeout() const override { return lane_->timeout(); }
 
  private:
-  struct Task {
-    std::shared_ptr<MpiWork> work;
-    std::function<void()> fn;
-    LaneHooks hooks;
-    bool has_hooks = false;
-  };
+  // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
+  // collectives; larger ones are gradient buckets across nodes.
+  static constexpr size_t kPolledFloats = 1024;
 
-  std::shared_ptr<Work> submit(std::string what, const LaneHooks* hooks, std::function<void()> fn) {
-    DDP_CHECK(!lane_->broken, what << " refused: an earlier collective timed out and the "
-                                      "communication lane is stuck");
-    auto work = std::make_shared<MpiWork>(lane_, std::move(what));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(Task{work, std::move(fn), hooks ? *hooks : LaneHooks{}, hooks != nullptr});
+  void scale(float* data, size_t count) const {
+    if (size_ == 1) return;
+    const float inv = 1.0f / static_cast<float>(size_);
+    for (size_t i = 0; i < count; ++i) data[i] *= inv;
+  }
+
+  // Completes a non-blocking MPI call by polling it (each MPI_Test also progresses MPI), within
+  // the lane's deadline and yielding the core while the peers are late.
+  void complete(MPI_Request& request) {
+    lane_->wait_until([&request] {
+      int flag = 0;
+      DDP_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      return flag != 0;
+    });
+  }
+
+  // The node's barrier for the shared-memory allreduce, with the lane's deadline.
+  void node_barrier(SpinBudget& spin) {
+    switch (barrier_->arrive_and_wait(lane_->timeout(), lane_->cancel_flag(), spin)) {
+      case WaitResult::Done:
+        return;
+      case WaitResult::TimedOut:
+        lane_->set_broken();
+        throw_collective_timeout(lane_->current(), lane_->timeout());
+      case WaitResult::Cancelled:
+        DDP_THROW(lane_->current() << " cancelled: an earlier collective was lost");
     }
-    cv_.notify_one();
-    return work;
   }
 
   // One shared window holds every rank's gradient arena; each rank knows where its peers'
   // arenas are mapped, so a bucket's allreduce is a reduce-scatter and an allgather done with
-  // loads and stores, with no copy through MPI's buffers.
+  // loads and stores, with no copy through MPI's buffers. A second, tiny window on rank 0
+  // holds the barrier between those phases.
   void allocate_window(size_t numel) {
     void* base = nullptr;
     const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
@@ -258,17 +224,34 @@ class MpiCommunicator : public Communicator {
                         << numel * sizeof(float));
       peers_[static_cast<size_t>(q)] = static_cast<float*>(peer);
     }
+    allocate_barrier();
     arena_ = static_cast<float*>(base);
     arena_numel_ = numel;
     std::fill(arena_, arena_ + numel, 0.0f);
-    sync_all();
+    SpinBudget once;
+    node_barrier(once);
   }
 
-  // Makes every rank's stores visible to every other rank, then waits for all of them.
-  void sync_all() {
-    DDP_MPI_CHECK(MPI_Win_sync(window_));
+  void allocate_barrier() {
+    void* base = nullptr;
+    constexpr size_t kAlign = alignof(ShmBarrierState);
+    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(sizeof(ShmBarrierState) + kAlign) : 0;
+    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm_, &base,
+                                          &control_window_));
+    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, control_window_));
+    MPI_Aint state_bytes = 0;
+    int disp = 0;
+    void* state = nullptr;
+    DDP_MPI_CHECK(MPI_Win_shared_query(control_window_, 0, &state_bytes, &disp, &state));
+    DDP_CHECK(static_cast<size_t>(state_bytes) == sizeof(ShmBarrierState) + kAlign,
+              "the shared barrier's window on rank 0 holds " << state_bytes << " bytes");
+    // Mappings start on a page, so the same offset is aligned in every rank's mapping.
+    const size_t pad = (kAlign - reinterpret_cast<uintptr_t>(state) % kAlign) % kAlign;
+    void* at = static_cast<char*>(state) + pad;
+    auto* s = rank_ == 0 ? new (at) ShmBarrierState() : static_cast<ShmBarrierState*>(at);
+    DDP_MPI_CHECK(MPI_Win_sync(control_window_));
     DDP_MPI_CHECK(MPI_Barrier(comm_));
-    DDP_MPI_CHECK(MPI_Win_sync(window_));
+    barrier_ = std::make_unique<ShmBarrier>(s, size_);
   }
 
   // Sum of [offset, offset + count) over all ranks' arenas, into every rank's arena. Rank r sums
@@ -281,7 +264,7 @@ class MpiCommunicator : public Communicator {
       const size_t lo = std::min(count, q * chunk);
       return std::make_pair(lo, std::min(count, lo + chunk));
     };
-    sync_all();  // every rank's bucket is written
+    node_barrier(spin_[0]);  // every rank's bucket is written
     const auto [lo, hi] = range(static_cast<size_t>(rank_));
     float* mine = peers_[static_cast<size_t>(rank_)] + offset;
     constexpr size_t kBlock = 1024;
@@ -296,44 +279,27 @@ class MpiCommunicator : public Communicator {
       }
       std::copy(acc, acc + len, mine + b);
     }
-    sync_all();  // every chunk is reduced
+    node_barrier(spin_[1]);  // every chunk is reduced
     for (size_t q = 0; q < n; ++q) {
       if (q == static_cast<size_t>(rank_)) continue;
       const auto [qlo, qhi] = range(q);
       std::copy(peers_[q] + offset + qlo, peers_[q] + offset + qhi, mine + qlo);
     }
-    sync_all();  // nobody reads this bucket any more: backward may overwrite it
+    node_barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
   }
 
-  void loop() {
-    lower_thread_priority();
-    for (;;) {
-      Task task;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop requested and nothing left to run
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task.work->run(task.fn, task.has_hooks ? &task.hooks : nullptr);
-    }
-  }
-
-  std::shared_ptr<LaneState> lane_ = std::make_shared<LaneState>();
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool single_node_ = false;
   MPI_Win window_ = MPI_WIN_NULL;
+  MPI_Win control_window_ = MPI_WIN_NULL;
+  std::unique_ptr<ShmBarrier> barrier_;
+  SpinBudget spin_[3];  // one per barrier of the shared-memory allreduce: their waits differ
   std::vector<float*> peers_;  // every rank's arena, mapped here
   float* arena_ = nullptr;
   size_t arena_numel_ = 0;
   Buffer arena_storage_;  // the arena when there is no shared window
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
-  std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool stop_ = false;
+  std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
 };
 
 }  // namespace

@@ -1,15 +1,32 @@
 // Gradients in GPU memory, averaged by MPI through page-locked host memory (see cuda_comm.h).
 // Every step of a bucket's allreduce runs on the host communicator's thread, in bucket order:
 // wait for the event recorded on the compute stream when the bucket's last gradient was
-// queued, copy the bucket to its host mirror, allreduce it there, copy it back.
+// queued, copy the bucket to its host mirror, allreduce it there, copy it back. Its waits on the
+// GPU poll events like the lane's other waits (cudaEventSynchronize would spin on the core
+// the training thread and the peers may need, and has no deadline).
+#include <string>
+
 #include "../cuda/cuda_api.h"
 #include "../cuda/cuda_backend.h"
 #include "ddp/cuda.h"
 #include "ddp/cuda_comm.h"
+#include "lane.h"
 
 namespace ddp {
 
 namespace {
+
+// Waits for `event` to complete within timeout_s, yielding the core meanwhile.
+void await_event(cudaEvent_t event, double timeout_s, const std::string& what) {
+  cudaError_t rc = cudaSuccess;
+  const auto done = [&] {
+    rc = cudaEventQuery(event);
+    return rc != cudaErrorNotReady;
+  };
+  if (poll_until(done, timeout_s, nullptr) != WaitResult::Done)
+    throw_collective_timeout(what, timeout_s);
+  DDP_CUDA_CHECK(rc);
+}
 
 class StagedCommunicator final : public Communicator {
  public:
@@ -19,10 +36,12 @@ class StagedCommunicator final : public Communicator {
               "the staged communicator needs the CUDA backend, got '" << backend.name() << "'");
     device_ = backend_->ordinal();
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&lane_stream_, cudaStreamNonBlocking));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
   }
 
   ~StagedCommunicator() override {
     if (registered_) (void)cudaHostUnregister(mirror_);
+    if (copied_ != nullptr) (void)cudaEventDestroy(copied_);
     if (lane_stream_ != nullptr) (void)cudaStreamDestroy(lane_stream_);
   }
 
@@ -59,20 +78,27 @@ class StagedCommunicator final : public Communicator {
     DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
     const int device = device_;
     cudaStream_t stream = lane_stream_;
+    cudaEvent_t copied = copied_;  // one at a time: the lane runs one collective at a time
+    Communicator& comm = host_;
+    const std::string what = "allreduce of " + std::to_string(count) + " floats";
     LaneHooks lane;
-    lane.ready = [device, ready] {
-      cuda_set_device(device);  // the lane's thread is not the one that chose the device
-      const cudaError_t rc = cudaEventSynchronize(ready);
-      (void)cudaEventDestroy(ready);
-      DDP_CUDA_CHECK(rc);
+    lane.ready = [device, ready, &comm, what] {
+      cuda_set_device(device);  // the thread running the lane may not be the one that chose it
+      struct Destroy {
+        cudaEvent_t e;
+        ~Destroy() { (void)cudaEventDestroy(e); }
+      } destroy{ready};
+      await_event(ready, comm.timeout(), what + ": its gradients on the GPU");
     };
-    lane.before = [=] {
+    lane.before = [=, &comm] {
       DDP_CUDA_CHECK(cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, stream));
-      DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      DDP_CUDA_CHECK(cudaEventRecord(copied, stream));
+      await_event(copied, comm.timeout(), what + ": copy to host memory");
     };
-    lane.after = [=] {
+    lane.after = [=, &comm] {
       DDP_CUDA_CHECK(cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, stream));
-      DDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      DDP_CUDA_CHECK(cudaEventRecord(copied, stream));
+      await_event(copied, comm.timeout(), what + ": copy back to the GPU");
     };
     return host_.allreduce_async(host, count, average, &lane);
   }
@@ -92,6 +118,7 @@ class StagedCommunicator final : public Communicator {
   cuda::CudaBackend* backend_ = nullptr;
   int device_ = 0;
   cudaStream_t lane_stream_ = nullptr;
+  cudaEvent_t copied_ = nullptr;  // recorded behind each copy the lane waits for
   DeviceArray<float> arena_;
   float* mirror_ = nullptr;
   bool registered_ = false;

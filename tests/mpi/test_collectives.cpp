@@ -4,9 +4,12 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <ctime>
+#include <string>
 #include <thread>
 
 #include "ddp/check.h"
+#include "ddp/clock.h"
 #include "ddp/comm.h"
 #include "ddp/trainer.h"
 #include "mpi_test_helpers.h"
@@ -181,4 +184,49 @@ TEST_CASE("run_agreed: one rank's failure becomes every rank's error", "[mpi]") 
   } catch (const ddp::CollectiveError& e) {
     REQUIRE(std::string(e.what()) == "failed at " + std::to_string(n == 1 ? 0 : 1));
   }
+}
+
+namespace {
+
+// CPU time of this whole process (every thread: the lane's and the caller's).
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
+
+TEST_CASE("a rank waiting for a late peer sleeps: shared-memory allreduce and barrier",
+          "[mpi][progress]") {
+  auto comm = world();
+  const size_t n = 4096;
+  float* arena = comm->gradient_arena(n);
+  for (size_t i = 0; i < n; ++i) arena[i] = static_cast<float>(comm->rank() + 1);
+  comm->barrier();
+  // The last rank arrives 0.5 s late; everyone else waits that long, in the allreduce of the
+  // arena (the training thread in finalize) and then in a barrier (a control collective).
+  const bool late = comm->rank() == comm->size() - 1;
+  std::string errors;
+  for (int phase = 0; phase < 2; ++phase) {
+    const double cpu0 = process_cpu_seconds(), wall0 = ddp::seconds_now();
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (phase == 0) {
+      comm->allreduce_async(arena, n, false)->wait();
+    } else {
+      comm->barrier();
+    }
+    const double cpu = process_cpu_seconds() - cpu0, wall = ddp::seconds_now() - wall0;
+    const char* what = phase == 0 ? "allreduce" : "barrier";
+    if (!late && wall < 0.45) errors += std::string(what) + ": did not wait for the late rank; ";
+    if (!late && cpu > 0.2)
+      errors += std::string(what) + ": used " + std::to_string(cpu) + " s of CPU in a " +
+                std::to_string(wall) + " s wait; ";
+  }
+  const float expected = static_cast<float>(comm->size() * (comm->size() + 1) / 2);
+  if (comm->size() > 1 && !std::all_of(arena, arena + n, [&](float v) { return v == expected; }))
+    errors += "wrong sum; ";
+  INFO("rank " << comm->rank() << ": " << errors);
+  CHECK(errors.empty());
+  require_on_all_ranks(*comm, errors.empty() ? 0 : 1, "late peer waited for without spinning");
 }
