@@ -4,22 +4,23 @@
 # gloo) at 2 ranks under the same loads; interleaved repeats, medians; prints one markdown table.
 #   bench/contention.sh [--repeats N] [--steps N] [--torch-steps N] [--ranks "1 2 4"]
 #                       [--loads "0 1 2"] [--baseline BIN] [--no-torch] [--run-timeout S]
-#                       [--torch-coretype T]
-# --baseline runs a second ddp-train binary (e.g. the previous main's) in the same repeats.
+#                       [--torch-coretype T] [--baseline-loads "0 1 2"]
+# --baseline runs a second ddp-train binary (e.g. the previous main's) in the same repeats, under
+# the loads of --baseline-loads (default: all of --loads).
 # The load runs in this script's session, as do the ranks (mpirun with ddp-run's binding, but not
 # ddp-run's own session): with autogroup scheduling a session of its own would shield the job
 # from the load, which a shared cgroup or a kernel without autogroup does not.
 set -euo pipefail
 
 usage() {
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 repeats=3; steps=1500; torch_steps=1500; ranks_list="1 2 4"; loads_list="0 1 2"
-baseline=""; with_torch=1; run_timeout=180; torch_coretype=""
+baseline=""; with_torch=1; run_timeout=180; torch_coretype=""; baseline_loads=""
 while (($#)); do
   case "$1" in
     --repeats) repeats="${2:?--repeats needs a number}"; shift 2 ;;
@@ -28,6 +29,7 @@ while (($#)); do
     --ranks) ranks_list="${2:?--ranks needs a list like \"1 2 4\"}"; shift 2 ;;
     --loads) loads_list="${2:?--loads needs a list like \"0 1 2\"}"; shift 2 ;;
     --baseline) baseline="${2:?--baseline needs a ddp-train binary}"; shift 2 ;;
+    --baseline-loads) baseline_loads="${2:?--baseline-loads needs a list like \"0\"}"; shift 2 ;;
     --no-torch) with_torch=0; shift ;;
     --run-timeout) run_timeout="${2:?--run-timeout needs seconds}"; shift 2 ;;
     --torch-coretype) torch_coretype="${2:?--torch-coretype needs an OpenBLAS core name}"; shift 2 ;;
@@ -118,7 +120,7 @@ for ((r = 1; r <= repeats; r++)); do
     for n in $ranks_list; do
       echo "contention.sh: repeat $r/$repeats, load $load, ddp-train at $n rank(s)" >&2
       start_load "$load"; run_ddp ddp "$train" "$n" "$load" "$r"; stop_load
-      if [[ -n "$baseline" ]]; then
+      if [[ -n "$baseline" && " ${baseline_loads:-$loads_list} " == *" $load "* ]]; then
         echo "contention.sh: repeat $r/$repeats, load $load, baseline at $n rank(s)" >&2
         start_load "$load"; run_ddp baseline "$baseline" "$n" "$load" "$r"; stop_load
       fi
