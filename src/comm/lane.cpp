@@ -122,7 +122,9 @@ void LaneWork::run(bool cancelled) {
   hooks_ = LaneHooks{};
 }
 
-Lane::Lane() : spare_core_(usable_cpus() > 1) { thread_ = std::thread([this] { loop(); }); }
+Lane::Lane(bool spin) : spare_core_(spin && usable_cpus() > 1) {
+  thread_ = std::thread([this] { loop(); });
+}
 
 Lane::~Lane() {
   if (stopped_) return;
@@ -206,8 +208,9 @@ void Lane::wait_for(LaneWork& work) {
       wait_spin_.learn(seconds_now() - start, false);
       continue;
     }
-    if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout && !work.done_ &&
-        (running_ || queue_.empty() || !queue_.front()->any_thread_)) {
+    // The front may have finished while the mutex was released: sleep only while another
+    // thread is still running it (a notification before this wait would otherwise be lost).
+    if (!done_cv_.wait_until(lock, deadline, [&] { return work.done_ || !running_; })) {
       broken_ = true;
       throw_collective_timeout(work.what_, timeout);
     }

@@ -37,12 +37,16 @@ WaitResult poll_until(const std::function<bool()>& done, double timeout_s,
 /// was descheduled, the machine is busy) halves it. On an idle machine, where waking a sleeper
 /// can cost more than the wait (a virtual CPU halts), it settles near the usual wait; on a busy
 /// one it falls towards nothing, so waiting costs no CPU.
+/// A disabled budget never spins: for ranks that outnumber their node's cores, where the peer
+/// being waited for is usually waiting for this very core.
 class SpinBudget {
  public:
-  double seconds() const { return seconds_; }
+  explicit SpinBudget(bool enabled = true) : enabled_(enabled) {}
+  double seconds() const { return enabled_ ? seconds_ : 0.0; }
   void learn(double waited, bool slept);
 
  private:
+  bool enabled_;
   double seconds_ = 200e-6;
 };
 
@@ -76,8 +80,8 @@ class LaneWork final : public Work {
 
 class Lane {
  public:
-  /// Starts the lane's thread.
-  Lane();
+  /// Starts the lane's thread. spin = false: waits never spin (see SpinBudget).
+  explicit Lane(bool spin = true);
   /// Runs what is queued and joins the thread. A broken lane cancels what is queued or
   /// polling instead; if its thread is stuck in a blocking MPI call, it is left behind
   /// (detach_if_stuck() says whether that happened: the lane must then be leaked).

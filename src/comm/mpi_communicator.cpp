@@ -3,6 +3,8 @@
 // time ever calls MPI (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed
 // straight out of each other's memory (an MPI shared-memory window) between futex barriers; the
 // other collectives are non-blocking MPI calls completed by a bounded, core-yielding poll.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -52,7 +54,11 @@ class MpiCommunicator : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_size(node, &local_size_));
     MPI_Comm_free(&node);
     single_node_ = local_size_ == size_;
-    lane_ = std::make_unique<Lane>();
+    // More ranks than cores on this node: a waiting rank spins on a core its peer needs.
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool spin = cores <= 0 || local_size_ <= cores;
+    for (SpinBudget& b : spin_) b = SpinBudget(spin);
+    lane_ = std::make_unique<Lane>(spin);
   }
 
   ~MpiCommunicator() override {
