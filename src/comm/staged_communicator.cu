@@ -21,7 +21,9 @@ void await_event(cudaEvent_t event, double timeout_s, const std::string& what) {
   cudaError_t rc = cudaSuccess;
   const auto done = [&] {
     rc = cudaEventQuery(event);
-    return rc != cudaErrorNotReady;
+    if (rc != cudaErrorNotReady) return true;
+    (void)cudaGetLastError();  // "not ready" is no error, but some runtimes also record it as one
+    return false;
   };
   if (poll_until(done, timeout_s, nullptr) != WaitResult::Done)
     throw_collective_timeout(what, timeout_s);
