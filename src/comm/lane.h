@@ -82,9 +82,7 @@ class Lane {
  public:
   /// Starts the lane's thread. spin = false: waits never spin (see SpinBudget).
   explicit Lane(bool spin = true);
-  /// Runs what is queued and joins the thread. A broken lane cancels what is queued or
-  /// polling instead; if its thread is stuck in a blocking MPI call, it is left behind
-  /// (detach_if_stuck() says whether that happened: the lane must then be leaked).
+  /// Runs what is queued and joins the thread (after stop_broken(): nothing more to do).
   ~Lane();
 
   /// Queues `fn` (with `hooks` around it); `any_thread` = false keeps it on the lane's thread.
@@ -105,8 +103,9 @@ class Lane {
   /// Raised when a broken lane is stopped: a collective's own waits then end at once.
   const std::atomic<bool>* cancel_flag() const { return &cancel_; }
 
-  /// After a broken lane: stops the thread if it can within a second, else detaches it.
-  /// Returns true when the thread had to be left running (inside MPI).
+  /// After a broken lane: cancels what is queued or polling and stops the thread if it can
+  /// within a second, else detaches it. Returns true when the thread had to be left running
+  /// (inside a blocking MPI call): the lane must then be leaked, not destroyed.
   bool stop_broken();
 
  private:

@@ -154,10 +154,10 @@ TEST_CASE("lane: a collective that never ends times out, names itself, and break
           "[comm]") {
   auto lane = std::make_unique<ddp::Lane>();
   lane->set_timeout(0.3);
-  std::atomic<bool> release{false};
   // Stands for a blocking MPI call a peer never joins: only the lane's thread may run it.
-  auto stuck = lane->submit("allreduce of 5 floats", [&] {
-    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto stuck = lane->submit("allreduce of 5 floats", [release] {
+    while (!*release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }, nullptr, /*any_thread=*/false);
   auto behind = lane->submit("barrier", [] {});
   CHECK_THROWS_WITH(behind->wait(),
@@ -165,10 +165,11 @@ TEST_CASE("lane: a collective that never ends times out, names itself, and break
   CHECK(lane->broken());
   CHECK_THROWS_WITH(lane->submit("broadcast of 4 bytes from rank 0", [] {}),
                     Catch::Contains("refused: an earlier collective timed out"));
-  // The thread is still inside the stuck call: the lane must be left to the end of the process.
-  CHECK(lane->stop_broken());
-  release = true;
-  lane.release();
+  // Once the stuck call returns, stopping the broken lane joins its thread (had it stayed stuck,
+  // stop_broken() would detach it after a second and the lane would be leaked).
+  *release = true;
+  CHECK_FALSE(lane->stop_broken());
+  lane.reset();
 }
 
 TEST_CASE("lane: a polled wait inside a collective ends at the deadline with its name",
