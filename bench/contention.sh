@@ -84,33 +84,32 @@ start_load() {  # count
 results="$work/results.txt"  # impl ranks load repeat samples_per_sec|timeout|failed
 : > "$results"
 
+# record "IMPL RANKS LOAD REPEAT" RC LOG JSONL: one line of $results, from a run's exit code and
+# the samples_per_sec of the last line of its JSON lines.
+record() {
+  if (($2 == 124 || $2 == 137)); then
+    echo "$1 timeout" >> "$results"
+  elif (($2 != 0)); then
+    echo "contention.sh: $1 (impl ranks load repeat) failed (exit $2):" >&2; tail -5 "$3" >&2
+    echo "$1 failed" >> "$results"
+  else
+    echo "$1 $("$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_sec"])' "$4")" >> "$results"
+  fi
+}
+
 run_ddp() {  # impl binary ranks load repeat
   local out="$work/$1_n$3_l$4_r$5" cmd rc=0
   cmd="$(DDP_TRAIN="$2" "$root/launch/ddp-run" --dry-run -n "$3" "$config" \
     --set "training.max_steps=$steps" --set "output.dir=$out")"
   timeout --kill-after=5 "$run_timeout" bash -c "$cmd" > "$out.log" 2>&1 || rc=$?
-  if ((rc == 124 || rc == 137)); then
-    echo "$1 $3 $4 $5 timeout" >> "$results"
-  elif ((rc != 0)); then
-    echo "contention.sh: $1 at $3 rank(s), load $4 failed (exit $rc):" >&2; tail -5 "$out.log" >&2
-    echo "$1 $3 $4 $5 failed" >> "$results"
-  else
-    echo "$1 $3 $4 $5 $("$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_sec"])' "$out/metrics.jsonl")" >> "$results"
-  fi
+  record "$1 $3 $4 $5" "$rc" "$out.log" "$out/metrics.jsonl"
 }
 
 run_torch() {  # load repeat
   local out="$work/torch_l$1_r$2" rc=0
   OPENBLAS_CORETYPE="$torch_coretype" timeout --kill-after=5 "$run_timeout" \
     "$python" "$here/torch_ddp.py" --world-size 2 --steps "$torch_steps" > "$out.json" 2> "$out.log" || rc=$?
-  if ((rc == 124 || rc == 137)); then
-    echo "torch 2 $1 $2 timeout" >> "$results"
-  elif ((rc != 0)); then
-    echo "contention.sh: torch_ddp.py under load $1 failed (exit $rc):" >&2; tail -5 "$out.log" >&2
-    echo "torch 2 $1 $2 failed" >> "$results"
-  else
-    echo "torch 2 $1 $2 $("$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_sec"])' "$out.json")" >> "$results"
-  fi
+  record "torch 2 $1 $2" "$rc" "$out.log" "$out.json"
 }
 
 # Interleaved: each repeat runs every configuration once, so a drift of the machine's own load

@@ -116,6 +116,46 @@ expect_error() {
   pass "$name (${elapsed}s, rank codes: $rank_codes)"
 }
 
+# stalled_rank_check LABEL TIMEOUT_S DIR: 2 ranks train the seed config endlessly with
+# distributed.timeout_s=TIMEOUT_S (output in DIR, log in DIR.log); once training runs, rank 1 is
+# stopped with SIGSTOP. The job must end within TIMEOUT_S + 10 s, non-zero, naming the collective
+# that did not complete, with rank 0 exiting 1 by itself.
+stalled_rank_check() {
+  local label="$1" timeout_s="$2" dir="$3" victim="" start rc
+  checks=$((checks + 1))
+  start_ranks 2 "$dir.log" --config "$DDP_SOURCE_DIR/configs/seed.yaml" --set "output.dir=$dir" \
+    --set training.epochs=1000000 --set training.log_every=0 --set distributed.timeout_s="$timeout_s"
+  for _ in $(seq 1 150); do
+    victim="$(rank_pid "output.dir=$dir" 1)"
+    [[ -n "$victim" ]] && grep -q '^model:' "$dir.log" && break
+    sleep 0.2
+  done
+  if [[ -z "$victim" ]]; then
+    fail "$label: rank 1 never started"; kill "$launcher" 2>/dev/null; return
+  fi
+  sleep 1
+  kill -STOP "$victim"
+  start=$SECONDS
+  launcher_done() { ! kill -0 "$launcher" 2>/dev/null; }
+  if ! wait_until $((timeout_s + 10)) launcher_done; then
+    fail "$label: the job still runs $((SECONDS - start)) s after rank 1 stopped"
+    kill -CONT "$victim"; kill "$launcher"; wait "$launcher" 2>/dev/null
+    return
+  fi
+  wait "$launcher"; rc=$?
+  read_rank_codes 2
+  if ((rc == 0)); then
+    fail "$label: the job exited 0"
+  elif ! grep -q "did not complete within $timeout_s s" "$dir.log"; then
+    fail "$label: no timeout message"; tail -5 "$dir.log"
+  elif [[ "${rank_codes%% *}" != 1 ]]; then
+    fail "$label: rank 0 exited '${rank_codes%% *}', expected 1 (codes: $rank_codes)"
+  else
+    pass "$label: job ended (code $rc, rank codes $rank_codes) $((SECONDS - start))s after rank 1 stopped: $(grep -m1 -o 'rank 0: .*did not complete within [0-9]* s' "$dir.log")"
+  fi
+  kill -CONT "$victim" 2>/dev/null
+}
+
 finish() {
   echo "$((checks - failures)) passed, $failures failed"
   ((failures == 0))

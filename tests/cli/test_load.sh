@@ -27,40 +27,8 @@ else
   pass "two busy programs: 300 steps in ${elapsed}s (quiet: ${quiet_s}s), weights bitwise those of the quiet run"
 fi
 
-# The stalled rank of test_timeout.sh, with one busy program beside the job.
-checks=$((checks + 1))
-timeout_s=3
+# The stalled rank of test_timeout.sh, with two busy programs beside the job.
 start_busy
-start_ranks 2 "$WORK/log" --config "$seed" --set "output.dir=$WORK/stall" \
-  --set training.epochs=1000000 --set training.log_every=0 --set distributed.timeout_s=$timeout_s
-victim=""
-for _ in $(seq 1 150); do
-  victim="$(rank_pid "output.dir=$WORK/stall" 1)"
-  [[ -n "$victim" ]] && grep -q '^model:' "$WORK/log" && break
-  sleep 0.2
-done
-if [[ -z "$victim" ]]; then
-  fail "stalled rank under load: rank 1 never started"; kill "$launcher" 2>/dev/null
-else
-  sleep 1
-  kill -STOP "$victim"
-  start=$SECONDS
-  launcher_done() { ! kill -0 "$launcher" 2>/dev/null; }
-  if ! wait_until $((timeout_s + 10)) launcher_done; then
-    fail "stalled rank under load: the job still runs $((SECONDS - start)) s after rank 1 stopped"
-    kill -CONT "$victim"; kill "$launcher"; wait "$launcher" 2>/dev/null
-  else
-    wait "$launcher"; rc=$?
-    read_rank_codes 2
-    if ((rc == 0)); then
-      fail "stalled rank under load: the job exited 0"
-    elif ! grep -q "did not complete within $timeout_s s" "$WORK/log"; then
-      fail "stalled rank under load: no timeout message"; tail -5 "$WORK/log"
-    else
-      pass "stalled rank under load: job ended (code $rc, rank codes $rank_codes) $((SECONDS - start))s after rank 1 stopped: $(grep -m1 -o 'rank 0: .*did not complete within [0-9]* s' "$WORK/log")"
-    fi
-  fi
-  kill -CONT "$victim" 2>/dev/null
-fi
+stalled_rank_check "stalled rank under load" 3 "$WORK/stall"
 stop_busy
 finish
