@@ -37,6 +37,13 @@ MPI_Op to_mpi(ReduceOp op) {
   return MPI_SUM;
 }
 
+// The average of a sum over `size` ranks.
+void divide(float* data, size_t count, int size) {
+  if (size == 1) return;
+  const float inv = 1.0f / static_cast<float>(size);
+  for (size_t i = 0; i < count; ++i) data[i] *= inv;
+}
+
 class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm) {
@@ -129,10 +136,7 @@ class MpiCommunicator : public Communicator {
     return lane_->submit(std::move(what), [comm, size, data, count, average] {
       DDP_MPI_CHECK(
           MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
-      if (average && size > 1) {
-        const float inv = 1.0f / static_cast<float>(size);
-        for (size_t i = 0; i < count; ++i) data[i] *= inv;
-      }
+      if (average) divide(data, count, size);
     }, hooks, /*any_thread=*/false);
   }
 
@@ -180,11 +184,7 @@ class MpiCommunicator : public Communicator {
   // collectives; larger ones are gradient buckets across nodes.
   static constexpr size_t kPolledFloats = 1024;
 
-  void scale(float* data, size_t count) const {
-    if (size_ == 1) return;
-    const float inv = 1.0f / static_cast<float>(size_);
-    for (size_t i = 0; i < count; ++i) data[i] *= inv;
-  }
+  void scale(float* data, size_t count) const { divide(data, count, size_); }
 
   // Completes a non-blocking MPI call by polling it (each MPI_Test also progresses MPI), within
   // the lane's deadline and yielding the core while the peers are late.
