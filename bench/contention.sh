@@ -81,35 +81,44 @@ start_load() {  # count
   done
 }
 
-results="$work/results.txt"  # impl ranks load repeat samples_per_sec|timeout|failed
+results="$work/results.txt"  # impl ranks load repeat samples_per_sec|timeout|failed steal%
 : > "$results"
 
-# record "IMPL RANKS LOAD REPEAT" RC LOG JSONL: one line of $results, from a run's exit code and
-# the samples_per_sec of the last line of its JSON lines.
+# The share of the machine's CPU time its host took away (steal, from /proc/stat) since the
+# given reading; on a virtual machine that is what makes one run slower than its neighbours.
+cpu_times() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+steal_since() {  # "STEAL TOTAL" from cpu_times
+  echo "$1 $(cpu_times)" | awk '{d = $4 - $2; printf "%.1f", (d > 0 ? 100 * ($3 - $1) / d : 0)}'
+}
+
+# record "IMPL RANKS LOAD REPEAT" RC LOG JSONL STEAL: one line of $results, from a run's exit
+# code and the samples_per_sec of the last line of its JSON lines.
 record() {
   if (($2 == 124 || $2 == 137)); then
-    echo "$1 timeout" >> "$results"
+    echo "$1 timeout $5" >> "$results"
   elif (($2 != 0)); then
     echo "contention.sh: $1 (impl ranks load repeat) failed (exit $2):" >&2; tail -5 "$3" >&2
-    echo "$1 failed" >> "$results"
+    echo "$1 failed $5" >> "$results"
   else
-    echo "$1 $("$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_sec"])' "$4")" >> "$results"
+    echo "$1 $("$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["samples_per_sec"])' "$4") $5" >> "$results"
   fi
 }
 
 run_ddp() {  # impl binary ranks load repeat
-  local out="$work/$1_n$3_l$4_r$5" cmd rc=0
+  local out="$work/$1_n$3_l$4_r$5" cmd rc=0 t0
   cmd="$(DDP_TRAIN="$2" "$root/launch/ddp-run" --dry-run -n "$3" "$config" \
     --set "training.max_steps=$steps" --set "output.dir=$out")"
+  t0="$(cpu_times)"
   timeout --kill-after=5 "$run_timeout" bash -c "$cmd" > "$out.log" 2>&1 || rc=$?
-  record "$1 $3 $4 $5" "$rc" "$out.log" "$out/metrics.jsonl"
+  record "$1 $3 $4 $5" "$rc" "$out.log" "$out/metrics.jsonl" "$(steal_since "$t0")"
 }
 
 run_torch() {  # load repeat
-  local out="$work/torch_l$1_r$2" rc=0
+  local out="$work/torch_l$1_r$2" rc=0 t0
+  t0="$(cpu_times)"
   OPENBLAS_CORETYPE="$torch_coretype" timeout --kill-after=5 "$run_timeout" \
     "$python" "$here/torch_ddp.py" --world-size 2 --steps "$torch_steps" > "$out.json" 2> "$out.log" || rc=$?
-  record "torch 2 $1 $2" "$rc" "$out.log" "$out.json"
+  record "torch 2 $1 $2" "$rc" "$out.log" "$out.json" "$(steal_since "$t0")"
 }
 
 # Interleaved: each repeat runs every configuration once, so a drift of the machine's own load
@@ -135,9 +144,11 @@ done
 import statistics, subprocess, sys
 path, steps, torch_steps, run_timeout, train, baseline, coretype = sys.argv[1:8]
 runs = {}
+steals = []
 for line in open(path):
-    impl, n, load, _, value = line.split()
+    impl, n, load, _, value, steal = line.split()
     runs.setdefault((impl, int(n), int(load)), []).append(value)
+    steals.append(float(steal))
 loads = sorted({k[2] for k in runs})
 
 def median(values):
@@ -180,4 +191,7 @@ if any(k[0] == "torch" for k in runs):
         b, _ = median(runs.get(("torch", 2, l), ["failed"]))
         row.append(f"{a / b:.2f}×" if a and b else "—")
     print("| ddp-train ÷ PyTorch | 2 | " + " | ".join(row) + " |")
+print()
+print(f"CPU time taken by the host (steal) during the runs: median {statistics.median(steals):.1f}%, "
+      f"max {max(steals):.1f}% (a run with much steal is slower for reasons outside the job)")
 EOF

@@ -36,6 +36,9 @@ constexpr double kMaxSleepSeconds = 1e-3;
 // The range of SpinBudget: a spin longer than kMaxSpin is not worth its CPU on any machine.
 constexpr double kMinSpinSeconds = 2e-6;
 constexpr double kMaxSpinSeconds = 2e-3;
+// The lane whose own thread this is (nullptr on every other thread).
+thread_local const Lane* this_lanes_thread = nullptr;
+
 // The CPUs this process may run on (its affinity: ddp-run binds a rank to one core).
 int usable_cpus() {
 #if defined(__linux__)
@@ -210,13 +213,20 @@ void Lane::wait_for(LaneWork& work) {
     }
     // The front may have finished while the mutex was released: sleep only while another
     // thread is still running it (a notification before this wait would otherwise be lost).
-    if (!done_cv_.wait_until(lock, deadline, [&] { return work.done_ || !running_; })) {
+    ++sleeping_waiters_;
+    const bool woken = done_cv_.wait_until(lock, deadline, [&] { return work.done_ || !running_; });
+    --sleeping_waiters_;
+    if (!woken) {
       broken_ = true;
       throw_collective_timeout(work.what_, timeout);
     }
     wait_spin_.learn(seconds_now() - start, true);
   }
   if (work.error_) std::rethrow_exception(work.error_);
+}
+
+bool Lane::may_spin_here() const {
+  return spare_core_ || this_lanes_thread != this || sleeping_waiters_.load() > 0;
 }
 
 void Lane::wait_until(const std::function<bool()>& done) {
@@ -233,6 +243,7 @@ void Lane::wait_until(const std::function<bool()>& done) {
 }
 
 void Lane::loop() {
+  this_lanes_thread = this;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     work_cv_.wait(lock, [&] { return !running_ && (stop_ || !queue_.empty()); });

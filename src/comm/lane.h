@@ -103,6 +103,12 @@ class Lane {
   /// Raised when a broken lane is stopped: a collective's own waits then end at once.
   const std::atomic<bool>* cancel_flag() const { return &cancel_; }
 
+  /// Whether a wait inside a collective may spin on the calling thread. Not on the lane's own
+  /// thread while it shares the rank's only core with a training thread that is computing: a
+  /// spin there takes the core from backward (and, beside another program, from the rank's
+  /// share of it). Always on a thread that waits for the lane, or once one sleeps waiting.
+  bool may_spin_here() const;
+
   /// After a broken lane: cancels what is queued or polling and stops the thread if it can
   /// within a second, else detaches it. Returns true when the thread had to be left running
   /// (inside a blocking MPI call): the lane must then be leaked, not destroyed.
@@ -125,6 +131,7 @@ class Lane {
   std::deque<std::shared_ptr<LaneWork>> queue_;
   std::atomic<bool> running_{false};  // some thread is executing the front collective (mutex)
   SpinBudget wait_spin_;  // for waiting on a collective another thread runs
+  std::atomic<int> sleeping_waiters_{0};  // threads asleep in wait_for()
   const bool spare_core_;  // the lane's thread can run beside the waiter
   bool stop_ = false;
   bool exited_ = false;

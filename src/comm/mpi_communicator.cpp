@@ -198,7 +198,8 @@ class MpiCommunicator : public Communicator {
 
   // The node's barrier for the shared-memory allreduce, with the lane's deadline.
   void node_barrier(SpinBudget& spin) {
-    switch (barrier_->arrive_and_wait(lane_->timeout(), lane_->cancel_flag(), spin)) {
+    SpinBudget& budget = lane_->may_spin_here() ? spin : no_spin_;
+    switch (barrier_->arrive_and_wait(lane_->timeout(), lane_->cancel_flag(), budget)) {
       case WaitResult::Done:
         return;
       case WaitResult::TimedOut:
@@ -300,6 +301,7 @@ class MpiCommunicator : public Communicator {
   MPI_Win control_window_ = MPI_WIN_NULL;
   std::unique_ptr<ShmBarrier> barrier_;
   SpinBudget spin_[3];  // one per barrier of the shared-memory allreduce: their waits differ
+  SpinBudget no_spin_{false};  // where Lane::may_spin_here() says no
   std::vector<float*> peers_;  // every rank's arena, mapped here
   float* arena_ = nullptr;
   size_t arena_numel_ = 0;

@@ -183,3 +183,22 @@ TEST_CASE("lane: a polled wait inside a collective ends at the deadline with its
   CHECK(lane.broken());
   CHECK_FALSE(lane.stop_broken());  // nothing is stuck: the thread ends and is joined
 }
+
+TEST_CASE("lane: on a core shared with the training thread, the lane's thread spins only while "
+          "the training thread waits", "[comm]") {
+  ddp::Lane lane(/*spin=*/false);  // as for a rank bound to one core: no spare core
+  CHECK(lane.may_spin_here());     // the training thread itself has nothing else to run
+  bool while_computing = true, while_waiting = false;
+  auto probe = lane.submit("allreduce of 1 floats", [&] {
+    while_computing = lane.may_spin_here();
+    // Until the submitting thread sleeps in wait() (a generous bound: it starts in 50 ms).
+    const double start = ddp::seconds_now();
+    while (!lane.may_spin_here() && ddp::seconds_now() - start < 30)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while_waiting = lane.may_spin_here();
+  }, nullptr, /*any_thread=*/false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // "backward"
+  probe->wait();
+  CHECK_FALSE(while_computing);
+  CHECK(while_waiting);
+}
