@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp/backend.h"
-#include "ddp/check.h"
-#include "ddp/cuda.h"
-#include "ddp/random.h"
-#include "ddp/tensor.h"
+#include "core/check.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda.h"
 
 // The library's DDP_CUDA_CHECK lives in a header that only nvcc can compile; this file is C++.
 #define BENCH_CUDA_CHECK(call)                                              \

@@ -1,7 +1,7 @@
 // ddp_bench_gemm: the single-core GEMM ceiling (Eigen, 1024^3) and the CPU backend's Linear
 // kernels at the Fashion-MNIST model's shapes, as a table; plus the FLOPs of one training step,
 // which bench/compare_ddp.sh uses to turn samples/s into GFLOP/s.
-#include "cpu/eigen_core.h"  // first: see there
+#include "kernels/cpu/eigen_core.h"  // first: see there
 
 #include <algorithm>
 #include <chrono>
@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp/backend.h"
-#include "ddp/check.h"
-#include "ddp/nn/sequential.h"
-#include "ddp/random.h"
-#include "ddp/tensor.h"
+#include "core/check.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "nn/sequential.h"
 
 namespace ddp {
 namespace {

@@ -126,6 +126,16 @@ for c in $cases; do
     result="FAILED (no model.safetensors: see $work/$c.*.log)"; status=1
   elif cmp -s "$a" "$b"; then
     result="identical ($(stat -c %s "$b") bytes)"
+    # The checkpoints a case wrote, file by file (their metadata too).
+    for ck in "$work/$c.baseline"/checkpoints/*.safetensors; do
+      [[ -e "$ck" ]] || continue
+      other="$work/$c.current/checkpoints/$(basename "$ck")"
+      if cmp -s "$ck" "$other"; then
+        result+=", $(basename "$ck") identical"
+      else
+        result="DIFFERENT: checkpoints/$(basename "$ck")"; status=1
+      fi
+    done
   else
     result="DIFFERENT"; status=1
   fi

@@ -111,6 +111,11 @@ struct TrainConfig {
   OutputConfig output;
   CheckpointConfig checkpoint;
   std::string source;  ///< the file it was loaded from ("" if built in code)
+
+  /// Samples per optimizer step over all ranks: batch_size x accumulate_steps x world.
+  int64_t global_batch(int world) const {
+    return training.batch_size * training.accumulate_steps * world;
+  }
 };
 
 /// Loads `path`, applies `overrides` ("key.path=value", value parsed as YAML), validates.

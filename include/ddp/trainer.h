@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "ddp/checkpoint.h"
-#include "ddp/comm.h"
 #include "ddp/config.h"
+#include "ddp/safetensors.h"
 
 namespace ddp {
+
+class Communicator;  // src/dist/communicator.h: the ranks of the job and their collectives
 
 struct TrainSummary {
   int64_t epochs = 0;    ///< epochs started
@@ -41,11 +42,6 @@ struct TrainSummary {
   /// Share of allreduce time hidden behind backward (1 when nothing was communicated).
   double overlap() const { return comm_seconds > 0 ? hidden_seconds / comm_seconds : 1.0; }
 };
-
-/// Runs fn on every rank of comm. If it throws ddp::Error (or any std::exception) on any rank,
-/// every rank throws a CollectiveError with the message of the lowest failing rank, so a
-/// setup failure ends the whole job with one message and no rank left waiting.
-void run_agreed(Communicator& comm, const std::function<void()>& fn);
 
 class Trainer {
  public:

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <string_view>
 
-#include "ddp/check.h"
-#include "ddp/data/dataset.h"
+#include "core/check.h"
+#include "data/dataset.h"
 
 namespace ddp {
 

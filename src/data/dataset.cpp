@@ -1,10 +1,10 @@
 // Dataset checks against the model shape, and building a split from the data config: the one
 // place that knows which config fields each format reads.
-#include "ddp/data/dataset.h"
+#include "data/dataset.h"
 
 #include <filesystem>
 
-#include "ddp/check.h"
+#include "core/check.h"
 
 namespace ddp {
 

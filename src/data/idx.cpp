@@ -9,8 +9,8 @@
 #include <iomanip>
 #include <sstream>
 
-#include "ddp/check.h"
-#include "ddp/data/dataset.h"
+#include "core/check.h"
+#include "data/dataset.h"
 
 namespace ddp {
 

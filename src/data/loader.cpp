@@ -1,13 +1,13 @@
 // The prefetching batch loader. The worker fills batch k into slot k % slots outside the lock;
 // a slot is reused only after the consumer has moved past it, and start_epoch waits for an
 // in-flight fill to finish, so no slot is read while it is being written.
-#include "ddp/data/loader.h"
+#include "data/loader.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "ddp/check.h"
+#include "core/check.h"
 
 namespace ddp {
 

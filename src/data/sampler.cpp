@@ -1,12 +1,12 @@
 // DistributedSampler with torch's arithmetic, and the unpadded evaluation shard. Every rank
 // computes the same global order from (seed + epoch) and takes a stride-world slice of it.
-#include "ddp/data/sampler.h"
+#include "data/sampler.h"
 
 #include <numeric>
 #include <utility>
 
-#include "ddp/check.h"
-#include "ddp/random.h"
+#include "core/check.h"
+#include "core/random.h"
 
 namespace ddp {
 

@@ -1,8 +1,8 @@
 // The seed tutorial's random data (torch.randn(N, d) then torch.randint(0, C, (N,))), from our
 // portable Rng so the same seed gives the same dataset on every machine and every rank.
-#include "ddp/check.h"
-#include "ddp/data/dataset.h"
-#include "ddp/random.h"
+#include "core/check.h"
+#include "core/random.h"
+#include "data/dataset.h"
 
 namespace ddp {
 

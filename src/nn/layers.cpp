@@ -1,7 +1,7 @@
 // Linear and ReLU layers over the Backend kernels.
-#include "ddp/nn/layers.h"
+#include "nn/layers.h"
 
-#include "ddp/check.h"
+#include "core/check.h"
 
 namespace ddp {
 

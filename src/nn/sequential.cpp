@@ -1,11 +1,11 @@
 // Sequential MLP: construction from widths, binding to flat storage, init, forward, backward.
-#include "ddp/nn/sequential.h"
+#include "nn/sequential.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
-#include "ddp/check.h"
+#include "core/check.h"
 
 namespace ddp {
 

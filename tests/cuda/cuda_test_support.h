@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp/backend.h"
-#include "ddp/check.h"
-#include "ddp/cuda.h"
-#include "ddp/random.h"
-#include "ddp/tensor.h"
+#include "core/check.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda.h"
 
 // Every CUDA test carries these tags; the emulated run adds [emu] so either can be selected.
 #if defined(DDP_CUDA_EMULATION)

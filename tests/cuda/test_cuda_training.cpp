@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cuda_test_support.h"
-#include "ddp/nn/sequential.h"
+#include "nn/sequential.h"
 
 namespace {
 

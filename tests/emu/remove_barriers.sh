@@ -59,6 +59,6 @@ while IFS=: read -r file line _; do
     ((caught_serial)) || status=1
   fi
   cp "$work/saved" "$file"
-done < <(grep -n -E '__sync(threads|warp)\(' src/cuda/kernels/*.cuh src/cuda/*.cu | grep -v -E '^[^:]+:[0-9]+:\s*//')
+done < <(grep -n -E '__sync(threads|warp)\(' src/kernels/cuda/*.cuh src/kernels/cuda/*.cu | grep -v -E '^[^:]+:[0-9]+:\s*//')
 build
 exit "$status"

@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernels/elementwise.cuh"
-#include "cuda/kernels/gemm.cuh"
-#include "cuda/kernels/reductions.cuh"
 #include "cuda_emu.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/reductions.cuh"
 
 namespace {
 
@@ -288,7 +288,7 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
   static const std::regex registered(R"(^\s*DDP_EMU_SHARED\((\w+)\);)");
   int arrays = 0;
   for (const auto& entry :
-       std::filesystem::recursive_directory_iterator(std::string(DDP_SOURCE_DIR) + "/src/cuda")) {
+       std::filesystem::recursive_directory_iterator(std::string(DDP_SOURCE_DIR) + "/src/kernels/cuda")) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".cu" && ext != ".cuh") continue;
     std::ifstream in(entry.path());

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ddp/data/dataset.h"
+#include "data/dataset.h"
 #include "fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <map>
 
-#include "ddp/checkpoint.h"
+#include "ddp/safetensors.h"
 #include "fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -12,7 +12,7 @@
 #include <string>
 #include <typeinfo>
 
-#include "ddp/check.h"
+#include "core/check.h"
 
 namespace ddp::fuzz {
 

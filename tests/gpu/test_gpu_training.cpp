@@ -12,11 +12,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "ddp/check.h"
-#include "ddp/comm.h"
-#include "ddp/cuda.h"
-#include "ddp/cuda_comm.h"
+#include "core/check.h"
 #include "ddp/trainer.h"
+#include "dist/communicator.h"
+#include "dist/device_communicators.h"
+#include "dist/mpi/mpi_communicator.h"
+#include "kernels/cuda/cuda.h"
 #include "mpi_test_helpers.h"
 
 namespace {

@@ -8,10 +8,12 @@
 #include <string>
 #include <thread>
 
-#include "ddp/check.h"
-#include "ddp/clock.h"
-#include "ddp/comm.h"
+#include "core/check.h"
+#include "core/clock.h"
 #include "ddp/trainer.h"
+#include "dist/agreement.h"
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
 using ddp_test::require_on_all_ranks;

@@ -8,9 +8,10 @@
 #include <cstring>
 #include <filesystem>
 
-#include "ddp/check.h"
-#include "ddp/comm.h"
+#include "core/check.h"
 #include "ddp/trainer.h"
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
 namespace {

@@ -9,12 +9,14 @@
 #include <filesystem>
 #include <functional>
 
-#include "ddp/check.h"
-#include "ddp/comm.h"
-#include "ddp/stop.h"
+#include "core/check.h"
 #include "ddp/trainer.h"
-#include "ddp/training_checkpoint.h"
+#include "dist/agreement.h"
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_communicator.h"
+#include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
+#include "train/stop_request.h"
 
 namespace {
 

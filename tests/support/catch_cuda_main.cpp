@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "ddp/cuda.h"
+#include "kernels/cuda/cuda.h"
 
 int main(int argc, char** argv) {
   std::string why;

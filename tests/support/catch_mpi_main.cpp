@@ -10,8 +10,8 @@
 #include <iostream>
 #include <string>
 
-#include "ddp/check.h"
-#include "ddp/cuda.h"
+#include "core/check.h"
+#include "kernels/cuda/cuda.h"
 
 int main(int argc, char** argv) {
   int provided = 0;

@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp/checkpoint.h"
-#include "ddp/comm.h"
+#include "ddp/safetensors.h"
 #include "ddp/trainer.h"
+#include "dist/agreement.h"
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_communicator.h"
 
 namespace ddp_test {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/check.h"
-#include "ddp/random.h"
+#include "core/check.h"
+#include "core/random.h"
 
 namespace ddp_test {
 

@@ -1,0 +1,760 @@
+// YAML loader for TrainConfig: parses the file, applies --set overrides, maps every key with
+// strict types (unknown keys are errors), validates, and prints the effective config back.
+// Every message reads "<origin>: <key.path>: <problem>" so a user can find and fix the value.
+#include "ddp/config.h"
+
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include "core/check.h"
+#include "kernels/cuda/cuda.h"
+
+namespace ddp {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Where a value came from, and how errors name it.
+
+/// The file name for messages, plus the key paths that --set overrides wrote (in order).
+struct Origin {
+  std::string file;
+  std::vector<std::string> override_keys;
+};
+
+std::string join_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+/// True when `path` lies strictly inside `prefix` ("model.layers" contains "model.layers[1]").
+bool path_inside(const std::string& prefix, const std::string& path) {
+  return path.size() > prefix.size() && path.compare(0, prefix.size(), prefix) == 0 &&
+         (path[prefix.size()] == '.' || path[prefix.size()] == '[');
+}
+
+/// "file: key.path", or "--set K" / "--set K: key.path" when the value came from override K
+/// (the override set this key, a section above it, or created the section it names).
+std::string locate(const Origin& origin, const std::string& path) {
+  for (auto it = origin.override_keys.rbegin(); it != origin.override_keys.rend(); ++it) {
+    if (*it == path) return "--set " + *it;
+    if (path_inside(*it, path) || path_inside(path, *it)) return "--set " + *it + ": " + path;
+  }
+  return origin.file + ": " + path;
+}
+
+[[noreturn]] void fail(const Origin& origin, const std::string& path, const std::string& what) {
+  DDP_THROW(locate(origin, path) << ": " << what);
+}
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "an empty value";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "'" + node.Scalar() + "'";
+  }
+}
+
+/// Shortest text that reads back as exactly `v` (0.1 prints as 0.1, not 0.10000000000000001).
+std::string format_double(double v) {
+  char buf[40];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it visibly a float
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strict scalar conversion. yaml-cpp's as<T>() accepts "yes" for bools and truncates nothing
+// helpful for ints, so every key type is parsed here with its own rule and message.
+
+bool is_integer_text(const std::string& s) {
+  size_t start = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  return start < s.size() && s.find_first_not_of("0123456789", start) == std::string::npos;
+}
+
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                int64_t& out) {
+  if (!node.IsScalar()) fail(origin, path, "expected an integer, got " + describe(node));
+  const std::string& s = node.Scalar();
+  if (!is_integer_text(s)) fail(origin, path, "expected an integer, got '" + s + "'");
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) fail(origin, path, "integer out of range, got '" + s + "'");
+  out = static_cast<int64_t>(v);
+}
+
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                uint64_t& out) {
+  if (!node.IsScalar()) fail(origin, path, "expected an integer, got " + describe(node));
+  const std::string& s = node.Scalar();
+  if (!is_integer_text(s)) fail(origin, path, "expected an integer, got '" + s + "'");
+  if (s[0] == '-') fail(origin, path, "must be >= 0, got " + s);
+  errno = 0;
+  unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) fail(origin, path, "integer out of range, got '" + s + "'");
+  out = static_cast<uint64_t>(v);
+}
+
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                double& out) {
+  if (!node.IsScalar()) fail(origin, path, "expected a number, got " + describe(node));
+  const std::string& s = node.Scalar();
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  bool whole = !s.empty() && end == s.c_str() + s.size();
+  if (!whole || !std::isfinite(v) || s.find_first_of("xX") != std::string::npos) {
+    fail(origin, path, "expected a finite number, got '" + s + "'");
+  }
+  out = v;
+}
+
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin, bool& out) {
+  if (!node.IsScalar()) fail(origin, path, "expected true or false, got " + describe(node));
+  const std::string& s = node.Scalar();
+  if (s == "true" || s == "True" || s == "TRUE") {
+    out = true;
+  } else if (s == "false" || s == "False" || s == "FALSE") {
+    out = false;
+  } else {
+    fail(origin, path, "expected true or false, got '" + s + "'");
+  }
+}
+
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                std::string& out) {
+  if (node.IsNull()) {  // "init_from:" or "init_from: ~" means "not set"
+    out.clear();
+    return;
+  }
+  if (!node.IsScalar()) fail(origin, path, "expected a string, got " + describe(node));
+  out = node.Scalar();
+}
+
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                std::vector<int64_t>& out) {
+  if (!node.IsSequence()) fail(origin, path, "expected a list of integers, got " + describe(node));
+  std::vector<int64_t> values(node.size());
+  for (size_t i = 0; i < node.size(); ++i) {
+    read_value(node[i], path + "[" + std::to_string(i) + "]", origin, values[i]);
+  }
+  out = values;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Format-specific keys: which data.format a key belongs to (reader, writer and validator agree).
+
+bool is_known_format(const std::string& format) {
+  return format == "idx" || format == "synthetic" || format == "csv";
+}
+
+/// The one format a key applies to, or "" for keys every format uses.
+std::string owner_format(const std::string& path) {
+  if (path == "data.csv_header") return "csv";
+  if (path == "data.seed") return "synthetic";
+  bool in_split = path.rfind("data.train.", 0) == 0 || path.rfind("data.test.", 0) == 0;
+  if (!in_split) return "";
+  std::string leaf = path.substr(path.rfind('.') + 1);
+  if (leaf == "images" || leaf == "labels") return "idx";
+  if (leaf == "path") return "csv";
+  if (leaf == "samples") return "synthetic";
+  return "";
+}
+
+bool key_applies(const std::string& format, const std::string& path) {
+  std::string owner = owner_format(path);
+  return owner.empty() || !is_known_format(format) || owner == format;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One description of the key tree, walked by the reader (YAML -> struct) and the writer
+// (struct -> YAML), so the two cannot disagree about names, nesting or order.
+
+template <typename V>
+void visit_split(SplitSource& s, V& v) {
+  v.field("images", s.images);
+  v.field("labels", s.labels);
+  v.field("path", s.path);
+  v.field("samples", s.samples);
+}
+
+template <typename V>
+void visit_data(DataConfig& d, V& v) {
+  v.field("format", d.format);
+  v.field("dir", d.dir);
+  v.section("train", [&](V& sub) { visit_split(d.train, sub); });
+  v.section("test", [&](V& sub) { visit_split(d.test, sub); });
+  v.field("shuffle", d.shuffle);
+  v.field("drop_last", d.drop_last);
+  v.field("csv_header", d.csv_header);
+  v.field("seed", d.seed);
+  v.field("prefetch", d.prefetch);
+}
+
+template <typename V>
+void visit_model(ModelConfig& m, V& v) {
+  v.field("layers", m.layers);
+  v.field("activation", m.activation);
+  v.field("init_from", m.init_from);
+}
+
+template <typename V>
+void visit_optimizer(OptimizerConfig& o, V& v) {
+  v.field("name", o.name);
+  v.field("lr", o.lr);
+  v.field("momentum", o.momentum);
+  v.field("dampening", o.dampening);
+  v.field("weight_decay", o.weight_decay);
+  v.field("nesterov", o.nesterov);
+}
+
+template <typename V>
+void visit_training(TrainingConfig& t, V& v) {
+  v.field("epochs", t.epochs);
+  v.field("batch_size", t.batch_size);
+  v.field("accumulate_steps", t.accumulate_steps);
+  v.field("seed", t.seed);
+  v.field("log_every", t.log_every);
+  v.field("max_steps", t.max_steps);
+  v.field("print_shapes", t.print_shapes);
+  v.field("resume", t.resume);
+  v.field("nan_policy", t.nan_policy);
+}
+
+template <typename V>
+void visit_config(TrainConfig& c, V& v) {
+  v.field("device", c.device);
+  v.section("model", [&](V& s) { visit_model(c.model, s); });
+  v.section("data", [&](V& s) { visit_data(c.data, s); });
+  v.section("optimizer", [&](V& s) { visit_optimizer(c.optimizer, s); });
+  v.section("training", [&](V& s) { visit_training(c.training, s); });
+  v.section("distributed", [&](V& s) {
+    s.field("backend", c.distributed.backend);
+    s.field("bucket_cap_mb", c.distributed.bucket_cap_mb);
+    s.field("first_bucket_mb", c.distributed.first_bucket_mb);
+    s.field("shared_memory", c.distributed.shared_memory);
+    s.field("gpus", c.distributed.gpus);
+    s.field("nccl_algo", c.distributed.nccl_algo);
+    s.field("timeout_s", c.distributed.timeout_s);
+  });
+  v.section("output", [&](V& s) {
+    s.field("dir", c.output.dir);
+    s.field("save_model", c.output.save_model);
+    s.field("trace", c.output.trace);
+    s.field("trace_steps", c.output.trace_steps);
+  });
+  v.section("checkpoint", [&](V& s) {
+    s.field("dir", c.checkpoint.dir);
+    s.field("every_steps", c.checkpoint.every_steps);
+    s.field("every_epochs", c.checkpoint.every_epochs);
+    s.field("keep_last", c.checkpoint.keep_last);
+  });
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// Reads a map node into struct fields; remembers the keys it knows so that finish() can
+/// reject the rest (a typo must not silently fall back to a default).
+class Reader {
+ public:
+  Reader(const YAML::Node& node, std::string path, const Origin& origin)
+      : node_(node), path_(std::move(path)), origin_(origin) {
+    if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap()) {
+      fail(origin_, path_, "expected a map of keys, got " + describe(node_));
+    }
+  }
+
+  template <typename T>
+  void field(const char* key, T& out) {
+    known_.emplace_back(key);
+    YAML::Node child = lookup(key);
+    if (child.IsDefined()) read_value(child, join_path(path_, key), origin_, out);
+  }
+
+  template <typename Visit>
+  void section(const char* key, Visit visit) {
+    known_.emplace_back(key);
+    Reader sub(lookup(key), join_path(path_, key), origin_);
+    visit(sub);
+    sub.finish();
+  }
+
+  /// Rejects unknown and repeated keys (yaml-cpp keeps both copies of a repeated key).
+  void finish() const {
+    if (!node_.IsDefined() || !node_.IsMap()) return;
+    std::vector<std::string> seen;
+    for (const auto& kv : node_) {
+      if (!kv.first.IsScalar()) {
+        fail(origin_, path_.empty() ? "(top level)" : path_,
+             "keys must be plain names, got " + describe(kv.first));
+      }
+      const std::string& key = kv.first.Scalar();
+      std::string path = join_path(path_, key);
+      if (std::find(known_.begin(), known_.end(), key) == known_.end()) {
+        fail(origin_, path, unknown_key_message(key));
+      }
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        fail(origin_, path, "duplicate key");
+      seen.push_back(key);
+    }
+  }
+
+ private:
+  YAML::Node lookup(const char* key) const {
+    if (!node_.IsDefined() || !node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& map = node_;  // const access: a lookup must not insert the key
+    return map[key];
+  }
+
+  std::string unknown_key_message(const std::string& key) const {
+    std::ostringstream oss;
+    oss << "unknown key";
+    size_t best = 3;  // suggest only near misses (at most 2 edits) of keys longer than 2
+    std::string guess;
+    for (const auto& k : known_) {
+      size_t d = edit_distance(key, k);
+      if (d < best && key.size() > 2) {
+        best = d;
+        guess = k;
+      }
+    }
+    if (!guess.empty()) oss << ", did you mean '" << guess << "'?";
+    oss << " (known " << (path_.empty() ? "top-level keys" : "keys in " + path_) << ": ";
+    for (size_t i = 0; i < known_.size(); ++i) oss << (i ? ", " : "") << known_[i];
+    oss << ")";
+    return oss.str();
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  const Origin& origin_;
+  std::vector<std::string> known_;
+};
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_value(const std::string& v) { return quote(v); }
+std::string format_value(int64_t v) { return std::to_string(v); }
+std::string format_value(uint64_t v) { return std::to_string(v); }
+std::string format_value(double v) { return format_double(v); }
+std::string format_value(bool v) { return v ? "true" : "false"; }
+std::string format_value(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+/// Prints struct fields as block YAML, leaving out keys that data.format does not use (the
+/// reader would reject them).
+class Writer {
+ public:
+  Writer(std::ostringstream& out, const std::string& format, std::string path, int depth)
+      : out_(out), format_(format), path_(std::move(path)), depth_(depth) {}
+
+  template <typename T>
+  void field(const char* key, T& value) {
+    if (!key_applies(format_, join_path(path_, key))) return;
+    out_ << std::string(2 * depth_, ' ') << key << ": " << format_value(value) << "\n";
+  }
+
+  template <typename Visit>
+  void section(const char* key, Visit visit) {
+    out_ << std::string(2 * depth_, ' ') << key << ":\n";
+    Writer sub(out_, format_, join_path(path_, key), depth_ + 1);
+    visit(sub);
+  }
+
+ private:
+  std::ostringstream& out_;
+  const std::string& format_;
+  std::string path_;
+  int depth_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Parsing the document and applying --set overrides.
+
+struct Override {
+  std::string key;                 ///< normalised dotted path
+  std::vector<std::string> parts;  ///< the path's components
+  YAML::Node value;
+};
+
+std::string trim(const std::string& s) {
+  size_t begin = s.find_first_not_of(" \t");
+  if (begin == std::string::npos) return "";
+  return s.substr(begin, s.find_last_not_of(" \t") - begin + 1);
+}
+
+Override parse_override(const std::string& arg) {
+  size_t eq = arg.find('=');
+  Override ov;
+  ov.key = eq == std::string::npos ? "" : trim(arg.substr(0, eq));
+  std::stringstream ss(ov.key);
+  for (std::string part; std::getline(ss, part, '.');) ov.parts.push_back(part);
+  bool ok = !ov.key.empty() && ov.key.back() != '.' &&
+            std::none_of(ov.parts.begin(), ov.parts.end(),
+                         [](const std::string& p) { return p.empty(); });
+  DDP_CHECK(ok, "--set " << arg << ": expected key.path=value");
+  try {
+    ov.value = YAML::Load(arg.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    DDP_THROW("--set " << arg << ": invalid YAML value: " << e.msg);
+  }
+  return ov;
+}
+
+/// Sets ov.key in the tree, creating missing (or empty) sections on the way.
+void apply_override(YAML::Node& root, const Override& ov) {
+  YAML::Node node = root;  // node handles share identity; reset() re-points them
+  std::string path;
+  for (size_t i = 0; i + 1 < ov.parts.size(); ++i) {
+    const std::string& part = ov.parts[i];
+    path = join_path(path, part);
+    YAML::Node child = node[part];
+    if (!child.IsDefined() || child.IsNull()) {
+      node[part] = YAML::Node(YAML::NodeType::Map);
+      child.reset(node[part]);
+    } else if (!child.IsMap()) {
+      DDP_THROW("--set " << ov.key << ": " << path << " is " << describe(child)
+                         << ", not a section, so it has no key '" << ov.parts[i + 1] << "'");
+    }
+    node.reset(child);
+  }
+  node[ov.parts.back()] = ov.value;
+}
+
+/// Sees a document go by without building it. Counting documents with YAML::LoadAll is not
+/// safe: yaml-cpp 0.7 returns empty documents forever, allocating as it goes, when a document
+/// starts with a stray ',' (", 3]" or "- a\n,"), so the count stops at kMaxDocuments.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+constexpr int kMaxDocuments = 100;
+
+/// The single document in `text` as a map (an empty document is an empty map).
+YAML::Node parse_document(const std::string& text, const std::string& name) {
+  YAML::Node doc;
+  int docs = 0;
+  try {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentCounter counter;
+    while (docs <= kMaxDocuments && parser.HandleNextDocument(counter)) ++docs;
+    if (docs == 1) doc = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    if (e.mark.is_null()) DDP_THROW(name << ": invalid YAML: " << e.msg);
+    DDP_THROW(name << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
+                   << ": invalid YAML: " << e.msg);
+  } catch (const YAML::Exception& e) {
+    DDP_THROW(name << ": invalid YAML: " << e.msg);
+  }
+  if (docs > kMaxDocuments) {
+    DDP_THROW(name << ": expected one YAML document, found more than " << kMaxDocuments
+                   << " (a stray ',' outside [...] or {...}?)");
+  }
+  DDP_CHECK(docs <= 1, name << ": expected one YAML document, found " << docs);
+  if (docs == 0 || doc.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  DDP_CHECK(doc.IsMap(), name << ": expected a map of sections (device, model, data, ...) at the "
+                              << "top level, got " << describe(doc));
+  return doc;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
+                                                       &std::fclose);
+  if (!file) DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
+  std::string text;
+  char buf[1 << 14];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, file.get())) > 0) text.append(buf, n);
+  // fopen succeeds on a directory; the read is what fails (EISDIR).
+  if (std::ferror(file.get()))
+    DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation. Doubles are tested as !(x > 0) so that NaN fails too.
+
+void require_min(const Origin& o, const std::string& path, int64_t v, int64_t lo) {
+  if (v < lo) fail(o, path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+}
+
+void require_positive(const Origin& o, const std::string& path, double v) {
+  if (!(v > 0) || !std::isfinite(v)) fail(o, path, "must be > 0, got " + format_double(v));
+}
+
+void require_non_negative(const Origin& o, const std::string& path, double v) {
+  if (!(v >= 0) || !std::isfinite(v)) fail(o, path, "must be >= 0, got " + format_double(v));
+}
+
+void require_equal(const Origin& o, const std::string& path, const std::string& v,
+                   const char* allowed) {
+  if (v != allowed) fail(o, path, std::string("must be ") + allowed + ", got '" + v + "'");
+}
+
+void require_file(const Origin& o, const std::string& path, const std::string& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path shown = fs::absolute(file, ec);
+  if (ec) shown = file;
+  fs::file_status st = fs::status(file, ec);
+  if (!fs::exists(st)) fail(o, path, "file not found: " + shown.string());
+  if (!fs::is_regular_file(st)) fail(o, path, "not a regular file: " + shown.string());
+}
+
+void require_set(const Origin& o, const std::string& path, const std::string& v,
+                 const std::string& format) {
+  if (v.empty()) fail(o, path, "required for data.format " + format);
+}
+
+void check_applies(const Origin& o, const DataConfig& d, const std::string& path, bool is_set) {
+  if (!is_set || key_applies(d.format, path)) return;
+  std::string hint = path == "data.seed" ? "; the shuffle seed is training.seed" : "";
+  fail(
+      o, path,
+      "does not apply to data.format " + d.format + " (only to " + owner_format(path) + hint + ")");
+}
+
+void check_format_keys(const Origin& o, const DataConfig& d) {
+  for (const SplitSource* s : {&d.train, &d.test}) {
+    std::string base = s == &d.train ? "data.train." : "data.test.";
+    check_applies(o, d, base + "images", !s->images.empty());
+    check_applies(o, d, base + "labels", !s->labels.empty());
+    check_applies(o, d, base + "path", !s->path.empty());
+    check_applies(o, d, base + "samples", s->samples != 0);
+  }
+  check_applies(o, d, "data.csv_header", d.csv_header);
+  check_applies(o, d, "data.seed", d.seed != 0);
+}
+
+void validate_idx(const Origin& o, const DataConfig& d) {
+  require_set(o, "data.train.images", d.train.images, "idx");
+  require_set(o, "data.train.labels", d.train.labels, "idx");
+  require_file(o, "data.train.images", resolve_data_path(d, d.train.images));
+  require_file(o, "data.train.labels", resolve_data_path(d, d.train.labels));
+  if (d.test.images.empty() != d.test.labels.empty()) {
+    bool images_missing = d.test.images.empty();
+    fail(o, images_missing ? "data.test.images" : "data.test.labels",
+         std::string("required when ") +
+             (images_missing ? "data.test.labels" : "data.test.images") +
+             " is set (a test split needs both images and labels)");
+  }
+  if (d.test.images.empty()) return;
+  require_file(o, "data.test.images", resolve_data_path(d, d.test.images));
+  require_file(o, "data.test.labels", resolve_data_path(d, d.test.labels));
+}
+
+void validate_data(const Origin& o, const DataConfig& d) {
+  if (!is_known_format(d.format)) {
+    fail(o, "data.format", "must be one of idx, synthetic, csv; got '" + d.format + "'");
+  }
+  check_format_keys(o, d);
+  if (d.format == "idx") {
+    validate_idx(o, d);
+  } else if (d.format == "csv") {
+    require_set(o, "data.train.path", d.train.path, "csv");
+    require_file(o, "data.train.path", resolve_data_path(d, d.train.path));
+    if (!d.test.path.empty()) require_file(o, "data.test.path", resolve_data_path(d, d.test.path));
+  } else {
+    require_min(o, "data.train.samples", d.train.samples, 1);
+    require_min(o, "data.test.samples", d.test.samples, 0);
+  }
+  require_min(o, "data.prefetch", d.prefetch, 1);
+}
+
+void validate_model(const Origin& o, const ModelConfig& m) {
+  if (m.layers.size() < 2) {
+    fail(o, "model.layers",
+         "needs at least 2 widths (input and output), got " + std::to_string(m.layers.size()));
+  }
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    require_min(o, "model.layers[" + std::to_string(i) + "]", m.layers[i], 1);
+  }
+  require_equal(o, "model.activation", m.activation, "relu");
+  if (!m.init_from.empty()) require_file(o, "model.init_from", m.init_from);
+}
+
+void validate_optimizer(const Origin& o, const OptimizerConfig& opt) {
+  require_equal(o, "optimizer.name", opt.name, "sgd");
+  require_positive(o, "optimizer.lr", opt.lr);
+  require_non_negative(o, "optimizer.momentum", opt.momentum);
+  require_non_negative(o, "optimizer.dampening", opt.dampening);
+  require_non_negative(o, "optimizer.weight_decay", opt.weight_decay);
+  if (opt.nesterov && !(opt.momentum > 0 && opt.dampening == 0)) {
+    fail(o, "optimizer.nesterov",
+         "requires momentum > 0 and dampening == 0 (as in PyTorch), got momentum " +
+             format_double(opt.momentum) + ", dampening " + format_double(opt.dampening));
+  }
+}
+
+void validate_training(const Origin& o, const TrainingConfig& t) {
+  require_min(o, "training.epochs", t.epochs, 1);
+  require_min(o, "training.batch_size", t.batch_size, 1);
+  require_min(o, "training.accumulate_steps", t.accumulate_steps, 1);
+  require_min(o, "training.log_every", t.log_every, 0);
+  require_min(o, "training.max_steps", t.max_steps, 0);
+  if (t.nan_policy != "abort" && t.nan_policy != "skip_step") {
+    fail(o, "training.nan_policy", "must be abort or skip_step; got '" + t.nan_policy + "'");
+  }
+  // training.resume is not checked here: only rank 0 reads the checkpoint (other nodes may not
+  // see the file), and it reports a missing one.
+}
+
+void validate_checkpoint(const Origin& o, const CheckpointConfig& c) {
+  require_min(o, "checkpoint.every_steps", c.every_steps, 0);
+  require_min(o, "checkpoint.every_epochs", c.every_epochs, 0);
+  require_min(o, "checkpoint.keep_last", c.keep_last, 0);
+  if (c.every_steps > 0 && c.every_epochs > 0) {
+    fail(o, "checkpoint.every_epochs",
+         "set either checkpoint.every_steps or checkpoint.every_epochs, not both");
+  }
+}
+
+void validate_rest(const Origin& o, const TrainConfig& c) {
+  const auto& d = c.distributed;
+  if (d.backend != "mpi" && d.backend != "nccl" && d.backend != "auto") {
+    fail(o, "distributed.backend", "must be one of auto, mpi, nccl; got '" + d.backend + "'");
+  }
+  if (d.backend == "nccl" && !cuda_built()) {
+    fail(o, "distributed.backend", "nccl needs the CUDA build; this build supports mpi");
+  }
+  if (d.backend == "nccl" && c.device == "cpu") {
+    fail(o, "distributed.backend",
+         "nccl moves GPU memory and needs device: cuda (or auto); with device: cpu use mpi");
+  }
+  require_positive(o, "distributed.bucket_cap_mb", d.bucket_cap_mb);
+  require_positive(o, "distributed.first_bucket_mb", d.first_bucket_mb);
+  for (size_t i = 0; i < d.gpus.size(); ++i) {
+    require_min(o, "distributed.gpus[" + std::to_string(i) + "]", d.gpus[i], 0);
+  }
+  if (d.nccl_algo != "ring" && d.nccl_algo != "auto") {
+    fail(o, "distributed.nccl_algo", "must be ring or auto; got '" + d.nccl_algo + "'");
+  }
+  require_positive(o, "distributed.timeout_s", d.timeout_s);
+  if (c.output.dir.empty()) fail(o, "output.dir", "must not be empty");
+  require_min(o, "output.trace_steps", c.output.trace_steps, 0);
+}
+
+void validate(const Origin& o, const TrainConfig& c) {
+  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
+    fail(o, "device", "must be one of cpu, cuda, auto; got '" + c.device + "'");
+  }
+  if (c.device == "cuda" && !cuda_built()) {
+    fail(o, "device",
+         "cuda is not available in this build (built without the CUDA toolkit); use cpu or auto");
+  }
+  validate_model(o, c.model);
+  validate_data(o, c.data);
+  validate_optimizer(o, c.optimizer);
+  validate_training(o, c.training);
+  validate_checkpoint(o, c.checkpoint);
+  validate_rest(o, c);
+}
+
+}  // namespace
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_config(read_text_file(path), path, overrides);
+}
+
+TrainConfig parse_config(const std::string& yaml_text, const std::string& name,
+                         const std::vector<std::string>& overrides) {
+  std::vector<Override> parsed;
+  for (const auto& arg : overrides) parsed.push_back(parse_override(arg));
+  YAML::Node root = parse_document(yaml_text, name);
+  Origin origin{name, {}};
+  for (const auto& ov : parsed) {
+    apply_override(root, ov);
+    origin.override_keys.push_back(ov.key);
+  }
+  TrainConfig cfg;
+  try {
+    Reader reader(root, "", origin);
+    visit_config(cfg, reader);
+    reader.finish();
+  } catch (const YAML::Exception& e) {  // a safety net: the reader checks node types first
+    DDP_THROW(name << ": " << e.what());
+  }
+  cfg.source = name;
+  validate(origin, cfg);
+  return cfg;
+}
+
+void validate_config(const TrainConfig& cfg) {
+  validate(Origin{cfg.source.empty() ? "<config>" : cfg.source, {}}, cfg);
+}
+
+std::string to_yaml(const TrainConfig& cfg) {
+  TrainConfig copy = cfg;  // the visitor hands out mutable references; the writer only reads
+  std::ostringstream out;
+  out << "# Effective configuration: every key, defaults included (see docs/config.md).\n";
+  Writer writer(out, copy.data.format, "", 0);
+  visit_config(copy, writer);
+  return out.str();
+}
+
+std::string resolve_data_path(const DataConfig& data, const std::string& path) {
+  if (path.empty() || data.dir.empty() || path.front() == '/') return path;
+  if (data.dir.back() == '/') return data.dir + path;
+  return data.dir + "/" + path;
+}
+
+}  // namespace ddp

@@ -1,0 +1,61 @@
+// Memory and views. A Buffer owns float storage on one device and cannot be copied (a copy of
+// a gradient arena is always a performance accident); a Tensor is a non-owning row-major 2-D
+// view {data, rows, cols} into some Buffer, the only thing kernels take.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+enum class Device { CPU, CUDA };
+
+const char* device_name(Device d);
+
+/// Owning float storage on the CPU (64-byte aligned) or a CUDA device (256-byte aligned, needs
+/// a CUDA build). Move-only. Zero-initialised.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t numel, Device device = Device::CPU);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * sizeof(float); }
+  Device device() const { return device_; }
+
+ private:
+  void release();
+  float* data_ = nullptr;
+  size_t numel_ = 0;
+  Device device_ = Device::CPU;
+};
+
+/// Non-owning row-major view of rows x cols floats. A vector of n elements is a 1 x n view.
+struct Tensor {
+  float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Device device = Device::CPU;
+
+  int64_t numel() const { return rows * cols; }
+  /// The first `n` rows of this view (a batch smaller than the allocated maximum).
+  Tensor first_rows(int64_t n) const { return Tensor{data, n, cols, device}; }
+  static Tensor of(Buffer& b, int64_t rows, int64_t cols, size_t offset = 0) {
+    return Tensor{b.data() + offset, rows, cols, b.device()};
+  }
+};
+
+/// "[784, 256]": the one way shapes are written in messages and logs.
+std::string shape_string(const std::vector<int64_t>& dims);
+std::string shape_string(int64_t rows, int64_t cols);
+
+}  // namespace ddp

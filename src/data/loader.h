@@ -1,0 +1,70 @@
+// Batches assembled from a Dataset on a prefetch thread, so gathering rows overlaps compute.
+// A ring of prefetch + 1 reusable slots (one held by the consumer, up to `prefetch` ahead):
+// no allocation after construction, and the batch contents depend only on the index order.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace ddp {
+
+struct Batch {
+  std::vector<float> x;    ///< rows*features (capacity batch_size*features, reused)
+  std::vector<int32_t> y;  ///< rows
+  int64_t rows = 0;
+  int64_t index = 0;  ///< batch number within the epoch
+};
+
+/// One consumer thread calls start_epoch/next; `ds` must outlive the Loader.
+class Loader {
+ public:
+  /// batch_size > 0, prefetch >= 0; throws ddp::Error otherwise or if ds is inconsistent.
+  Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch);
+  /// Stops and joins the worker, also in the middle of an epoch.
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  /// Begins an epoch over `indices` (in this order), abandoning any unfinished one. Indices are
+  /// checked by the worker: one outside [0, ds.size) makes next() throw ddp::Error at its batch.
+  void start_epoch(std::vector<int64_t> indices);
+  /// The next batch, or nullptr at the end of the epoch; valid until the following
+  /// next()/start_epoch(). Rethrows an exception raised by the worker for this batch.
+  const Batch* next();
+  /// Batches the current epoch yields (a final partial batch counts unless drop_last).
+  int64_t batches_in_epoch() const;
+  /// Total seconds next() spent blocked waiting for the worker (the data-wait metric).
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  void worker_loop();
+  void fill(Batch& batch, int64_t batch_index) const;
+
+  const Dataset& ds_;
+  const int64_t batch_size_;
+  const bool drop_last_;
+  std::vector<Batch> slots_;
+  std::vector<int64_t> indices_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread worker_;
+  // Guarded by mu_. Batches are numbered within the epoch; batch k lives in slot k % slots.
+  bool stop_ = false;
+  bool started_ = false;
+  bool busy_ = false;  // the worker is filling a slot outside the lock
+  int64_t total_batches_ = 0;
+  int64_t produced_ = 0;       // batches filled
+  int64_t consumed_ = 0;       // batches handed out by next()
+  int64_t released_ = 0;       // batches whose slots the consumer gave back
+  std::exception_ptr error_;   // raised while filling batch `produced_`
+  double wait_seconds_ = 0.0;  // consumer-thread only
+};
+
+}  // namespace ddp

@@ -1,0 +1,320 @@
+// MPI communicator: collectives run in submission order on the rank's communication lane
+// (lane.h), so async allreduces overlap the training thread's compute, and only one thread at a
+// time ever calls MPI (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed
+// straight out of each other's memory (an MPI shared-memory window) between futex barriers; the
+// other collectives are non-blocking MPI calls completed by a bounded, core-yielding poll.
+#include "dist/mpi/mpi_communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
+#include "core/tensor.h"
+#include "dist/mpi/lane.h"
+#include "dist/mpi/shm_barrier.h"
+
+namespace ddp {
+
+namespace {
+
+MPI_Op to_mpi(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// The average of a sum over `size` ranks.
+void divide(float* data, size_t count, int size) {
+  if (size == 1) return;
+  const float inv = 1.0f / static_cast<float>(size);
+  for (size_t i = 0; i < count; ++i) data[i] *= inv;
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) {
+    int provided = 0;
+    DDP_MPI_CHECK(MPI_Query_thread(&provided));
+    DDP_CHECK(provided >= MPI_THREAD_SERIALIZED,
+              "MPI was initialised without thread support (MPI_THREAD_SERIALIZED needed for the "
+              "communication lane)");
+    DDP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    MPI_Comm node = MPI_COMM_NULL;
+    DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    DDP_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(node, &local_size_));
+    MPI_Comm_free(&node);
+    single_node_ = local_size_ == size_;
+    // More ranks than cores on this node: a waiting rank spins on a core its peer needs.
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool spin = cores <= 0 || local_size_ <= cores;
+    for (SpinBudget& b : spin_) b = SpinBudget(spin);
+    lane_ = std::make_unique<Lane>(spin);
+  }
+
+  ~MpiCommunicator() override {
+    if (lane_->broken()) {
+      // A collective was lost: MPI may still hold requests into the arena and the window, and
+      // the lane's thread may be stuck in a blocking MPI call a peer never joined. The job is
+      // about to be aborted: leave all of it to the end of the process.
+      if (lane_->stop_broken()) lane_.release();
+      new Buffer(std::move(arena_storage_));
+      return;
+    }
+    lane_.reset();  // runs what is queued, then joins its thread
+    for (MPI_Win* w : {&window_, &control_window_}) {
+      if (*w == MPI_WIN_NULL) continue;
+      MPI_Win_unlock_all(*w);
+      MPI_Win_free(w);
+    }
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+
+  float* gradient_arena(size_t numel, bool shared) override {
+    DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
+    if (!shared || !single_node_ || size_ == 1 || numel == 0) {
+      arena_storage_ = Buffer(numel);
+      arena_ = arena_storage_.data();
+      return arena_;
+    }
+    lane_->submit("allocation of the shared gradient arena",
+                  [this, numel] { allocate_window(numel); }, nullptr, /*any_thread=*/false)
+        ->wait();
+    return arena_;
+  }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
+                                        const LaneHooks* hooks) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " floats is too large");
+    const bool shared =
+        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
+    std::string what = "allreduce of " + std::to_string(count) + " floats";
+    if (shared) {
+      const size_t offset = static_cast<size_t>(data - arena_);
+      return lane_->submit(std::move(what), [this, offset, count, average] {
+        shared_memory_allreduce(offset, count);
+        if (average) scale(arena_ + offset, count);
+      }, hooks);
+    }
+    if (count <= kPolledFloats) {
+      return lane_->submit(std::move(what), [this, data, count, average] {
+        MPI_Request request = MPI_REQUEST_NULL;
+        DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT,
+                                     MPI_SUM, comm_, &request));
+        complete(request);
+        if (average) scale(data, count);
+      }, hooks);
+    }
+    // A gradient bucket across nodes: Open MPI's blocking allreduce picks the algorithm for the
+    // message size (its non-blocking one progresses only while polled). It has no deadline, so
+    // only the lane's thread runs it and a waiter's timeout is what ends a lost one. Everything
+    // it uses is captured by value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    return lane_->submit(std::move(what), [comm, size, data, count, average] {
+      DDP_MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+      if (average) divide(data, count, size);
+    }, hooks, /*any_thread=*/false);
+  }
+
+  void allreduce(double* data, size_t count, ReduceOp op) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " doubles is too large");
+    lane_->submit("allreduce of " + std::to_string(count) + " double(s)", [this, data, count, op] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
+                                   to_mpi(op), comm_, &request));
+      complete(request);
+    })->wait();
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
+              "broadcast of " << bytes << " bytes is too large");
+    lane_->submit("broadcast of " + std::to_string(bytes) + " bytes from rank " +
+                      std::to_string(root),
+                  [this, data, bytes, root] {
+                    MPI_Request request = MPI_REQUEST_NULL;
+                    DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root,
+                                             comm_, &request));
+                    complete(request);
+                  })
+        ->wait();
+  }
+
+  void barrier() override {
+    lane_->submit("barrier", [this] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+      complete(request);
+    })->wait();
+  }
+
+  void set_timeout(double seconds) override {
+    DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
+    lane_->set_timeout(seconds);
+  }
+  double timeout() const override { return lane_->timeout(); }
+
+ private:
+  // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
+  // collectives; larger ones are gradient buckets across nodes.
+  static constexpr size_t kPolledFloats = 1024;
+
+  void scale(float* data, size_t count) const { divide(data, count, size_); }
+
+  // Completes a non-blocking MPI call by polling it (each MPI_Test also progresses MPI), within
+  // the lane's deadline and yielding the core while the peers are late.
+  void complete(MPI_Request& request) {
+    lane_->wait_until([&request] {
+      int flag = 0;
+      DDP_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      return flag != 0;
+    });
+  }
+
+  // The node's barrier for the shared-memory allreduce, with the lane's deadline.
+  void node_barrier(SpinBudget& spin) {
+    SpinBudget& budget = lane_->may_spin_here() ? spin : no_spin_;
+    switch (barrier_->arrive_and_wait(lane_->timeout(), lane_->cancel_flag(), budget)) {
+      case WaitResult::Done:
+        return;
+      case WaitResult::TimedOut:
+        lane_->set_broken();
+        throw_collective_timeout(lane_->current(), lane_->timeout());
+      case WaitResult::Cancelled:
+        DDP_THROW(lane_->current() << " cancelled: an earlier collective was lost");
+    }
+  }
+
+  // One shared window holds every rank's gradient arena; each rank knows where its peers'
+  // arenas are mapped, so a bucket's allreduce is a reduce-scatter and an allgather done with
+  // loads and stores, with no copy through MPI's buffers. A second, tiny window on rank 0
+  // holds the barrier between those phases.
+  void allocate_window(size_t numel) {
+    void* base = nullptr;
+    const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
+    DDP_MPI_CHECK(
+        MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base, &window_));
+    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_));
+    peers_.resize(static_cast<size_t>(size_));
+    for (int q = 0; q < size_; ++q) {
+      MPI_Aint peer_bytes = 0;
+      int disp = 0;
+      void* peer = nullptr;
+      DDP_MPI_CHECK(MPI_Win_shared_query(window_, q, &peer_bytes, &disp, &peer));
+      DDP_CHECK(static_cast<size_t>(peer_bytes) == numel * sizeof(float),
+                "rank " << q << "'s gradient arena holds " << peer_bytes << " bytes, this rank's "
+                        << numel * sizeof(float));
+      peers_[static_cast<size_t>(q)] = static_cast<float*>(peer);
+    }
+    allocate_barrier();
+    arena_ = static_cast<float*>(base);
+    arena_numel_ = numel;
+    std::fill(arena_, arena_ + numel, 0.0f);
+    SpinBudget once;
+    node_barrier(once);
+  }
+
+  void allocate_barrier() {
+    void* base = nullptr;
+    constexpr size_t kAlign = alignof(ShmBarrierState);
+    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(sizeof(ShmBarrierState) + kAlign) : 0;
+    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm_, &base,
+                                          &control_window_));
+    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, control_window_));
+    MPI_Aint state_bytes = 0;
+    int disp = 0;
+    void* state = nullptr;
+    DDP_MPI_CHECK(MPI_Win_shared_query(control_window_, 0, &state_bytes, &disp, &state));
+    DDP_CHECK(static_cast<size_t>(state_bytes) == sizeof(ShmBarrierState) + kAlign,
+              "the shared barrier's window on rank 0 holds " << state_bytes << " bytes");
+    // Mappings start on a page, so the same offset is aligned in every rank's mapping.
+    const size_t pad = (kAlign - reinterpret_cast<uintptr_t>(state) % kAlign) % kAlign;
+    void* at = static_cast<char*>(state) + pad;
+    auto* s = rank_ == 0 ? new (at) ShmBarrierState() : static_cast<ShmBarrierState*>(at);
+    DDP_MPI_CHECK(MPI_Win_sync(control_window_));
+    DDP_MPI_CHECK(MPI_Barrier(comm_));
+    barrier_ = std::make_unique<ShmBarrier>(s, size_);
+  }
+
+  // Sum of [offset, offset + count) over all ranks' arenas, into every rank's arena. Rank r sums
+  // chunk r (in rank order 0..N-1, so the result is the same bits on every rank and every run)
+  // into its own arena; then every rank copies the other chunks from their owners.
+  void shared_memory_allreduce(size_t offset, size_t count) {
+    const size_t n = static_cast<size_t>(size_);
+    const size_t chunk = (count + n - 1) / n;
+    auto range = [&](size_t q) {
+      const size_t lo = std::min(count, q * chunk);
+      return std::make_pair(lo, std::min(count, lo + chunk));
+    };
+    node_barrier(spin_[0]);  // every rank's bucket is written
+    const auto [lo, hi] = range(static_cast<size_t>(rank_));
+    float* mine = peers_[static_cast<size_t>(rank_)] + offset;
+    constexpr size_t kBlock = 1024;
+    float acc[kBlock];
+    for (size_t b = lo; b < hi; b += kBlock) {
+      const size_t len = std::min(kBlock, hi - b);
+      const float* first = peers_[0] + offset + b;
+      std::copy(first, first + len, acc);
+      for (size_t q = 1; q < n; ++q) {
+        const float* src = peers_[q] + offset + b;
+        for (size_t i = 0; i < len; ++i) acc[i] += src[i];
+      }
+      std::copy(acc, acc + len, mine + b);
+    }
+    node_barrier(spin_[1]);  // every chunk is reduced
+    for (size_t q = 0; q < n; ++q) {
+      if (q == static_cast<size_t>(rank_)) continue;
+      const auto [qlo, qhi] = range(q);
+      std::copy(peers_[q] + offset + qlo, peers_[q] + offset + qhi, mine + qlo);
+    }
+    node_barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool single_node_ = false;
+  MPI_Win window_ = MPI_WIN_NULL;
+  MPI_Win control_window_ = MPI_WIN_NULL;
+  std::unique_ptr<ShmBarrier> barrier_;
+  SpinBudget spin_[3];  // one per barrier of the shared-memory allreduce: their waits differ
+  SpinBudget no_spin_{false};  // where Lane::may_spin_here() says no
+  std::vector<float*> peers_;  // every rank's arena, mapped here
+  float* arena_ = nullptr;
+  size_t arena_numel_ = 0;
+  Buffer arena_storage_;  // the arena when there is no shared window
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<MpiCommunicator>(comm);
+}
+
+}  // namespace ddp

@@ -1,0 +1,271 @@
+// Gradients in GPU memory averaged by NCCL (see cuda_comm.h). A bucket's allreduce: an event on
+// the compute stream where its last gradient was queued, the comm stream waits on it, records a
+// start event, runs ncclAllReduce, records an end event. Work::wait makes the compute stream
+// wait on the end event (no host synchronisation inside a step); Work::synchronize polls the
+// end event and NCCL's asynchronous error under the timeout, aborting the communicator on
+// failure so no rank is left waiting.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "core/clock.h"
+#include "dist/device_communicators.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_backend.h"
+
+#if defined(DDP_WITH_NCCL)
+#include "dist/nccl/nccl_api.h"
+#endif
+
+namespace ddp {
+
+#if !defined(DDP_WITH_NCCL)
+
+bool nccl_built() { return false; }
+std::string nccl_version() { return "not built (NCCL was not found when this was configured)"; }
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, Backend&, const NcclOptions&) {
+  DDP_THROW(
+      "distributed.backend: nccl is not available: this build has no NCCL (configure with "
+      "NCCL installed), use distributed.backend: mpi");
+}
+
+#else
+
+bool nccl_built() { return true; }
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+namespace {
+
+class NcclCommunicator;
+
+class NcclWork final : public Work {
+ public:
+  // Valid for waiting while `owner` lives; the events go back to `clock` whenever it ends.
+  NcclWork(NcclCommunicator& owner, std::shared_ptr<cuda::EventClock> clock, cudaEvent_t ready,
+           cudaEvent_t start, cudaEvent_t end, std::string what)
+      : owner_(owner),
+        clock_(std::move(clock)),
+        ready_(ready),
+        start_(start),
+        end_(end),
+        what_(std::move(what)) {}
+  ~NcclWork() override;
+  void wait() override;
+  void synchronize() override;
+  double start_time() const override { return start_seconds_; }
+  double end_time() const override { return end_seconds_; }
+
+ private:
+  NcclCommunicator& owner_;
+  std::shared_ptr<cuda::EventClock> clock_;
+  cudaEvent_t ready_, start_, end_;
+  std::string what_;
+  bool synchronized_ = false;
+  double start_seconds_ = 0.0, end_seconds_ = 0.0;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& host, Backend& backend, const NcclOptions& options)
+      : host_(host), timeout_s_(options.timeout_s) {
+    backend_ = dynamic_cast<cuda::CudaBackend*>(&backend);
+    DDP_CHECK(backend_ != nullptr, "NCCL needs the CUDA backend, got '" << backend.name() << "'");
+    clock_ = backend_->clock();
+    // NCCL reads NCCL_ALGO when the communicator is made; a user's own setting wins.
+    if (options.algo == "ring") setenv("NCCL_ALGO", "Ring", 0);
+    ncclUniqueId id{};
+    if (host_.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
+    host_.broadcast(&id, sizeof(id), 0);
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Non-blocking, so that a peer that never arrives is a timeout and not a hang.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t rc = ncclCommInitRankConfig(&comm_, host_.size(), id, host_.rank(), &config);
+    settle(rc, "ncclCommInitRank (" + std::to_string(host_.size()) + " ranks)");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr && !aborted_) {
+      // A non-blocking communicator finalises asynchronously: wait for it (bounded), then free
+      // it; if it does not finish, abort rather than hang in a destructor.
+      (void)cudaStreamSynchronize(stream_);
+      ncclResult_t state = ncclCommFinalize(comm_);
+      const double deadline = seconds_now() + std::min(timeout_s_, 30.0);
+      while (state == ncclInProgress && seconds_now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      }
+      if (state == ncclSuccess) {
+        (void)ncclCommDestroy(comm_);
+      } else {
+        (void)ncclCommAbort(comm_);
+      }
+    }
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  int local_rank() const override { return host_.local_rank(); }
+  int local_size() const override { return host_.local_size(); }
+
+  float* gradient_arena(size_t numel, bool) override {
+    DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
+    arena_ = DeviceArray<float>(numel);
+    if (numel > 0) cuda_zero_bytes(arena_.data(), numel * sizeof(float));
+    return arena_.data();
+  }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
+                                        const LaneHooks* hooks) override {
+    DDP_CHECK(hooks == nullptr, "NCCL runs collectives on its stream; lane hooks do not apply");
+    DDP_CHECK(!aborted_, "NCCL allreduce refused: the communicator was aborted after an error");
+    cudaEvent_t ready = clock_->take(), start = clock_->take(), end = clock_->take();
+    auto work = std::make_shared<NcclWork>(
+        *this, clock_, ready, start, end, "NCCL allreduce of " + std::to_string(count) + " floats");
+    DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    const ncclRedOp_t op = average ? ncclAvg : ncclSum;
+#else
+    DDP_CHECK(!average, "averaging needs NCCL >= 2.10 (ncclAvg); pre-scale instead");
+    const ncclRedOp_t op = ncclSum;
+#endif
+    settle(ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_), "ncclAllReduce");
+    DDP_CUDA_CHECK(cudaEventRecord(end, stream_));
+    return work;
+  }
+
+  void allreduce(double* data, size_t count, ReduceOp op) override {
+    host_.allreduce(data, count, op);
+  }
+  void broadcast(void* data, size_t bytes, int root) override {
+    host_.broadcast(data, bytes, root);
+  }
+  void barrier() override { host_.barrier(); }
+  void set_timeout(double seconds) override {
+    DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
+    timeout_s_ = seconds;
+    host_.set_timeout(seconds);
+  }
+  double timeout() const override { return timeout_s_; }
+
+  cudaStream_t compute_stream() const { return backend_->stream(); }
+
+  /// Throws (after aborting NCCL) if NCCL reported an asynchronous error.
+  void check_async(const std::string& what) {
+    if (aborted_) DDP_THROW(what << ": the NCCL communicator was aborted after an earlier error");
+    ncclResult_t state = ncclSuccess;
+    DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const std::string detail = ncclGetLastError(comm_);
+      abort();
+      DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
+                     << (detail.empty() ? "" : " (" + detail + ")"));
+    }
+  }
+
+  /// Waits until `event` completed, polling NCCL's error state; aborts and throws on error or
+  /// after the timeout.
+  void wait_event(cudaEvent_t event, const std::string& what) {
+    const double deadline = seconds_now() + timeout_s_;
+    for (int spins = 0;; ++spins) {
+      const cudaError_t state = cudaEventQuery(event);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) DDP_CUDA_CHECK(state);
+      (void)cudaGetLastError();  // not ready is not an error
+      check_async(what);
+      if (seconds_now() > deadline) {
+        abort();
+        DDP_THROW(what << " did not complete within " << timeout_s_
+                       << " s (distributed.timeout_s): a peer rank died, stalled or stopped on "
+                          "an error; NCCL communicator aborted");
+      }
+      if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  // A call on a non-blocking communicator may return ncclInProgress while NCCL finishes
+  // connecting; wait for that under the timeout, then check for errors.
+  void settle(ncclResult_t rc, const std::string& what) {
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      const std::string detail = comm_ != nullptr ? ncclGetLastError(comm_) : "";
+      if (comm_ != nullptr) abort();
+      DDP_THROW(what << " failed: " << ncclGetErrorString(rc)
+                     << (detail.empty() ? "" : " (" + detail + ")"));
+    }
+    const double deadline = seconds_now() + timeout_s_;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        const std::string detail = ncclGetLastError(comm_);
+        abort();
+        DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
+                       << (detail.empty() ? "" : " (" + detail + ")"));
+      }
+      if (seconds_now() > deadline) {
+        abort();
+        DDP_THROW(what << " did not complete within " << timeout_s_
+                       << " s (distributed.timeout_s): a peer rank never joined");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  void abort() {
+    if (!aborted_ && comm_ != nullptr) (void)ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+  Communicator& host_;
+  cuda::CudaBackend* backend_ = nullptr;
+  std::shared_ptr<cuda::EventClock> clock_;
+  double timeout_s_;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+  DeviceArray<float> arena_;
+};
+
+NcclWork::~NcclWork() {
+  clock_->give_back(ready_);
+  clock_->give_back(start_);
+  clock_->give_back(end_);
+}
+
+void NcclWork::wait() {
+  owner_.check_async(what_);
+  DDP_CUDA_CHECK(cudaStreamWaitEvent(owner_.compute_stream(), end_, 0));
+}
+
+void NcclWork::synchronize() {
+  if (synchronized_) return;
+  owner_.wait_event(end_, what_);
+  start_seconds_ = clock_->seconds(start_);
+  end_seconds_ = clock_->seconds(end_);
+  synchronized_ = true;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend,
+                                                     const NcclOptions& options) {
+  return std::make_unique<NcclCommunicator>(host, backend, options);
+}
+
+#endif  // DDP_WITH_NCCL
+
+}  // namespace ddp

@@ -1,0 +1,421 @@
+// safetensors read/write for F32 tensors. Writes go through a temp file beside the target
+// (fsync, rename, fsync the directory) so a crash or a full disk never leaves a torn checkpoint;
+// reads check every header field and that the tensors tile the data section exactly.
+#include "ddp/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/tensor.h"
+
+namespace ddp {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;  // keeps the header in the caller's tensor order
+
+constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;  // the reference implementation's cap
+constexpr uint64_t kLengthFieldBytes = 8;
+constexpr const char* kMetadataKey = "__metadata__";
+
+// safetensors data is little-endian; we write and read host floats as they are in memory.
+void require_little_endian() {
+  const uint32_t probe = 1;
+  unsigned char first_byte = 0;
+  std::memcpy(&first_byte, &probe, 1);
+  DDP_CHECK(first_byte == 1, "safetensors I/O needs a little-endian host");
+}
+
+// Element count of `shape`; throws (prefixed by `context`) on a negative dimension or a count
+// whose byte size would overflow 64 bits.
+uint64_t shape_numel(const std::vector<int64_t>& shape, const std::string& context) {
+  for (int64_t d : shape) {
+    DDP_CHECK(d >= 0,
+              context << ": negative dimension " << d << " in shape " << shape_string(shape));
+  }
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  constexpr uint64_t kMaxNumel = std::numeric_limits<uint64_t>::max() / sizeof(float);
+  uint64_t numel = 1;
+  for (int64_t d : shape) {
+    const auto dim = static_cast<uint64_t>(d);
+    DDP_CHECK(numel <= kMaxNumel / dim,
+              context << ": shape " << shape_string(shape) << " has too many elements");
+    numel *= dim;
+  }
+  return numel;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+std::string encode_length(uint64_t n) {
+  std::string bytes(kLengthFieldBytes, '\0');
+  for (size_t i = 0; i < kLengthFieldBytes; ++i)
+    bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return bytes;
+}
+
+// The length field, then the JSON header padded with spaces so the data starts 8-byte aligned.
+std::string encode_header(const std::string& where, const std::vector<NamedTensor>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
+  OrderedJson header = OrderedJson::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    const std::string context = where + ": tensor '" + t.name + "'";
+    DDP_CHECK(t.name != kMetadataKey, context << ": the name is reserved for metadata");
+    DDP_CHECK(names.insert(t.name).second, context << ": duplicate tensor name");
+    const uint64_t numel = shape_numel(t.shape, context);
+    DDP_CHECK(t.data.size() == numel, context << ": shape " << shape_string(t.shape) << " needs "
+                                              << numel << " values but data has " << t.data.size());
+    const uint64_t end = offset + numel * sizeof(float);
+    header[t.name] = OrderedJson{
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", OrderedJson::array({offset, end})}};
+    offset = end;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    DDP_THROW(where << ": a tensor name or metadata string is not valid UTF-8: " << e.what());
+  }
+  text.append((kLengthFieldBytes - text.size() % kLengthFieldBytes) % kLengthFieldBytes, ' ');
+  return encode_length(text.size()) + text;
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// A temporary file that becomes `final_path` on commit(); until then, destruction removes it,
+// so every failure path (including exceptions) leaves no debris and the old file untouched.
+class TempFile {
+ public:
+  TempFile(std::string tmp_path, std::string final_path)
+      : tmp_path_(std::move(tmp_path)), final_path_(std::move(final_path)) {
+    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(errno, "create temporary file", tmp_path_);
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!renamed_) ::unlink(tmp_path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  /// Writes all `bytes` or throws; write() may legally write less than asked, so loop.
+  void write(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      const int err = n < 0 ? errno : ENOSPC;
+      if (n < 0 && err == EINTR) continue;
+      // A zero-byte write makes no progress; report it as the full disk it almost always is.
+      if (n <= 0) fail(err, "write temporary file", tmp_path_);
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+  }
+
+  /// Makes the data durable, then atomically replaces final_path with it.
+  void commit() {
+    if (::fsync(fd_) != 0) fail(errno, "fsync temporary file", tmp_path_);
+    const int fd = fd_;
+    fd_ = -1;
+    // close() can report deferred write errors (NFS, quota), so it is checked too.
+    if (::close(fd) != 0) fail(errno, "close temporary file", tmp_path_);
+    if (::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) {
+      fail(errno, "rename (over it) temporary file", tmp_path_);
+    }
+    renamed_ = true;
+    sync_directory(parent_directory(final_path_));
+  }
+
+ private:
+  // Takes errno first and no temporaries, so nothing can clobber errno before it is read.
+  [[noreturn]] void fail(int err, const char* action, const std::string& file) const {
+    DDP_THROW("cannot save safetensors '" << final_path_ << "': " << action << " '" << file
+                                          << "': " << std::strerror(err));
+  }
+
+  // Without this the rename itself may not survive a crash.
+  void sync_directory(const std::string& dir) const {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) fail(errno, "open (to fsync) directory", dir);
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    // EINVAL: this file system cannot sync directories, so there is nothing more we can do.
+    if (rc != 0 && err != EINVAL) fail(err, "fsync directory", dir);
+  }
+
+  std::string tmp_path_;
+  std::string final_path_;
+  int fd_ = -1;
+  bool renamed_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets into the data section
+  uint64_t end = 0;
+};
+
+class ReadOnlyFile {
+ public:
+  explicit ReadOnlyFile(const std::string& path)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), open_errno_(errno) {}
+  ~ReadOnlyFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+  int fd() const { return fd_; }
+  int open_errno() const { return open_errno_; }
+
+ private:
+  int fd_;
+  int open_errno_;
+};
+
+uint64_t regular_file_size(int fd, const std::string& where) {
+  struct stat st {};
+  const int rc = ::fstat(fd, &st);
+  const int err = errno;
+  DDP_CHECK(rc == 0, where << ": cannot stat: " << std::strerror(err));
+  DDP_CHECK(S_ISREG(st.st_mode), where << ": not a regular file");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void read_exact(int fd, uint64_t offset, void* dst, uint64_t bytes, const std::string& where) {
+  char* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    const int err = errno;
+    if (n < 0 && err == EINTR) continue;
+    DDP_CHECK(n >= 0, where << ": read at byte " << offset << " failed: " << std::strerror(err));
+    DDP_CHECK(n > 0, where << ": unexpected end of file at byte " << offset
+                           << " (file changed while reading?)");
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<uint64_t>(n);
+  }
+}
+
+uint64_t read_header_length(int fd, uint64_t file_size, const std::string& where) {
+  DDP_CHECK(
+      file_size >= kLengthFieldBytes,
+      where << ": file is " << file_size
+            << " bytes, too short for the 8-byte header length (truncated or not safetensors)");
+  unsigned char bytes[kLengthFieldBytes];
+  read_exact(fd, 0, bytes, kLengthFieldBytes, where);
+  uint64_t n = 0;
+  for (size_t i = 0; i < kLengthFieldBytes; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  DDP_CHECK(n <= kMaxHeaderBytes, where
+                                      << ": header length " << n
+                                      << " exceeds the 100 MB limit (corrupt or not safetensors)");
+  DDP_CHECK(n <= file_size - kLengthFieldBytes,
+            where << ": header length " << n << " is larger than the "
+                  << file_size - kLengthFieldBytes
+                  << " bytes that follow it (truncated or corrupt file)");
+  return n;
+}
+
+// Strict like the reference: a JSON object, starting with '{', no NUL bytes (nlohmann would
+// stop at one), no duplicate top-level keys (nlohmann would silently keep the last).
+Json parse_header(const std::string& text, const std::string& where) {
+  DDP_CHECK(text.find('\0') == std::string::npos, where << ": header is not valid JSON (NUL byte)");
+  DDP_CHECK(!text.empty() && text[0] == '{',
+            where << ": header is not a JSON object (must start with '{')");
+  std::set<std::string> keys;
+  std::string duplicate;
+  auto find_duplicates = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::key && depth == 1 &&
+        !keys.insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json header;
+  try {
+    header = Json::parse(text, find_duplicates);
+  } catch (const Json::exception& e) {  // parse errors, and numbers out of range (1e400)
+    DDP_THROW(where << ": header is not valid JSON: " << e.what());
+  }
+  DDP_CHECK(header.is_object(), where << ": header is not a JSON object");
+  DDP_CHECK(duplicate.empty(), where << ": header names '" << duplicate << "' more than once");
+  return header;
+}
+
+std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& where) {
+  DDP_CHECK(value.is_object(), where << ": " << kMetadataKey << " must be an object of strings");
+  std::map<std::string, std::string> metadata;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    DDP_CHECK(it.value().is_string(),
+              where << ": " << kMetadataKey << " value for '" << it.key() << "' is not a string");
+    metadata[it.key()] = it.value().get<std::string>();
+  }
+  return metadata;
+}
+
+const Json& require_field(const Json& entry, const char* key, const std::string& context) {
+  DDP_CHECK(entry.contains(key), context << ": missing \"" << key << "\"");
+  return entry[key];
+}
+
+void check_dtype(const Json& dtype, const std::string& context) {
+  DDP_CHECK(dtype.is_string(), context << ": \"dtype\" must be a string, got " << dtype.dump());
+  DDP_CHECK(dtype.get<std::string>() == "F32",
+            context << ": dtype " << dtype.get<std::string>() << " is not supported (only F32)");
+}
+
+std::vector<int64_t> parse_shape(const Json& shape, const std::string& context) {
+  DDP_CHECK(shape.is_array(),
+            context << ": \"shape\" must be an array of integers, got " << shape.dump());
+  std::vector<int64_t> dims;
+  for (const Json& d : shape) {
+    DDP_CHECK(d.is_number_integer(),
+              context << ": \"shape\" must be an array of integers, got " << shape.dump());
+    // nlohmann parses every non-negative integer as unsigned, so signed means negative.
+    DDP_CHECK(d.is_number_unsigned(), context << ": negative dimension " << d.get<int64_t>()
+                                              << " in shape " << shape.dump());
+    DDP_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+              context << ": dimension " << d.get<uint64_t>() << " is too large");
+    dims.push_back(d.get<int64_t>());
+  }
+  return dims;
+}
+
+void parse_offsets(const Json& offsets, uint64_t data_size, const std::string& context,
+                   TensorEntry* entry) {
+  DDP_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                offsets[1].is_number_unsigned(),
+            context << ": \"data_offsets\" must be [begin, end] (non-negative integers), got "
+                    << offsets.dump());
+  entry->begin = offsets[0].get<uint64_t>();
+  entry->end = offsets[1].get<uint64_t>();
+  DDP_CHECK(entry->begin <= entry->end,
+            context << ": data_offsets " << offsets.dump() << " have begin > end");
+  DDP_CHECK(entry->end <= data_size, context << ": data_offsets " << offsets.dump()
+                                             << " extend past the end of the data section ("
+                                             << data_size << " bytes; truncated file?)");
+}
+
+TensorEntry parse_entry(const std::string& name, const Json& value, uint64_t data_size,
+                        const std::string& where) {
+  const std::string context = where + ": tensor '" + name + "'";
+  DDP_CHECK(value.is_object(), context << ": header entry is not a JSON object");
+  check_dtype(require_field(value, "dtype", context), context);
+  TensorEntry entry;
+  entry.name = name;
+  entry.shape = parse_shape(require_field(value, "shape", context), context);
+  parse_offsets(require_field(value, "data_offsets", context), data_size, context, &entry);
+  const uint64_t bytes = shape_numel(entry.shape, context) * sizeof(float);
+  DDP_CHECK(entry.end - entry.begin == bytes,
+            context << ": shape " << shape_string(entry.shape) << " needs " << bytes
+                    << " bytes of F32 but data_offsets [" << entry.begin << ", " << entry.end
+                    << "] span " << entry.end - entry.begin);
+  return entry;
+}
+
+// The reference rejects any data byte that belongs to no tensor or to two: sorted by offset,
+// each tensor must start exactly where the previous one ended, and the last end the section.
+void check_tiling(std::vector<TensorEntry>* entries, uint64_t data_size, const std::string& where) {
+  std::sort(entries->begin(), entries->end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const char* rule = " (tensors must tile the data section exactly)";
+  uint64_t covered = 0;
+  const TensorEntry* previous = nullptr;
+  for (const TensorEntry& e : *entries) {
+    DDP_CHECK(e.begin >= covered, where << ": tensors '" << previous->name << "' ["
+                                        << previous->begin << ", " << previous->end << ") and '"
+                                        << e.name << "' [" << e.begin << ", " << e.end
+                                        << ") overlap");
+    DDP_CHECK(e.begin == covered, where << ": gap: data bytes [" << covered << ", " << e.begin
+                                        << ") before tensor '" << e.name
+                                        << "' are not covered by any tensor" << rule);
+    covered = e.end;
+    previous = &e;
+  }
+  DDP_CHECK(covered == data_size, where << ": gap: trailing data bytes [" << covered << ", "
+                                        << data_size << ") are not covered by any tensor" << rule);
+}
+
+std::vector<NamedTensor> read_tensors(int fd, const std::vector<TensorEntry>& entries,
+                                      uint64_t data_start, const std::string& where) {
+  std::vector<NamedTensor> tensors;
+  tensors.reserve(entries.size());
+  for (const TensorEntry& e : entries) {
+    NamedTensor t{e.name, e.shape, std::vector<float>((e.end - e.begin) / sizeof(float))};
+    read_exact(fd, data_start + e.begin, t.data.data(), e.end - e.begin, where);
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  require_little_endian();
+  const std::string header =
+      encode_header("cannot save safetensors '" + path + "'", tensors, metadata);
+  // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
+  TempFile file(path + ".tmp." + std::to_string(::getpid()), path);
+  file.write(header.data(), header.size());
+  for (const NamedTensor& t : tensors) file.write(t.data.data(), t.data.size() * sizeof(float));
+  file.commit();
+}
+
+std::vector<NamedTensor> load_safetensors(const std::string& path) {
+  return load_safetensors(path, nullptr);
+}
+
+std::vector<NamedTensor> load_safetensors(const std::string& path,
+                                          std::map<std::string, std::string>* metadata) {
+  require_little_endian();
+  const std::string where = "safetensors file '" + path + "'";
+  ReadOnlyFile file(path);
+  DDP_CHECK(file.fd() >= 0, "cannot open " << where << ": " << std::strerror(file.open_errno()));
+  const uint64_t file_size = regular_file_size(file.fd(), where);
+  const uint64_t header_size = read_header_length(file.fd(), file_size, where);
+  std::string text(header_size, '\0');
+  read_exact(file.fd(), kLengthFieldBytes, text.data(), header_size, where);
+  const Json header = parse_header(text, where);
+
+  const uint64_t data_size = file_size - kLengthFieldBytes - header_size;
+  std::map<std::string, std::string> parsed_metadata;
+  std::vector<TensorEntry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == kMetadataKey) {
+      parsed_metadata = parse_metadata(it.value(), where);
+    } else {
+      entries.push_back(parse_entry(it.key(), it.value(), data_size, where));
+    }
+  }
+  check_tiling(&entries, data_size, where);
+  std::vector<NamedTensor> tensors =
+      read_tensors(file.fd(), entries, kLengthFieldBytes + header_size, where);
+  if (metadata != nullptr) *metadata = std::move(parsed_metadata);
+  return tensors;
+}
+
+}  // namespace ddp

@@ -1,0 +1,332 @@
+// Training checkpoints (see training_checkpoint.h): one safetensors file holding weights,
+// momentum and state metadata, written through save_safetensors (atomic, durable) and read
+// back with every field validated and a CRC-32 compared.
+#include "io/training_checkpoint.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/tensor.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormatKey = "ddp.checkpoint";
+constexpr const char* kFormatVersion = "1";
+constexpr const char* kCrcKey = "ddp.crc32";
+constexpr const char* kMomentumPrefix = "optimizer.momentum.";
+constexpr const char* kFilePrefix = "step-";
+constexpr const char* kFileSuffix = ".safetensors";
+
+using Metadata = std::map<std::string, std::string>;
+
+uint32_t crc_bytes(uint32_t crc, const void* data, size_t bytes) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {  // zlib takes uInt lengths
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = static_cast<uint32_t>(crc32(crc, p, n));
+    p += n;
+    bytes -= n;
+  }
+  return crc;
+}
+
+uint32_t crc_string(uint32_t crc, const std::string& s) {
+  return crc_bytes(crc, s.c_str(), s.size() + 1);  // with the NUL: "ab"+"c" != "a"+"bc"
+}
+
+// Over every tensor (name, shape, data) in order and every metadata entry but the checksum
+// itself: any change to what the file means changes it.
+uint32_t checkpoint_crc(const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
+  uint32_t crc = static_cast<uint32_t>(crc32(0L, Z_NULL, 0));
+  for (const NamedTensor& t : tensors) {
+    crc = crc_string(crc, t.name);
+    for (int64_t d : t.shape) crc = crc_bytes(crc, &d, sizeof d);
+    crc = crc_bytes(crc, t.data.data(), t.data.size() * sizeof(float));
+  }
+  for (const auto& [key, value] : metadata) {  // std::map: sorted, the same on both sides
+    if (key == kCrcKey) continue;
+    crc = crc_string(crc, key);
+    crc = crc_string(crc, value);
+  }
+  return crc;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08" PRIx32, v);
+  return buf;
+}
+
+// Hexadecimal floating point: exact in both directions.
+std::string exact_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+std::string encode(int64_t v) { return std::to_string(v); }
+std::string encode(double v) { return exact_double(v); }
+const std::string& encode(const std::string& v) { return v; }
+
+Metadata encode_state(const TrainingState& s) {
+  Metadata m = {{"format", "pt"}, {kFormatKey, kFormatVersion}};
+  visit_training_state(s, [&](const char* name, const auto& value) {
+    m[std::string("ddp.") + name] = encode(value);
+  });
+  return m;
+}
+
+class MetadataReader {
+ public:
+  MetadataReader(const Metadata& m, const std::string& where) : m_(m), where_(where) {}
+
+  const std::string& text(const std::string& key) const {
+    auto it = m_.find(key);
+    DDP_CHECK(it != m_.end(), where_ << ": metadata '" << key << "' is missing");
+    return it->second;
+  }
+
+  int64_t count(const std::string& key) const {
+    const std::string& s = text(key);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    DDP_CHECK(
+        !s.empty() && end == s.c_str() + s.size() && errno == 0 && v >= 0,
+        where_ << ": metadata '" << key << "' is '" << s << "', expected a non-negative integer");
+    return static_cast<int64_t>(v);
+  }
+
+  void read(const std::string& key, int64_t& out) const { out = count(key); }
+  void read(const std::string& key, double& out) const { out = number(key); }
+  void read(const std::string& key, std::string& out) const { out = text(key); }
+
+  double number(const std::string& key) const {
+    const std::string& s = text(key);
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    DDP_CHECK(!s.empty() && end == s.c_str() + s.size(),
+              where_ << ": metadata '" << key << "' is '" << s << "', expected a number");
+    return v;
+  }
+
+ private:
+  const Metadata& m_;
+  const std::string& where_;
+};
+
+TrainingState decode_state(const Metadata& m, const std::string& where) {
+  MetadataReader r(m, where);
+  TrainingState s;
+  visit_training_state(s, [&](const char* name, auto& value) { r.read(std::string("ddp.") + name, value); });
+  DDP_CHECK(s.world_size >= 1, where << ": metadata 'ddp.world_size' is 0");
+  DDP_CHECK(s.global_batch >= 1, where << ": metadata 'ddp.global_batch' is 0");
+  DDP_CHECK(s.train_samples >= 1, where << ": metadata 'ddp.train_samples' is 0");
+  DDP_CHECK(s.epoch_position < s.train_samples,
+            where << ": metadata 'ddp.epoch_position' " << s.epoch_position
+                  << " is not inside the training set of " << s.train_samples << " samples");
+  DDP_CHECK(s.step_in_epoch <= s.global_step && s.sgd_steps + s.skipped_steps <= s.global_step,
+            where << ": step counters disagree (global " << s.global_step << ", in epoch "
+                  << s.step_in_epoch << ", applied " << s.sgd_steps << ", skipped "
+                  << s.skipped_steps << ")");
+  return s;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The global step of a complete checkpoint's file name, or -1 for any other name.
+int64_t step_of_file_name(const std::string& name) {
+  const std::string prefix = kFilePrefix, suffix = kFileSuffix;
+  if (name.size() <= prefix.size() + suffix.size() || !starts_with(name, prefix) ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return -1;
+  }
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream iss(text);
+  for (std::string line; std::getline(iss, line);) lines.push_back(line);
+  return lines;
+}
+
+// "key.path = value" -> "key.path".
+std::string key_of(const std::string& line) { return line.substr(0, line.find(" = ")); }
+
+std::string value_of(const std::string& line) {
+  const size_t eq = line.find(" = ");
+  return eq == std::string::npos ? "" : line.substr(eq + 3);
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir, int64_t global_step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%09" PRId64 "%s", kFilePrefix, global_step, kFileSuffix);
+  return (dir.empty() ? std::string(".") : dir) + "/" + name;
+}
+
+void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
+  std::vector<NamedTensor> tensors = ckpt.weights;
+  for (const NamedTensor& m : ckpt.momentum)
+    tensors.push_back(NamedTensor{kMomentumPrefix + m.name, m.shape, m.data});
+  Metadata metadata = encode_state(ckpt.state);
+  metadata[kCrcKey] = hex32(checkpoint_crc(tensors, metadata));
+  save_safetensors(path, tensors, metadata);
+}
+
+TrainingCheckpoint read_checkpoint(const std::string& path) {
+  const std::string where = "checkpoint '" + path + "'";
+  Metadata metadata;
+  std::vector<NamedTensor> tensors;
+  try {
+    tensors = load_safetensors(path, &metadata);
+  } catch (const Error& e) {
+    DDP_THROW(where << " is unreadable or corrupt: " << e.message());
+  }
+  DDP_CHECK(metadata.count(kFormatKey) != 0,
+            where << ": not a training checkpoint (no '" << kFormatKey
+                  << "' metadata; a model file such as model.safetensors cannot be resumed, "
+                  << "use model.init_from for it)");
+  DDP_CHECK(metadata[kFormatKey] == kFormatVersion,
+            where << ": checkpoint format version '" << metadata[kFormatKey]
+                  << "' is not the supported " << kFormatVersion);
+  const std::string stored = metadata.count(kCrcKey) ? metadata[kCrcKey] : "";
+  DDP_CHECK(!stored.empty(), where << ": metadata '" << kCrcKey << "' is missing");
+  const std::string computed = hex32(checkpoint_crc(tensors, metadata));
+  DDP_CHECK(stored == computed, where << ": checksum mismatch (stored " << stored << ", computed "
+                                      << computed << "): the file is corrupt");
+  TrainingCheckpoint ckpt;
+  ckpt.state = decode_state(metadata, where);
+  for (NamedTensor& t : tensors) {
+    if (starts_with(t.name, kMomentumPrefix)) {
+      t.name = t.name.substr(std::strlen(kMomentumPrefix));
+      ckpt.momentum.push_back(std::move(t));
+    } else {
+      ckpt.weights.push_back(std::move(t));
+    }
+  }
+  for (const NamedTensor& m : ckpt.momentum) {
+    auto w = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
+                          [&](const NamedTensor& t) { return t.name == m.name; });
+    DDP_CHECK(w != ckpt.weights.end(),
+              where << ": momentum tensor '" << m.name << "' has no weight of that name");
+    DDP_CHECK(w->shape == m.shape, where << ": momentum tensor '" << m.name << "' has shape "
+                                         << shape_string(m.shape) << ", its weight "
+                                         << shape_string(w->shape));
+  }
+  DDP_CHECK(ckpt.momentum.empty() || ckpt.momentum.size() == ckpt.weights.size(),
+            where << ": momentum is stored for " << ckpt.momentum.size() << " of "
+                  << ckpt.weights.size() << " tensors");
+  return ckpt;
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  fs::directory_iterator it(dir, ec);
+  DDP_CHECK(!ec, "checkpoint.dir: cannot list " << dir << ": " << ec.message());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    DDP_CHECK(!ec, "checkpoint.dir: cannot list " << dir << ": " << ec.message());
+    const int64_t step = step_of_file_name(it->path().filename().string());
+    if (step >= 0 && it->is_regular_file(ec)) found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  const auto all = list_checkpoints(dir);
+  return all.empty() ? "" : all.back().second;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last) {
+  std::vector<std::string> removed;
+  const auto all = list_checkpoints(dir);
+  const size_t keep = keep_last <= 0 ? all.size() : static_cast<size_t>(keep_last);
+  for (size_t i = 0; i + keep < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i].second, ec);
+    DDP_CHECK(!ec, "checkpoint.keep_last: cannot remove " << all[i].second << ": " << ec.message());
+    removed.push_back(all[i].second);
+  }
+  // A writer killed mid-write leaves "<name>.tmp.<pid>"; no write is in flight now.
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t tmp = name.find(std::string(kFileSuffix) + ".tmp.");
+    if (tmp != std::string::npos && step_of_file_name(name.substr(0, tmp + 12)) >= 0) {
+      std::error_code rm;
+      if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+    }
+  }
+  return removed;
+}
+
+void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
+                     const ResumeExpectation& expected) {
+  const std::string where = "checkpoint '" + path + "'";
+  for (const auto& [name, shape] : expected.parameters) {
+    // (a structured binding cannot be captured in C++17: bind a reference to it)
+    auto it = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
+                           [&, &wanted = name](const NamedTensor& t) { return t.name == wanted; });
+    DDP_CHECK(it != ckpt.weights.end(),
+              where << ": has no tensor '" << name << "' (the model differs)");
+    DDP_CHECK(it->shape == shape, where << ": tensor '" << name << "' has shape "
+                                        << shape_string(it->shape) << ", the model's is "
+                                        << shape_string(shape));
+  }
+  for (const NamedTensor& t : ckpt.weights) {
+    const bool known = std::any_of(
+        expected.parameters.begin(), expected.parameters.end(),
+        [&](const std::pair<std::string, std::vector<int64_t>>& p) { return p.first == t.name; });
+    DDP_CHECK(known, where << ": tensor '" << t.name << "' is not a parameter of the model");
+  }
+  DDP_CHECK(expected.momentum || ckpt.momentum.empty(),
+            where << ": holds a momentum buffer but optimizer.momentum is 0");
+  DDP_CHECK(!expected.momentum || !ckpt.momentum.empty() || ckpt.state.sgd_steps == 0,
+            where << ": has no momentum buffer but optimizer.momentum is set");
+  DDP_CHECK(ckpt.state.train_samples == expected.train_samples,
+            where << ": was written for a training set of " << ckpt.state.train_samples
+                  << " samples, this run's has " << expected.train_samples);
+  const auto theirs = split_lines(ckpt.state.config), mine = split_lines(expected.config);
+  for (const std::string& line : mine) {
+    auto it = std::find_if(theirs.begin(), theirs.end(),
+                           [&](const std::string& t) { return key_of(t) == key_of(line); });
+    DDP_CHECK(it != theirs.end(), where << ": " << key_of(line)
+                                        << ": not recorded in the checkpoint (this run has "
+                                        << value_of(line) << ")");
+    DDP_CHECK(*it == line, where << ": " << key_of(line) << ": the checkpoint was written with "
+                                 << value_of(*it) << ", this run has " << value_of(line)
+                                 << " (resume with the same settings)");
+  }
+  for (const std::string& line : theirs) {
+    const bool known = std::any_of(mine.begin(), mine.end(),
+                                   [&](const std::string& m) { return key_of(m) == key_of(line); });
+    DDP_CHECK(known, where << ": " << key_of(line) << ": set to " << value_of(line)
+                           << " in the checkpoint, unknown to this run");
+  }
+}
+
+}  // namespace ddp

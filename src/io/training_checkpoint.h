@@ -1,0 +1,101 @@
+// Training checkpoints: the model, the optimizer's momentum and where training stands, in one
+// safetensors file per checkpoint (<dir>/step-<global step>.safetensors). The model tensors
+// carry the final weights' names, so PyTorch loads a checkpoint like model.safetensors; the
+// momentum is stored as "optimizer.momentum.<name>" and the state as "ddp.*" metadata, with a
+// CRC-32 over every tensor and metadata value so a flipped bit is found, not trained on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/safetensors.h"
+
+namespace ddp {
+
+/// Where training stands at an optimizer-step boundary.
+struct TrainingState {
+  int64_t epoch = 0;           ///< the epoch to continue (0-based)
+  int64_t step_in_epoch = 0;   ///< optimizer steps already taken in it
+  int64_t epoch_position = 0;  ///< positions of the epoch's global sample order consumed
+  int64_t global_step = 0;     ///< optimizer steps taken in total (skipped ones included)
+  int64_t sgd_steps = 0;       ///< updates the optimizer applied (> 0: momentum is initialised)
+  int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
+  int64_t world_size = 0;      ///< ranks of the run that wrote it
+  int64_t global_batch = 0;    ///< samples per optimizer step over all ranks
+  int64_t train_samples = 0;   ///< size of the training set epoch_position refers to
+  /// The epoch so far, summed over all ranks (so a resumed epoch reports the whole epoch).
+  double epoch_loss_sum = 0.0, epoch_correct = 0.0, epoch_count = 0.0;
+  /// "key = value" lines of the settings a resumed run must share (model, data order,
+  /// optimizer, seed): compared line by line on resume. The batch and the world size may
+  /// change (the resumed run warns that the global batch did).
+  std::string config;
+};
+
+/// Every field of a TrainingState with its name, in one order: the checkpoint's metadata
+/// ("ddp.<name>") is written and read, and a resumed position broadcast, by walking this list.
+/// `visit(name, field)` is called with int64_t&, double& and std::string& fields.
+template <typename State, typename Visit>
+void visit_training_state(State& s, Visit&& visit) {
+  visit("epoch", s.epoch);
+  visit("step_in_epoch", s.step_in_epoch);
+  visit("epoch_position", s.epoch_position);
+  visit("global_step", s.global_step);
+  visit("sgd_steps", s.sgd_steps);
+  visit("skipped_steps", s.skipped_steps);
+  visit("world_size", s.world_size);
+  visit("global_batch", s.global_batch);
+  visit("train_samples", s.train_samples);
+  visit("epoch_loss_sum", s.epoch_loss_sum);
+  visit("epoch_correct", s.epoch_correct);
+  visit("epoch_count", s.epoch_count);
+  visit("config", s.config);
+}
+
+struct TrainingCheckpoint {
+  TrainingState state;
+  std::vector<NamedTensor> weights;   ///< layers.{i}.weight [out,in], layers.{i}.bias [out]
+  std::vector<NamedTensor> momentum;  ///< the same names and shapes; empty without momentum
+};
+
+/// "<dir>/step-<global_step, 9 digits>.safetensors".
+std::string checkpoint_path(const std::string& dir, int64_t global_step);
+
+/// Writes `ckpt` to `path` atomically and durably (temporary file, fsync, rename, fsync of
+/// the directory): a crash or a full disk leaves either the old file or the new one. Throws
+/// ddp::Error naming the path and the OS error.
+void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt);
+
+/// Reads and validates a checkpoint: safetensors structure (header, dtypes, shapes, sizes,
+/// truncation), the checksum, every state field, and that each momentum tensor matches a
+/// weight. Throws ddp::Error naming the file and what is wrong.
+TrainingCheckpoint read_checkpoint(const std::string& path);
+
+/// The complete checkpoints in `dir` (names step-N.safetensors; temporary files are not
+/// complete), oldest first, as (global step, path). A missing directory has none.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+
+/// The newest complete checkpoint in `dir`, or "" when there is none.
+std::string latest_checkpoint(const std::string& dir);
+
+/// Removes all but the newest `keep_last` checkpoints (0: keeps all) and temporary files left
+/// by interrupted writes. Returns the paths removed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last);
+
+/// What a run about to resume expects of a checkpoint.
+struct ResumeExpectation {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;  ///< names and shapes
+  bool momentum = false;  ///< the optimizer keeps a momentum buffer
+  int64_t train_samples = 0;
+  std::string config;  ///< as TrainingState::config
+};
+
+/// Throws ddp::Error (prefixed with `path`) when `ckpt` cannot continue this run: a parameter
+/// missing, extra or of another shape, momentum missing or unexpected, another training-set
+/// size, or a config line that differs (named: "optimizer.lr: checkpoint 0.1, this run 0.01").
+/// A different world size is allowed (the caller warns: the global batch changes).
+void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
+                     const ResumeExpectation& expected);
+
+}  // namespace ddp

@@ -1,0 +1,102 @@
+// The kernel interface every device implements: exactly the operations one training step of an
+// MLP needs. Kernels take Tensor views and never allocate; shapes are checked by the caller
+// (nn/) and asserted cheaply here. The CPU backend (src/kernels/cpu/) maps our buffers with Eigen.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace ddp {
+
+/// Result of softmax cross-entropy over a batch.
+struct XentResult {
+  double loss_sum = 0.0;  ///< sum over rows of -log softmax(logits)[label]
+  int64_t correct = 0;    ///< rows whose argmax (first maximum) equals the label
+};
+
+/// torch.optim.SGD's hyper-parameters, same meaning.
+struct SgdOptions {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+
+  /// y[b,out] = x[b,in] · wᵀ + bias[out] (w is [out,in] like nn.Linear); if fuse_relu,
+  /// y = max(y, 0). bias is a 1 x out view.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
+                              Tensor& y) = 0;
+
+  /// dx[b,in] = dy[b,out] · w. If relu_output is given (the [b,in] output of the ReLU that fed
+  /// this layer), dx is multiplied by (relu_output > 0): the ReLU backward, fused.
+  virtual void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor* relu_output,
+                                     Tensor& dx) = 0;
+
+  /// dw[out,in] = dyᵀ · x and db[1,out] = column sums of dy. With accumulate the results are
+  /// added to dw/db (gradient accumulation); otherwise dw/db are overwritten.
+  virtual void linear_backward_params(const Tensor& dy, const Tensor& x, bool accumulate,
+                                      Tensor& dw, Tensor& db) = 0;
+
+  /// y = max(x, 0). In place (y == x) is allowed.
+  virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
+
+  /// dx = dy * (y > 0), where y is the ReLU's output. In place (dx == dy) is allowed.
+  virtual void relu_backward(const Tensor& dy, const Tensor& y, Tensor& dx) = 0;
+
+  /// Numerically stable softmax cross-entropy of logits[b,c] against labels[b] (each in [0,c)).
+  /// If dlogits is given it receives (softmax - onehot) * grad_scale; the caller passes
+  /// grad_scale = 1 / (samples the loss is a mean over).
+  virtual XentResult softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
+                                  Tensor* dlogits) = 0;
+
+  /// One torch.optim.SGD step over flat arrays of equal size, elementwise:
+  ///   g = grad + wd·p; if momentum: buf = first_step ? g : momentum·buf + (1-dampening)·g,
+  ///   g = nesterov ? g + momentum·buf : buf;  p -= lr·g.
+  /// momentum_buf is only touched when momentum != 0.
+  virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
+                        const SgdOptions& opt, bool first_step) = 0;
+
+  /// softmax_xent without making the host wait for the result: the batch's loss and correct
+  /// count are added to totals slot `slot` (0 or 1), read later by take_xent_totals(slot), so
+  /// the host can queue the next step while the device still computes this one. The CPU
+  /// backend computes at once (a bad label throws here); the CUDA backend reports it at take.
+  virtual void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
+                                     Tensor* dlogits, int slot);
+  /// The totals added to `slot` since it was last taken; clears the slot. Waits only for the
+  /// work that produced them. Throws ddp::Error if a label was outside [0, classes).
+  virtual XentResult take_xent_totals(int slot);
+
+  /// How many values of t are NaN or ±Inf. Waits for the work that produced t (the caller
+  /// decides on it at once: skip the step or stop).
+  virtual int64_t count_nonfinite(const Tensor& t) = 0;
+
+  virtual void fill(Tensor& t, float value) = 0;
+  virtual void scale(Tensor& t, float factor) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+
+  /// Waits until all work queued by this backend is complete (no-op on the CPU).
+  virtual void synchronize() {}
+
+ private:
+  XentResult xent_slots_[2];  // the deferred totals of backends that compute at once
+};
+
+/// The Eigen CPU backend (single-threaded per rank: one rank per core is the parallelism).
+std::unique_ptr<Backend> make_cpu_backend();
+
+/// Flush denormal floats to zero (FTZ) and read denormal inputs as zero (DAZ) on the calling
+/// thread, where the CPU supports it (x86 SSE). Denormals appear as weights and gradients decay
+/// and cost ~100x per operation on x86; the values they stand for (< 1.2e-38) do not matter to
+/// training. Deterministic either way. Returns whether the mode is supported.
+bool set_flush_denormals(bool on);
+
+}  // namespace ddp

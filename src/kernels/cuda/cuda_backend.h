@@ -1,0 +1,87 @@
+// The CUDA backend's class, for the parts of the library that need its stream (the batch
+// uploader now, the NCCL communicator's events later). Everyone else holds it as a Backend.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/event_clock.h"
+#include "kernels/cuda/kernel_args.h"
+
+namespace ddp {
+namespace cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::CUDA; }
+  const char* name() const override { return "cuda"; }
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool fuse_relu,
+                      Tensor& y) override;
+  void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor* relu_output,
+                             Tensor& dx) override;
+  void linear_backward_params(const Tensor& dy, const Tensor& x, bool accumulate, Tensor& dw,
+                              Tensor& db) override;
+  void relu_forward(const Tensor& x, Tensor& y) override;
+  void relu_backward(const Tensor& dy, const Tensor& y, Tensor& dx) override;
+  XentResult softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
+                          Tensor* dlogits) override;
+  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdOptions& opt,
+                bool first_step) override;
+  void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
+                             Tensor* dlogits, int slot) override;
+  XentResult take_xent_totals(int slot) override;
+  int64_t count_nonfinite(const Tensor& t) override;
+  void fill(Tensor& t, float value) override;
+  void scale(Tensor& t, float factor) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void synchronize() override;
+
+  /// The stream every kernel of this backend is queued on.
+  cudaStream_t stream() const { return stream_; }
+  int ordinal() const { return device_; }
+  int sm_count() const { return sm_count_; }
+  void force_gemm_plan(const GemmPlan* plan);
+  /// The device's event clock (made on first use), shared with the communicators' streams.
+  std::shared_ptr<EventClock> clock();
+
+ private:
+  // One GEMM with the plan for its shape; vectorizable says whether the operands allow it.
+  void gemm(const GemmArgs& args, bool a_k_contiguous, bool b_k_contiguous, bool vectorizable);
+  // Grow-only scratch: after the first step of a given size nothing is allocated.
+  float* gemm_workspace(int64_t floats);
+  XentRowOut xent_scratch(int64_t rows);
+  // Checks shapes and that the labels live on the device; returns the class count.
+  int check_xent(const Tensor& logits, const int32_t* labels, Tensor* dlogits);
+
+  int device_ = 0;
+  int sm_count_ = 1;
+  cudaStream_t stream_ = nullptr;
+  bool plan_forced_ = false;
+  GemmPlan forced_plan_;
+  std::shared_ptr<EventClock> clock_;
+  DeviceArray<float> gemm_workspace_;
+  DeviceArray<double> xent_loss_;
+  DeviceArray<int> xent_status_;
+  DeviceArray<XentTotals> xent_totals_;
+  PinnedArray<XentTotals> xent_totals_host_;
+  // Deferred totals: per slot, the device accumulator, its host copy and the event after the
+  // copy; `fresh` means the next deferred batch starts the slot over instead of adding to it.
+  DeviceArray<XentTotals> slot_totals_;
+  PinnedArray<XentTotals> slot_totals_host_;
+  cudaEvent_t slot_copied_[2] = {nullptr, nullptr};
+  DeviceArray<unsigned long long> nonfinite_;
+  PinnedArray<unsigned long long> nonfinite_host_;
+  bool slot_fresh_[2] = {true, true};
+  bool slot_pending_[2] = {false, false};
+};
+
+}  // namespace cuda
+}  // namespace ddp

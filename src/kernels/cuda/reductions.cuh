@@ -1,0 +1,228 @@
+// Reductions without atomics, so every result is bitwise reproducible: column sums (the bias
+// gradient) and fused softmax cross-entropy (one warp per row: max, argmax, sum of exp, loss,
+// dlogits in one pass over the row held in registers), whose per-row losses are then summed by
+// one block in a fixed order. Compiled by nvcc and by the CPU emulation.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/kernel_args.h"
+
+namespace ddp {
+namespace cuda {
+
+// ---------------------------------------------------------------------------------------------
+// Column sums: db[c] (+)= sum_r dy[r, c]. A block owns 32 columns; its 8 rows of threads stride
+// down the rows, then the 8 partial sums of each column are added in row-of-threads order.
+
+constexpr int kColumnSumRows = 8;
+
+__global__ void column_sums_kernel(const float* __restrict__ dy, int64_t rows, int64_t cols,
+                                   bool accumulate, float* __restrict__ out) {
+  __shared__ float partial[kColumnSumRows][33];
+  DDP_EMU_SHARED(partial);
+  const int tx = static_cast<int>(threadIdx.x);
+  const int ty = static_cast<int>(threadIdx.y);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  float sum = 0.0f;
+  if (col < cols) {
+    for (int64_t r = ty; r < rows; r += kColumnSumRows) sum += dy[r * cols + col];
+  }
+  partial[ty][tx] = sum;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    float total = 0.0f;
+    for (int i = 0; i < kColumnSumRows; ++i) total += partial[i][tx];
+    out[col] = accumulate ? out[col] + total : total;
+  }
+}
+
+inline void launch_column_sums(const float* dy, int64_t rows, int64_t cols, bool accumulate,
+                               float* out, cudaStream_t stream) {
+  if (cols == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)));
+  const dim3 block(32, kColumnSumRows);
+  DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, accumulate, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax cross-entropy.
+
+constexpr int kXentWarpsPerBlock = 8;
+
+// (value, index) of the larger value; on a tie the smaller index, like torch.argmax's first
+// maximum.
+__device__ __forceinline__ void argmax_merge(float& value, int& index, float other_value,
+                                             int other_index) {
+  if (other_value > value || (other_value == value && other_index < index)) {
+    value = other_value;
+    index = other_index;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  DDP_UNROLL
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+/// One warp per row. VPL > 0: the row (classes <= 32·VPL) stays in registers, one read of the
+/// logits and one write of dlogits; VPL == 0: any width, reading the row three times.
+template <int VPL>
+__global__ void xent_rows_kernel(const float* __restrict__ logits,
+                                 const int32_t* __restrict__ labels, int64_t rows, int classes,
+                                 float grad_scale, float* dlogits, XentRowOut out) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * kXentWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
+  if (row >= rows) return;  // whole warps leave together; no block barrier in this kernel
+  const float* l = logits + row * classes;
+  // Every lane reads the label's logit now, before the shuffles below: dlogits may alias the
+  // logits, and no lane writes until all lanes have passed those shuffles.
+  const int32_t label = labels[row];
+  const bool valid = label >= 0 && label < classes;
+  const float label_logit = valid ? l[label] : 0.0f;
+  constexpr int kCache = VPL > 0 ? VPL : 1;
+  float v[kCache];
+
+  float max_value = -INFINITY;
+  int argmax = 0x7fffffff;
+  if (VPL > 0) {
+    DDP_UNROLL
+    for (int j = 0; j < kCache; ++j) {
+      const int c = lane + 32 * j;
+      v[j] = c < classes ? l[c] : -INFINITY;
+      if (c < classes) argmax_merge(max_value, argmax, v[j], c);
+    }
+  } else {
+    for (int c = lane; c < classes; c += 32) argmax_merge(max_value, argmax, l[c], c);
+  }
+  DDP_UNROLL
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_value = __shfl_xor_sync(0xffffffffu, max_value, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, argmax, offset);
+    argmax_merge(max_value, argmax, other_value, other_index);
+  }
+
+  float sum = 0.0f;
+  if (VPL > 0) {
+    DDP_UNROLL
+    for (int j = 0; j < kCache; ++j)
+      if (lane + 32 * j < classes) sum += expf(v[j] - max_value);
+  } else {
+    for (int c = lane; c < classes; c += 32) sum += expf(l[c] - max_value);
+  }
+  sum = warp_sum(sum);
+  const float lse = max_value + logf(sum);
+
+  if (lane == 0) {
+    out.loss[row] = valid ? static_cast<double>(lse) - static_cast<double>(label_logit) : 0.0;
+    out.status[row] = !valid ? -1 : (argmax == label ? 1 : 0);
+  }
+  if (dlogits == nullptr) return;
+  // dlogits may alias logits: with VPL > 0 the row is in registers; the three-pass form reads
+  // each element in the same lane just before writing it.
+  float* d = dlogits + row * classes;
+  if (VPL > 0) {
+    DDP_UNROLL
+    for (int j = 0; j < kCache; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= classes) continue;
+      float prob = expf(v[j] - lse);
+      if (c == label) prob -= 1.0f;
+      d[c] = prob * grad_scale;
+    }
+  } else {
+    for (int c = lane; c < classes; c += 32) {
+      float prob = expf(l[c] - lse);
+      if (c == label) prob -= 1.0f;
+      d[c] = prob * grad_scale;
+    }
+  }
+}
+
+constexpr int kXentReduceThreads = 256;
+
+/// One block: thread t adds rows t, t+256, ... in order, then a fixed tree over the threads.
+/// With accumulate the batch's totals are added to *totals (the first bad row is kept).
+__global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ labels, int64_t rows,
+                                   bool accumulate, XentTotals* totals) {
+  __shared__ double loss[kXentReduceThreads];
+  DDP_EMU_SHARED(loss);
+  __shared__ long long correct[kXentReduceThreads];
+  DDP_EMU_SHARED(correct);
+  __shared__ long long bad[kXentReduceThreads];
+  DDP_EMU_SHARED(bad);
+  const int t = static_cast<int>(threadIdx.x);
+  double my_loss = 0.0;
+  long long my_correct = 0;
+  long long my_bad = -1;
+  for (int64_t r = t; r < rows; r += kXentReduceThreads) {
+    my_loss += in.loss[r];
+    const int s = in.status[r];
+    if (s > 0) ++my_correct;
+    if (s < 0 && my_bad < 0) my_bad = r;
+  }
+  loss[t] = my_loss;
+  correct[t] = my_correct;
+  bad[t] = my_bad;
+  __syncthreads();
+  for (int width = kXentReduceThreads / 2; width > 0; width >>= 1) {
+    if (t < width) {
+      loss[t] += loss[t + width];
+      correct[t] += correct[t + width];
+      const long long other = bad[t + width];
+      if (other >= 0 && (bad[t] < 0 || other < bad[t])) bad[t] = other;
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    const bool keep_bad = accumulate && totals->first_bad_row >= 0;
+    totals->loss_sum = accumulate ? totals->loss_sum + loss[0] : loss[0];
+    totals->correct = accumulate ? totals->correct + correct[0] : correct[0];
+    if (!keep_bad) {
+      totals->first_bad_row = bad[0];
+      totals->bad_label = bad[0] >= 0 ? labels[bad[0]] : 0;
+    }
+  }
+}
+
+/// Queues both passes; `totals` (device memory) holds the result when the stream gets there
+/// (added to what it held, with accumulate).
+inline void launch_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
+                                int classes, float grad_scale, float* dlogits, XentRowOut scratch,
+                                bool accumulate, XentTotals* totals, cudaStream_t stream) {
+  if (rows > 0) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(rows, kXentWarpsPerBlock)));
+    const dim3 block(32 * kXentWarpsPerBlock);
+    const int vpl = static_cast<int>(ceil_div(classes, 32));
+    if (vpl <= 1) {
+      DDP_LAUNCH(xent_rows_kernel<1>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    } else if (vpl <= 2) {
+      DDP_LAUNCH(xent_rows_kernel<2>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    } else if (vpl <= 4) {
+      DDP_LAUNCH(xent_rows_kernel<4>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    } else if (vpl <= 8) {
+      DDP_LAUNCH(xent_rows_kernel<8>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    } else if (vpl <= 16) {
+      DDP_LAUNCH(xent_rows_kernel<16>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    } else if (vpl <= 32) {
+      DDP_LAUNCH(xent_rows_kernel<32>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    } else {
+      DDP_LAUNCH(xent_rows_kernel<0>, grid, block, stream, logits, labels, rows, classes,
+                 grad_scale, dlogits, scratch);
+    }
+  }
+  DDP_LAUNCH(xent_reduce_kernel, dim3(1), dim3(kXentReduceThreads), stream, scratch, labels, rows,
+             accumulate, totals);
+}
+
+}  // namespace cuda
+}  // namespace ddp

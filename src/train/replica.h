@@ -1,0 +1,78 @@
+// One rank's replica of the model: its layers, the flat arenas its parameters and gradients
+// live in (one offset per parameter, from the bucket plan), the Reducer that averages the
+// gradients across ranks bucket by bucket, and the optimizer. Every rank builds the same one;
+// rank 0's parameters are the ones every replica starts from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ddp/config.h"
+#include "ddp/safetensors.h"
+#include "dist/communicator.h"
+#include "dist/reducer.h"
+#include "nn/sequential.h"
+#include "nn/sgd.h"
+#include "train/device_context.h"
+
+namespace ddp {
+
+class Replica {
+ public:
+  /// The layers (room for batches of max_batch rows), the bucket plan and the arenas; no
+  /// collective. The replica keeps `ctx`.
+  Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch);
+
+  /// Collective: the gradient communicator and its arena (the parameters' gradients become
+  /// views into the buckets), rank 0's initial parameters on every rank (model.init_from or
+  /// the seed), the Reducer and the optimizer.
+  void connect(Communicator& comm, const TrainConfig& cfg);
+
+  Sequential& model() { return *model_; }
+  const BucketPlan& plan() const { return plan_; }
+  Reducer& reducer() { return *reducer_; }
+  Sgd& optimizer() { return *sgd_; }
+  /// The communicator the buckets travel on (the host one, or NCCL / staged on GPUs).
+  Communicator& gradient_comm() { return gradient_comm_ ? *gradient_comm_ : *host_comm_; }
+
+  /// The flat arenas, as 1 x numel tensors on the device.
+  Tensor parameters();
+  Tensor gradients();
+  /// Room for the loss gradient of a batch of `rows` rows.
+  Tensor dlogits(int64_t rows);
+
+  /// The parameters / the momentum buffer in host memory, arena-shaped.
+  std::vector<float> host_parameters();
+  std::vector<float> host_momentum();
+  /// The parameters' slices of an arena-shaped array, as named tensors.
+  std::vector<NamedTensor> named(const std::vector<float>& arena) const;
+  /// Names, and names with shapes, in registration order.
+  std::vector<std::string> parameter_names() const { return model_->parameter_names(); }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes() const;
+  /// Places named tensors (from a checkpoint) into an arena-shaped array; every name must be
+  /// one of the model's.
+  void place(const std::vector<NamedTensor>& tensors, std::vector<float>& arena) const;
+  /// Continues from a checkpoint: parameters, momentum (empty without) and the updates taken.
+  void restore(const std::vector<float>& parameters, const std::vector<float>& momentum,
+               int64_t optimizer_steps);
+
+ private:
+  void init_parameters(Sequential& target) const;
+  void broadcast_parameters(Communicator& comm);
+
+  const TrainConfig& cfg_;
+  DeviceContext& ctx_;
+  std::unique_ptr<Sequential> model_;
+  BucketPlan plan_;
+  Buffer values_, dlogits_;
+  Communicator* host_comm_ = nullptr;
+  std::unique_ptr<Communicator> gradient_comm_;  // declared before what holds its collectives
+  float* grads_ = nullptr;  // the gradient arena, owned by the gradient communicator
+  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<Sgd> sgd_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,117 @@
+// Resuming from a checkpoint (resume.h).
+#include "train/resume.h"
+
+#include <filesystem>
+#include <sstream>
+#include <type_traits>
+#include <vector>
+
+#include "config/fingerprint.h"
+#include "core/check.h"
+#include "dist/agreement.h"
+
+namespace ddp {
+
+namespace {
+
+// Collective: rank 0's position on every rank (counts travel as exact doubles, far below 2^53).
+void broadcast_state(Communicator& comm, TrainingState& st) {
+  std::vector<double> numbers;
+  visit_training_state(st, [&](const char*, auto& value) {
+    if constexpr (!std::is_same_v<std::decay_t<decltype(value)>, std::string>)
+      numbers.push_back(static_cast<double>(value));
+  });
+  comm.broadcast(numbers.data(), numbers.size() * sizeof(double), 0);
+  size_t next = 0;
+  visit_training_state(st, [&](const char*, auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::string>) {
+      value = broadcast_string(comm, value, 0);
+    } else {
+      value = static_cast<T>(numbers[next++]);
+    }
+  });
+}
+
+// Rank 0: which checkpoint training.resume means ("" for "auto" with none there).
+std::string checkpoint_to_resume(const TrainConfig& cfg, Communicator& comm,
+                                 const std::string& dir) {
+  std::string path = cfg.training.resume;
+  if (path != "auto") return path;
+  run_agreed(comm, [&] {
+    if (comm.rank() == 0) path = latest_checkpoint(dir);
+  });
+  return broadcast_string(comm, path, 0);
+}
+
+void report_resume(const TrainConfig& cfg, Communicator& comm, Reporter& report,
+                   const std::string& path, const TrainingState& start) {
+  std::ostringstream line;
+  line << "resume: " << path << ": epoch " << start.epoch + 1 << " step " << start.step_in_epoch
+       << " (" << start.global_step << " steps done)";
+  report.say(line.str());
+  const int64_t global_batch = cfg.global_batch(comm.size());
+  if (start.global_batch != global_batch) {
+    report.say("warning: the global batch changes from " + std::to_string(start.global_batch) +
+               " samples per step (" + std::to_string(start.world_size) +
+               " rank(s) in the checkpoint) to " + std::to_string(global_batch) + " = " +
+               std::to_string(cfg.training.batch_size) + " per rank x " +
+               std::to_string(comm.size()) + " rank(s) x " +
+               std::to_string(cfg.training.accumulate_steps) +
+               " accumulation step(s): training continues, but not as the uninterrupted run "
+               "would (keep training.batch_size x ranks the same to keep the global batch)");
+  } else if (start.world_size != comm.size()) {
+    report.say("resume: " + std::to_string(start.world_size) + " rank(s) in the checkpoint, " +
+               std::to_string(comm.size()) + " now; the global batch stays " +
+               std::to_string(global_batch));
+  }
+  report.record({{"type", "resume"},
+                 {"checkpoint", path},
+                 {"epoch", start.epoch + 1},
+                 {"step", start.step_in_epoch},
+                 {"global_step", start.global_step},
+                 {"checkpoint_world_size", start.world_size},
+                 {"world_size", comm.size()}});
+}
+
+}  // namespace
+
+bool resume_training(const TrainConfig& cfg, Communicator& comm, Replica& replica, Reporter& report,
+                     const std::string& checkpoint_dir, int64_t train_samples, TrainingState& at) {
+  if (cfg.training.resume.empty()) return false;
+  const std::string path = checkpoint_to_resume(cfg, comm, checkpoint_dir);
+  if (path.empty()) {
+    report.say("resume: no checkpoint in " + checkpoint_dir + ", starting from the beginning");
+    return false;
+  }
+  const size_t numel = replica.plan().total_numel;
+  std::vector<float> weights(numel, 0.0f), momentum;
+  const bool with_momentum = cfg.optimizer.momentum != 0.0;
+  if (with_momentum) momentum.assign(numel, 0.0f);
+  TrainingState start;
+  run_agreed(comm, [&] {
+    if (comm.rank() != 0) return;
+    std::error_code ec;
+    DDP_CHECK(std::filesystem::exists(path, ec),
+              "training.resume: checkpoint file not found: " << path << " (on rank 0)");
+    TrainingCheckpoint ck = read_checkpoint(path);
+    ResumeExpectation expected;
+    expected.parameters = replica.shapes();
+    expected.momentum = with_momentum;
+    expected.train_samples = train_samples;
+    expected.config = resume_fingerprint(cfg);
+    check_resumable(ck, path, expected);
+    replica.place(ck.weights, weights);
+    replica.place(ck.momentum, momentum);
+    start = ck.state;
+  });
+  comm.broadcast(weights.data(), weights.size() * sizeof(float), 0);
+  if (with_momentum) comm.broadcast(momentum.data(), momentum.size() * sizeof(float), 0);
+  broadcast_state(comm, start);
+  replica.restore(weights, momentum, start.sgd_steps);
+  report_resume(cfg, comm, report, path, start);
+  at = start;
+  return true;
+}
+
+}  // namespace ddp

@@ -1,0 +1,325 @@
+// The epoch loop (train_loop.h).
+#include "train/train_loop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/clock.h"
+#include "data/sampler.h"
+#include "train/stop_request.h"
+
+namespace ddp {
+
+TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool resumed)
+    : p_(parts),
+      be_(parts.ctx.backend()),
+      step_(parts.cfg, parts.ctx, parts.replica, parts.comm, parts.report),
+      stop_poll_(parts.comm),
+      start_(start),
+      at_(start) {
+  const int64_t features = parts.data.train.features;
+  train_feed_ = parts.ctx.make_batch_feed(parts.cfg.training.batch_size, features);
+  if (parts.data.has_test) test_feed_ = parts.ctx.make_batch_feed(kEvalBatch, features);
+  run_start_ = seconds_now();
+  sum_.resumed = resumed;
+  sum_.steps = start.global_step;
+  sum_.skipped_steps = start.skipped_steps;
+  first_step_ = sum_.steps;
+  const int64_t max_steps = parts.cfg.training.max_steps;
+  stop_ = max_steps > 0 && sum_.steps >= max_steps;
+  if (resumed && (start.epoch >= parts.cfg.training.epochs || stop_))
+    parts.report.say("resume: the checkpoint is already at the end of training");
+}
+
+TrainSummary TrainLoop::run() {
+  for (int64_t index = start_.epoch; index < p_.cfg.training.epochs && !stop_; ++index) {
+    Epoch e = begin_epoch(index);
+    train_steps(e);
+    if (!end_epoch(e)) break;
+  }
+  return finish();
+}
+
+// The sampler's order for the epoch (a resumed epoch continues after the samples its
+// checkpoint had consumed), the loader started on it, the tallies reset.
+TrainLoop::Epoch TrainLoop::begin_epoch(int64_t index) {
+  Epoch e;
+  e.index = index;
+  e.start_time = seconds_now();
+  const bool continued = index == start_.epoch && start_.epoch_position > 0;
+  e.position = continued ? start_.epoch_position : 0;
+  DistributedSampler& sampler = *p_.data.sampler;
+  sampler.set_epoch(index, e.position);
+  p_.data.train_loader->start_epoch(sampler.indices());
+  e.batches = p_.data.train_loader->batches_in_epoch();
+  e.shard = sampler.num_samples();
+  e.step_in_epoch = continued ? start_.step_in_epoch : 0;
+  const int64_t A = p_.cfg.training.accumulate_steps;
+  steps_in_epoch_ = e.step_in_epoch + (e.batches + A - 1) / A;
+  epoch_tally_ = log_tally_ = Tally{};
+  if (continued && p_.comm.rank() == 0)
+    epoch_tally_ = Tally{start_.epoch_loss_sum, start_.epoch_correct, start_.epoch_count};
+  e.restored_count = continued ? start_.epoch_count : 0.0;
+  e.complete = e.batches == 0;
+  log_start_ = seconds_now();
+  return e;
+}
+
+// The epoch's optimizer steps, each over accumulate_steps micro-batches (fewer at the end).
+void TrainLoop::train_steps(Epoch& e) {
+  const int64_t A = p_.cfg.training.accumulate_steps, B = p_.cfg.training.batch_size;
+  traced_ = traced_now();
+  bool more = train_feed_->start([this] { return next_train_batch(); });
+  for (int64_t first = 0; more; first += A) {
+    const int64_t last = std::min(first + A, e.batches);
+    traced_ = traced_now();
+    StepRecord rec;
+    rec.epoch = e.index;
+    rec.step_in_epoch = e.step_in_epoch + 1;
+    rec.global_step = sum_.steps + 1;
+    rec.slot = static_cast<int>(sum_.steps % 2);
+    rec.traced = traced_;
+    step_.run(*train_feed_, last - first, std::min(last * B, e.shard) - first * B, rec);
+    e.complete = last == e.batches;
+    if (!after_step(e, std::move(rec))) return;
+    more = train_feed_->advance();
+  }
+}
+
+// Counts the step, queues its record and reads what the pipeline lets go; then stops at
+// max_steps or an agreed stop request, or writes a checkpoint that is due. False: stop here.
+bool TrainLoop::after_step(Epoch& e, StepRecord rec) {
+  ++e.step_in_epoch;
+  ++sum_.steps;
+  sum_.wait_seconds += rec.wait_seconds;
+  if (rec.skipped) ++sum_.skipped_steps;
+  const TrainingConfig& t = p_.cfg.training;
+  if (t.print_shapes && !shapes_printed_) {
+    p_.report.print_shapes(rec.first_rows, p_.data.train.features, p_.cfg.model.layers.back());
+    shapes_printed_ = true;
+  }
+  const bool limit = t.max_steps > 0 && sum_.steps >= t.max_steps;
+  rec.log = t.log_every > 0 && (sum_.steps % t.log_every == 0 || limit);
+  // Every rank's shard has the same number of rows per step (the sampler pads or drops).
+  e.position += rec.rows * p_.comm.size();
+  at_.epoch = e.index;
+  at_.step_in_epoch = e.step_in_epoch;
+  at_.epoch_position = e.position;
+  at_.global_step = sum_.steps;
+  at_.skipped_steps = sum_.skipped_steps;
+  pending_.push_back(std::move(rec));
+  read_steps(p_.ctx.pipeline_depth());
+  if (limit) {
+    stop_ = true;
+    return false;
+  }
+  if (StopPoll::due(sum_.steps) && stop_poll_.poll()) {
+    sum_.interrupted = stop_ = true;
+    return false;
+  }
+  if (p_.checkpoints.due_after_step(sum_.steps)) {
+    if (e.complete) {
+      e.checkpoint_due = true;  // written after the epoch's evaluation
+    } else {
+      read_steps(0);
+      p_.checkpoints.save(at_, epoch_tally_);
+    }
+  }
+  return true;
+}
+
+// Reads the epoch's last steps; on a stop request writes the checkpoint; otherwise reports
+// the epoch (an epoch cut short by max_steps only in the summary), evaluates, checkpoints.
+// False: training ends with this epoch.
+bool TrainLoop::end_epoch(Epoch& e) {
+  read_steps(0);
+  be_.synchronize();  // the epoch's time includes the device finishing its work
+  if (e.complete) {
+    at_ = TrainingState{};
+    at_.epoch = e.index + 1;
+    at_.global_step = sum_.steps;
+    at_.skipped_steps = sum_.skipped_steps;
+  }
+  if (sum_.interrupted) {
+    // Preempted: the checkpoint first (the grace period is short), no evaluation.
+    p_.report.say("stop requested (SIGTERM/SIGINT/SIGUSR1): writing a checkpoint at epoch " +
+                  std::to_string(at_.epoch + 1) + " step " + std::to_string(at_.step_in_epoch));
+    p_.checkpoints.save(at_, e.complete ? Tally{} : epoch_tally_);
+    return false;
+  }
+  const double seconds = seconds_now() - e.start_time;
+  train_seconds_ += seconds;
+  sum_.epochs = e.index + 1;
+  const Tally train = epoch_tally_.reduced(p_.comm);
+  const double trained = train.count - e.restored_count;
+  sum_.samples += static_cast<int64_t>(trained);
+  sum_.train_loss = train.loss();
+  sum_.train_accuracy = train.accuracy();
+  if (!e.complete) return false;  // stopped by max_steps inside the epoch
+  report_epoch(e, train, seconds, trained);
+  if (e.checkpoint_due || p_.checkpoints.due_after_epoch(e.index + 1))
+    p_.checkpoints.save(at_, Tally{});
+  return true;
+}
+
+// The epoch line and record, with the test split's loss and accuracy when there is one.
+void TrainLoop::report_epoch(const Epoch& e, const Tally& train, double seconds, double trained) {
+  const double rate = trained / std::max(1e-9, seconds);
+  std::ostringstream line;
+  line << "epoch " << e.index + 1 << "/" << p_.cfg.training.epochs << " done in " << std::fixed
+       << std::setprecision(seconds < 1 ? 4 : 2) << seconds << " s: train loss "
+       << std::setprecision(4) << train.loss() << " acc " << percent(train.accuracy()) << ", "
+       << format_rate(rate);
+  const nlohmann::json record = {{"type", "epoch"},
+                                 {"epoch", e.index + 1},
+                                 {"global_step", sum_.steps},
+                                 {"train_loss", train.loss()},
+                                 {"train_accuracy", train.accuracy()},
+                                 {"seconds", seconds},
+                                 {"samples_per_sec", rate}};
+  if (p_.data.has_test) {
+    const Tally t = evaluate();
+    sum_.evaluated = true;
+    sum_.test_loss = t.loss();
+    sum_.test_accuracy = t.accuracy();
+    line << " | test loss " << std::setprecision(4) << t.loss() << " acc " << percent(t.accuracy());
+    p_.report.record({{"type", "eval"},
+                      {"epoch", e.index + 1},
+                      {"global_step", sum_.steps},
+                      {"loss", t.loss()},
+                      {"accuracy", t.accuracy()},
+                      {"samples", t.count}});
+  }
+  p_.report.say(line.str());
+  p_.report.record(record);
+}
+
+// Collective: loss and accuracy over the test split, each rank on its shard.
+Tally TrainLoop::evaluate() {
+  Tally t;
+  const Dataset& test = p_.data.test;
+  Loader& loader = *p_.data.test_loader;
+  loader.start_epoch(shard_indices(test.size, p_.comm.size(), p_.comm.rank()));
+  bool more = test_feed_->start([&loader] { return loader.next(); });
+  for (; more; more = test_feed_->advance()) {
+    const DeviceBatch batch = test_feed_->take();
+    const Tensor& logits = p_.replica.model().forward(be_, batch.x);
+    t.add(be_.softmax_xent(logits, batch.labels, 0.0f, nullptr), batch.rows);
+  }
+  return t.reduced(p_.comm);
+}
+
+// The checkpoint a periodic run ends with, the summary line and record, the timeline.
+TrainSummary TrainLoop::finish() {
+  if (!sum_.interrupted && p_.checkpoints.due_at_end(sum_.steps, first_step_))
+    p_.checkpoints.save(at_, at_.step_in_epoch == 0 ? Tally{} : epoch_tally_);
+  sum_.last_checkpoint = p_.checkpoints.last();
+  sum_.stop_signal = stop_requested();
+  sum_.seconds = train_seconds_;
+  sum_.samples_per_sec = sum_.samples / std::max(1e-9, train_seconds_);
+  sum_.data_wait_seconds = p_.data.train_loader->wait_seconds();
+  // Overlap as the whole job saw it: ranks' allreduce and hidden time summed.
+  double comm_totals[2] = {sum_.comm_seconds, sum_.hidden_seconds};
+  p_.comm.allreduce(comm_totals, 2, ReduceOp::Sum);
+  const double overlap = comm_totals[0] > 0 ? comm_totals[1] / comm_totals[0] : 1.0;
+  const std::string device = p_.ctx.placement().describe();
+  p_.report.summary(sum_, overlap, device);
+  p_.report.write_trace(device);
+  stop_poll_.finish();  // the last stop flag's collective, before teardown
+  if (sum_.interrupted)
+    p_.report.say("resume with --resume auto (or --resume " + sum_.last_checkpoint + ")");
+  return sum_;
+}
+
+void TrainLoop::read_steps(size_t keep) {
+  while (pending_.size() > keep) {
+    read_step(pending_.front());
+    pending_.pop_front();
+  }
+}
+
+// A queued step's results: its loss (checked), its collectives (completed, timed for the
+// overlap statistics), its timeline and, at the end of a logging interval, a progress line.
+void TrainLoop::read_step(StepRecord& rec) {
+  const XentResult& r = rec.totals(be_);
+  if (!std::isfinite(r.loss_sum)) {
+    DDP_CHECK(p_.cfg.training.nan_policy == "skip_step",
+              "loss is " << r.loss_sum << " at epoch " << rec.epoch + 1 << " step "
+                         << rec.step_in_epoch
+                         << " (lower optimizer.lr? training.nan_policy: skip_step skips such "
+                            "steps)");
+  } else {
+    epoch_tally_.add(r, rec.rows);
+    log_tally_.add(r, rec.rows);
+  }
+  try {
+    p_.replica.reducer().synchronize(rec.works, rec.global_step);
+  } catch (const Error& e) {
+    DDP_THROW(rec.where() << e.message());
+  }
+  const double begin = rec.backward_begin.time(), end = rec.backward_end.time();
+  const BackwardWindow window{begin, end, p_.ctx.compute_seconds(begin, end, rec.backward_cpu)};
+  const ReducerStepStats stats = overlap_stats(rec.works, window);
+  sum_.comm_seconds += stats.comm_seconds;
+  sum_.hidden_seconds += stats.hidden_seconds;
+  trace_step(rec);
+  if (rec.log) progress_line(rec);
+}
+
+void TrainLoop::trace_step(const StepRecord& rec) {
+  if (rec.spans.empty()) return;
+  Tracer& tracer = p_.report.tracer();
+  const BucketPlan& plan = p_.replica.plan();
+  for (size_t b = 0; b < rec.works.size(); ++b) {
+    tracer.span(p_.report.comm_track(), "allreduce bucket " + std::to_string(b),
+                rec.works[b]->start_time(), rec.works[b]->end_time(),
+                {{"floats", static_cast<double>(plan.buckets[b].numel)},
+                 {"step", static_cast<double>(rec.global_step)}});
+  }
+  for (const TraceSpan& span : rec.spans)
+    tracer.span(span.track, span.name, span.begin.time(), span.end.time());
+  for (const auto& [name, mark] : rec.instants)
+    tracer.instant(p_.report.compute_track(), name, mark.time());
+}
+
+// Collective: loss, accuracy and samples/s over every rank since the last line.
+void TrainLoop::progress_line(const StepRecord& rec) {
+  const Tally g = log_tally_.reduced(p_.comm);
+  const double now = seconds_now();
+  const double rate = g.count / std::max(1e-9, now - log_start_);
+  std::ostringstream line;
+  line << "epoch " << rec.epoch + 1 << "/" << p_.cfg.training.epochs << " step "
+       << rec.step_in_epoch << "/" << steps_in_epoch_ << " loss " << std::fixed
+       << std::setprecision(4) << g.loss() << " acc " << percent(g.accuracy()) << " "
+       << format_rate(rate);
+  p_.report.say(line.str());
+  p_.report.record({{"type", "train"},
+                    {"epoch", rec.epoch + 1},
+                    {"step", rec.step_in_epoch},
+                    {"global_step", rec.global_step},
+                    {"loss", g.loss()},
+                    {"accuracy", g.accuracy()},
+                    {"samples", g.count},
+                    {"samples_per_sec", rate},
+                    {"time", now - run_start_}});
+  if (p_.report.tracer().enabled()) p_.report.tracer().counter("samples/s (all ranks)", now, rate);
+  log_tally_ = Tally{};
+  log_start_ = seconds_now();
+}
+
+bool TrainLoop::traced_now() const {
+  const int64_t limit = p_.cfg.output.trace_steps;
+  return p_.report.tracer().enabled() && (limit == 0 || sum_.steps - first_step_ < limit);
+}
+
+const Batch* TrainLoop::next_train_batch() {
+  const double t0 = seconds_now();
+  const Batch* b = p_.data.train_loader->next();
+  if (traced_) p_.report.tracer().span(p_.report.data_track(), "next batch", t0, seconds_now());
+  return b;
+}
+
+}  // namespace ddp

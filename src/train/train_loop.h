@@ -1,0 +1,90 @@
+// The epoch loop of a run (TrainLoop::run): each epoch trains its optimizer steps, reading each
+// step's results once the device has run it (at once on the host, one step later on a GPU),
+// then evaluates, reports and checkpoints. It ends at training.epochs, at training.max_steps
+// or at a stop request the ranks agreed on (then with a checkpoint).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+
+#include "ddp/config.h"
+#include "ddp/trainer.h"
+#include "dist/communicator.h"
+#include "io/training_checkpoint.h"
+#include "train/checkpoint_policy.h"
+#include "train/device_context.h"
+#include "train/replica.h"
+#include "train/report.h"
+#include "train/step.h"
+#include "train/stop_poll.h"
+#include "train/training_data.h"
+
+namespace ddp {
+
+/// The parts of a run the loop drives; all outlive it.
+struct RunParts {
+  const TrainConfig& cfg;
+  Communicator& comm;
+  DeviceContext& ctx;
+  TrainingData& data;
+  Replica& replica;
+  Reporter& report;
+  CheckpointPolicy& checkpoints;
+};
+
+class TrainLoop {
+ public:
+  /// `start`: where training stands (a checkpoint's position when `resumed`).
+  TrainLoop(const RunParts& parts, const TrainingState& start, bool resumed);
+  /// Collective. Trains to the end (or a stop) and returns what happened.
+  TrainSummary run();
+
+ private:
+  /// One epoch's place in the data.
+  struct Epoch {
+    int64_t index = 0;          ///< 0-based
+    int64_t position = 0;       ///< samples of the epoch's global order consumed
+    int64_t step_in_epoch = 0;  ///< optimizer steps taken in it
+    int64_t batches = 0;        ///< this rank's micro-batches in it (from the start position)
+    int64_t shard = 0;          ///< this rank's samples in it
+    double restored_count = 0;  ///< samples a resumed epoch had trained before the checkpoint
+    double start_time = 0;
+    bool complete = false;        ///< the last step ended the epoch
+    bool checkpoint_due = false;  ///< a step checkpoint waits for the epoch's evaluation
+  };
+
+  Epoch begin_epoch(int64_t index);
+  void train_steps(Epoch& e);
+  bool after_step(Epoch& e, StepRecord rec);
+  bool end_epoch(Epoch& e);
+  void report_epoch(const Epoch& e, const Tally& train, double seconds, double trained);
+  Tally evaluate();
+  TrainSummary finish();
+
+  void read_steps(size_t keep);
+  void read_step(StepRecord& rec);
+  void trace_step(const StepRecord& rec);
+  void progress_line(const StepRecord& rec);
+  bool traced_now() const;
+  const Batch* next_train_batch();
+
+  RunParts p_;
+  Backend& be_;
+  Step step_;
+  StopPoll stop_poll_;
+  std::unique_ptr<BatchFeed> train_feed_, test_feed_;
+  const TrainingState start_;
+  TrainingState at_;  ///< where training stands after the last step: what a checkpoint records
+  TrainSummary sum_;
+  int64_t first_step_ = 0;  ///< this run's steps are traced and timed from here
+  bool stop_ = false;
+  bool traced_ = false;  ///< the current step is traced
+  bool shapes_printed_ = false;
+  Tally epoch_tally_, log_tally_;
+  int64_t steps_in_epoch_ = 0;
+  double run_start_ = 0, log_start_ = 0, train_seconds_ = 0;
+  std::deque<StepRecord> pending_;  ///< queued steps not read yet
+};
+
+}  // namespace ddp

@@ -1,0 +1,144 @@
+// The Trainer (include/ddp/trainer.h): sets a run up — this rank's device, its data, its
+// replica of the model (checked against rank 0's), the checkpoint policy, a resumed position —
+// then hands it to the epoch loop (train_loop.h) and saves the final weights.
+#include "ddp/trainer.h"
+
+#include <unistd.h>
+
+#include <sstream>
+
+#include "config/fingerprint.h"
+#include "core/check.h"
+#include "dist/agreement.h"
+#include "dist/environment.h"
+#include "kernels/cuda/cuda.h"
+#include "train/checkpoint_policy.h"
+#include "train/device_context.h"
+#include "train/replica.h"
+#include "train/report.h"
+#include "train/resume.h"
+#include "train/train_loop.h"
+#include "train/training_data.h"
+
+namespace ddp {
+
+namespace {
+
+// This rank's device and gradient backend, from the config and the rank's place on its node.
+DevicePlacement place_rank(const TrainConfig& cfg, const Communicator& comm) {
+  std::string why_none;
+  const int visible = cfg.device == "cpu" ? 0 : cuda_device_count(&why_none);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  Environment env;
+  env.rank = comm.rank();
+  env.world = comm.size();
+  env.local_rank = comm.local_rank();
+  env.local_size = comm.local_size();
+  env.host = host;
+  return choose_device(cfg.device, cfg.distributed.backend, cfg.distributed.gpus, env, visible,
+                       why_none);
+}
+
+// What every rank must share before any collective whose size depends on the model: the
+// config (but where rank 0 writes), the parameters' shapes, the bucket plan, the world size.
+std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Replica& replica,
+                                             int world) {
+  std::vector<std::string> lines = shared_config_lines(cfg);
+  for (const auto& [name, shape] : replica.shapes())
+    lines.push_back("parameter " + name + " " + shape_string(shape));
+  std::istringstream plan(describe_plan(replica.plan(), replica.parameter_names()));
+  for (std::string line; std::getline(plan, line);) lines.push_back(line);
+  lines.push_back("world size " + std::to_string(world));
+  return lines;
+}
+
+}  // namespace
+
+struct Trainer::State {
+  TrainConfig cfg;
+  Communicator& comm;
+  Reporter report;
+  std::unique_ptr<DeviceContext> ctx;
+  TrainingData data;
+  std::unique_ptr<Replica> replica;  // after ctx: its buffers live on ctx's device
+  std::unique_ptr<CheckpointPolicy> checkpoints;
+  TrainingState start;
+  bool resumed = false;
+
+  State(const TrainConfig& c, Communicator& cm, std::ostream* log)
+      : cfg(c), comm(cm), report(cfg, cm, log) {}
+  void setup();
+  void describe_run();
+};
+
+// Collective; every failure ends every rank with one message (run_agreed).
+void Trainer::State::setup() {
+  comm.set_timeout(cfg.distributed.timeout_s);
+  run_agreed(comm, [&] {
+    ctx = make_device_context(place_rank(cfg, comm));
+    data.load(cfg, comm.size(), comm.rank());
+    replica = std::make_unique<Replica>(cfg, *ctx, data.max_batch(cfg));
+    report.open_outputs();
+  });
+  report.say_each_rank("  rank " + std::to_string(comm.rank()) + ": " + ctx->describe());
+  // Compare before any collective whose size depends on the model, so a mismatch is a message
+  // and not a truncated broadcast or a hang.
+  run_agreed(comm, [&] {
+    require_same_as_rank0(comm, startup_fingerprint(cfg, *replica, comm.size()),
+                          "model or configuration",
+                          "every rank must run the same config and model");
+  });
+  replica->connect(comm, cfg);
+  checkpoints =
+      std::make_unique<CheckpointPolicy>(cfg, comm, *ctx, *replica, report, data.train.size);
+  data.start(cfg, comm.size(), comm.rank());
+  resumed =
+      resume_training(cfg, comm, *replica, report, checkpoints->dir(), data.train.size, start);
+  describe_run();
+  report.start_trace(*ctx);
+}
+
+void Trainer::State::describe_run() {
+  const BucketPlan& plan = replica->plan();
+  report.say("model: " + replica->model().describe() + ", " + std::to_string(plan.total_numel) +
+             " parameters in " + std::to_string(plan.buckets.size()) + " bucket(s)");
+  std::istringstream plan_lines(describe_plan(plan, replica->model().parameter_names()));
+  for (std::string line; std::getline(plan_lines, line);) report.say("  " + line);
+  const int64_t b = cfg.training.batch_size;
+  report.say("data: " + std::to_string(data.train.size) + " training samples (" +
+             data.train.source + "), " + std::to_string(data.sampler->num_samples()) +
+             " per rank per epoch; global batch " + std::to_string(cfg.global_batch(comm.size())) +
+             " = " + std::to_string(b) + " per rank x " + std::to_string(comm.size()) +
+             " ranks x " + std::to_string(cfg.training.accumulate_steps) + " accumulation step(s)");
+  const std::string gradients = ctx->describe_gradients();
+  if (!gradients.empty()) report.say(gradients);
+}
+
+Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log)
+    : s_(std::make_unique<State>(cfg, comm, log)) {
+  s_->setup();
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<NamedTensor> Trainer::weights() const {
+  return s_->replica->named(s_->replica->host_parameters());
+}
+
+TrainSummary Trainer::run() {
+  State& s = *s_;
+  const RunParts parts{s.cfg, s.comm, *s.ctx, s.data, *s.replica, s.report, *s.checkpoints};
+  const TrainSummary sum = TrainLoop(parts, s.start, s.resumed).run();
+  if (sum.interrupted) return sum;
+  const bool save = s.cfg.output.save_model;
+  run_agreed(s.comm, [&] {
+    const std::vector<NamedTensor> w = weights();
+    if (s.comm.rank() == 0 && save)
+      save_safetensors(s.cfg.output.dir + "/model.safetensors", w, {{"format", "pt"}});
+  });
+  if (save) s.report.say("weights: " + s.cfg.output.dir + "/model.safetensors");
+  return sum;
+}
+
+}  // namespace ddp

@@ -1,0 +1,695 @@
+// Tests for the YAML config loader: every key mapped, --set overrides, strict types, unknown
+// keys, every validation rule, file errors, the to_yaml round trip, and the shipped configs.
+// Messages are compared in full: they are the user interface of this module.
+#include <stdlib.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "ddp/config.h"
+#include "kernels/cuda/cuda.h"
+#include "test_helpers.h"
+
+#if defined(DDP_SOURCE_DIR)
+static const std::string kSourceDir = DDP_SOURCE_DIR;
+#elif defined(DDP_TEST_DATA_DIR)
+static const std::string kSourceDir = std::string(DDP_TEST_DATA_DIR) + "/../..";
+#else
+#error "define DDP_SOURCE_DIR (the source tree root), e.g. -DDDP_SOURCE_DIR=\"\\\"/work/main\\\"\""
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using ddp::TrainConfig;
+
+// A valid synthetic config: the smallest file every other case builds on.
+const std::string kMinimal = "model:\n  layers: [4, 3]\ndata:\n  train:\n    samples: 10\n";
+
+TrainConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return ddp::parse_config(text, "run.yaml", overrides);
+}
+
+/// kMinimal plus more top-level sections (they must not repeat model or data).
+TrainConfig parse_min(const std::string& extra, const std::vector<std::string>& overrides = {}) {
+  return parse(kMinimal + extra, overrides);
+}
+
+using ddp_test::error_of;  // a yaml-cpp exception leaking out fails the test
+
+std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { parse(text, overrides); });
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ddp_config_test_XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name, const std::string& text = "x") const {
+    std::string p = path_ + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+/// A config built in code that validates; each rule below breaks exactly one field of it.
+TrainConfig valid_config() {
+  TrainConfig c;
+  c.model.layers = {4, 3};
+  c.data.train.samples = 10;
+  return c;
+}
+
+void require_same(const TrainConfig& a, const TrainConfig& b) {
+  CHECK(a.device == b.device);
+  CHECK(a.model.layers == b.model.layers);
+  CHECK(a.model.activation == b.model.activation);
+  CHECK(a.model.init_from == b.model.init_from);
+  CHECK(a.data.format == b.data.format);
+  CHECK(a.data.dir == b.data.dir);
+  for (auto split : {&ddp::DataConfig::train, &ddp::DataConfig::test}) {
+    CHECK((a.data.*split).images == (b.data.*split).images);
+    CHECK((a.data.*split).labels == (b.data.*split).labels);
+    CHECK((a.data.*split).path == (b.data.*split).path);
+    CHECK((a.data.*split).samples == (b.data.*split).samples);
+  }
+  CHECK(a.data.shuffle == b.data.shuffle);
+  CHECK(a.data.drop_last == b.data.drop_last);
+  CHECK(a.data.csv_header == b.data.csv_header);
+  CHECK(a.data.seed == b.data.seed);
+  CHECK(a.data.prefetch == b.data.prefetch);
+  CHECK(a.optimizer.name == b.optimizer.name);
+  CHECK(a.optimizer.lr == b.optimizer.lr);
+  CHECK(a.optimizer.momentum == b.optimizer.momentum);
+  CHECK(a.optimizer.dampening == b.optimizer.dampening);
+  CHECK(a.optimizer.weight_decay == b.optimizer.weight_decay);
+  CHECK(a.optimizer.nesterov == b.optimizer.nesterov);
+  CHECK(a.training.epochs == b.training.epochs);
+  CHECK(a.training.batch_size == b.training.batch_size);
+  CHECK(a.training.accumulate_steps == b.training.accumulate_steps);
+  CHECK(a.training.seed == b.training.seed);
+  CHECK(a.training.log_every == b.training.log_every);
+  CHECK(a.training.max_steps == b.training.max_steps);
+  CHECK(a.training.print_shapes == b.training.print_shapes);
+  CHECK(a.distributed.backend == b.distributed.backend);
+  CHECK(a.distributed.bucket_cap_mb == b.distributed.bucket_cap_mb);
+  CHECK(a.distributed.first_bucket_mb == b.distributed.first_bucket_mb);
+  CHECK(a.distributed.shared_memory == b.distributed.shared_memory);
+  CHECK(a.distributed.gpus == b.distributed.gpus);
+  CHECK(a.distributed.nccl_algo == b.distributed.nccl_algo);
+  CHECK(a.distributed.timeout_s == b.distributed.timeout_s);
+  CHECK(a.output.dir == b.output.dir);
+  CHECK(a.output.save_model == b.output.save_model);
+  CHECK(a.output.trace == b.output.trace);
+  CHECK(a.output.trace_steps == b.output.trace_steps);
+  CHECK(a.training.resume == b.training.resume);
+  CHECK(a.training.nan_policy == b.training.nan_policy);
+  CHECK(a.checkpoint.dir == b.checkpoint.dir);
+  CHECK(a.checkpoint.every_steps == b.checkpoint.every_steps);
+  CHECK(a.checkpoint.every_epochs == b.checkpoint.every_epochs);
+  CHECK(a.checkpoint.keep_last == b.checkpoint.keep_last);
+}
+
+}  // namespace
+
+TEST_CASE("config: keys left out keep the struct defaults", "[config]") {
+  TrainConfig c = parse(kMinimal);
+  TrainConfig expected;  // the header's defaults are the reference
+  expected.model.layers = {4, 3};
+  expected.data.train.samples = 10;
+  expected.source = "run.yaml";
+  require_same(c, expected);
+  CHECK(c.source == "run.yaml");
+  CHECK(c.optimizer.lr == 0.01);  // spot-check the header itself did not drift
+  CHECK(c.distributed.bucket_cap_mb == 25.0);
+  CHECK(c.output.dir == "runs/default");
+}
+
+TEST_CASE("config: an empty section is the same as a missing one", "[config]") {
+  TrainConfig c = parse_min("training:\noptimizer: ~\n");
+  CHECK(c.training.epochs == TrainConfig().training.epochs);
+  CHECK(c.optimizer.lr == TrainConfig().optimizer.lr);
+}
+
+TEST_CASE("config: every key of every section is read", "[config]") {
+  TempDir tmp;
+  std::string init = tmp.file("init.safetensors");
+  TrainConfig c = parse(
+      "device: cpu\n"
+      "model:\n  layers: [7, 5, 3, 2]\n  activation: relu\n  init_from: " +
+      init +
+      "\n"
+      "data:\n  format: synthetic\n  dir: some/dir\n  train:\n    samples: 123\n  test:\n    "
+      "samples: 45\n"
+      "  shuffle: false\n  drop_last: true\n  seed: 18446744073709551615\n  prefetch: 5\n"
+      "optimizer:\n  name: sgd\n  lr: 0.125\n  momentum: 0.9\n  dampening: 0.25\n"
+      "  weight_decay: 1e-4\n  nesterov: false\n"
+      "training:\n  epochs: 9\n  batch_size: 17\n  accumulate_steps: 3\n  seed: 42\n  log_every: "
+      "0\n"
+      "  max_steps: 1000\n  print_shapes: true\n"
+      "distributed:\n  backend: mpi\n  bucket_cap_mb: 0.5\n  first_bucket_mb: 2.5\n"
+      "  shared_memory: false\n"
+      "output:\n  dir: out/x\n  save_model: false\n");
+  CHECK(c.device == "cpu");
+  CHECK(c.model.layers == std::vector<int64_t>{7, 5, 3, 2});
+  CHECK(c.model.init_from == init);
+  CHECK(c.data.dir == "some/dir");
+  CHECK(c.data.train.samples == 123);
+  CHECK(c.data.test.samples == 45);
+  CHECK_FALSE(c.data.shuffle);
+  CHECK(c.data.drop_last);
+  CHECK(c.data.seed == 18446744073709551615ull);
+  CHECK(c.data.prefetch == 5);
+  CHECK(c.optimizer.lr == 0.125);
+  CHECK(c.optimizer.momentum == 0.9);
+  CHECK(c.optimizer.dampening == 0.25);
+  CHECK(c.optimizer.weight_decay == 1e-4);
+  CHECK(c.training.epochs == 9);
+  CHECK(c.training.batch_size == 17);
+  CHECK(c.training.accumulate_steps == 3);
+  CHECK(c.training.seed == 42);
+  CHECK(c.training.log_every == 0);
+  CHECK(c.training.max_steps == 1000);
+  CHECK(c.training.print_shapes);
+  CHECK(c.distributed.bucket_cap_mb == 0.5);
+  CHECK(c.distributed.first_bucket_mb == 2.5);
+  CHECK_FALSE(c.distributed.shared_memory);
+  CHECK(c.output.dir == "out/x");
+  CHECK_FALSE(c.output.save_model);
+}
+
+TEST_CASE("config: idx and csv split keys are read", "[config]") {
+  TempDir tmp;
+  for (auto name : {"tr-img.gz", "tr-lab.gz", "te-img", "te-lab"}) tmp.file(name);
+  TrainConfig idx = parse("model: {layers: [4, 3]}\ndata:\n  format: idx\n  dir: " + tmp.path() +
+                          "\n  train: {images: tr-img.gz, labels: tr-lab.gz}\n"
+                          "  test: {images: te-img, labels: te-lab}\n");
+  CHECK(idx.data.format == "idx");
+  CHECK(idx.data.train.images == "tr-img.gz");
+  CHECK(idx.data.train.labels == "tr-lab.gz");
+  CHECK(idx.data.test.images == "te-img");
+  CHECK(idx.data.test.labels == "te-lab");
+
+  std::string csv_file = tmp.file("d.csv", "1,2,0\n");
+  TrainConfig csv = parse(
+      "model: {layers: [2, 3]}\ndata:\n  format: csv\n  csv_header: true\n"
+      "  train: {path: " +
+      csv_file + "}\n  test: {path: " + csv_file + "}\n");
+  CHECK(csv.data.train.path == csv_file);
+  CHECK(csv.data.test.path == csv_file);
+  CHECK(csv.data.csv_header);
+}
+
+TEST_CASE("config: --set overrides are parsed as YAML and create sections", "[config]") {
+  TrainConfig c =
+      parse_min("training:\n  epochs: 3\n",
+                {"training.epochs=7", "optimizer.lr=0.5", " training.print_shapes = true",
+                 "model.layers=[8, 6, 2]", "distributed.bucket_cap_mb=0.25", "output.dir=a=b"});
+  CHECK(c.training.epochs == 7);  // the override beats the file
+  CHECK(c.optimizer.lr == 0.5);
+  CHECK(c.training.print_shapes);
+  CHECK(c.model.layers == std::vector<int64_t>{8, 6, 2});
+  CHECK(c.distributed.bucket_cap_mb == 0.25);  // no distributed section in the file
+  CHECK(c.output.dir == "a=b");                // split at the first '='
+
+  CHECK(parse_min("", {"training.epochs=2", "training.epochs=5"}).training.epochs == 5);
+  CHECK(parse_min("training:\n", {"training.epochs=4"}).training.epochs == 4);
+  TrainConfig whole = parse_min("", {"training={epochs: 6, batch_size: 8}"});
+  CHECK(whole.training.epochs == 6);
+  CHECK(whole.training.batch_size == 8);
+  CHECK(parse("", {"model.layers=[3,2]", "data.train.samples=4"}).data.train.samples == 4);
+  CHECK(parse_min("", {"model.init_from="}).model.init_from.empty());  // empty value: unset
+}
+
+TEST_CASE("config: malformed or bad --set overrides name the override", "[config]") {
+  for (std::string bad :
+       {"training.epochs", "=3", "training..epochs=3", ".epochs=3", "training.=3", " =1"}) {
+    INFO(bad);
+    CHECK(parse_error(kMinimal, {bad}) == "--set " + bad + ": expected key.path=value");
+  }
+  CHECK(parse_error(kMinimal, {"training.batch_size=abc"}) ==
+        "--set training.batch_size: expected an integer, got 'abc'");
+  CHECK(parse_error(kMinimal, {"training.epochs=0"}) ==
+        "--set training.epochs: must be >= 1, got 0");
+  CHECK(parse_error(kMinimal, {"model.layers=[4, 0, 3]"}) ==
+        "--set model.layers: model.layers[1]: must be >= 1, got 0");
+  CHECK(parse_error(kMinimal, {"training.bach_size=2"}) ==
+        "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
+        "training: epochs, "
+        "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, nan_policy)");
+  CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
+        "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
+        "training, "
+        "distributed, output, checkpoint)");
+  CHECK(parse_error(kMinimal + "training:\n  epochs: 1\n", {"training.epochs.x=1"}) ==
+        "--set training.epochs.x: training.epochs is '1', not a section, so it has no key 'x'");
+  CHECK(parse_error(kMinimal, {"model.layers=[4, 3"}) ==
+        "--set model.layers=[4, 3: invalid YAML value: end of sequence flow not found");
+  // A bad key in the file is still blamed on the file when an override touches its section.
+  CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n", {"training.epochs=3"})
+            .rfind("run.yaml: training.bach_size: unknown key", 0) == 0);
+}
+
+TEST_CASE("config: unknown and repeated keys are errors at every level", "[config]") {
+  CHECK(parse_error(kMinimal + "trainig:\n  epochs: 2\n") ==
+        "run.yaml: trainig: unknown key, did you mean 'training'? (known top-level keys: device, "
+        "model, "
+        "data, optimizer, training, distributed, output, checkpoint)");
+  CHECK(
+      parse_error(kMinimal + "zzz: 1\n") ==
+      "run.yaml: zzz: unknown key (known top-level keys: device, model, data, optimizer, training, "
+      "distributed, output, checkpoint)");
+  CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n") ==
+        "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
+        "training: "
+        "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, nan_policy)");
+  CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
+        "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
+        "images, "
+        "labels, path, samples)");
+  CHECK(parse_error(kMinimal + "training:\n  epochs: 2\n  epochs: 3\n") ==
+        "run.yaml: training.epochs: duplicate key");
+  CHECK(parse_error(kMinimal + "? [a, b]\n: 1\n") ==
+        "run.yaml: (top level): keys must be plain names, got a list");
+}
+
+TEST_CASE("config: values of the wrong type name the key", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"training:\n  batch_size: abc\n", "training.batch_size: expected an integer, got 'abc'"},
+      {"training:\n  epochs: 2.5\n", "training.epochs: expected an integer, got '2.5'"},
+      {"training:\n  epochs: 1e3\n", "training.epochs: expected an integer, got '1e3'"},
+      {"training:\n  epochs: {a: 1}\n", "training.epochs: expected an integer, got a map"},
+      {"training:\n  epochs:\n", "training.epochs: expected an integer, got an empty value"},
+      {"training:\n  seed: -1\n", "training.seed: must be >= 0, got -1"},
+      {"training:\n  max_steps: 99999999999999999999\n",
+       "training.max_steps: integer out of range, got '99999999999999999999'"},
+      {"training:\n  print_shapes: yes\n",
+       "training.print_shapes: expected true or false, got 'yes'"},
+      {"training:\n  print_shapes: 1\n", "training.print_shapes: expected true or false, got '1'"},
+      {"optimizer:\n  nesterov: [true]\n",
+       "optimizer.nesterov: expected true or false, got a list"},
+      {"optimizer:\n  lr: fast\n", "optimizer.lr: expected a finite number, got 'fast'"},
+      {"optimizer:\n  lr: .inf\n", "optimizer.lr: expected a finite number, got '.inf'"},
+      {"optimizer:\n  lr: 0x10\n", "optimizer.lr: expected a finite number, got '0x10'"},
+      {"optimizer:\n  lr: [0.1]\n", "optimizer.lr: expected a number, got a list"},
+      {"device: [cpu]\n", "device: expected a string, got a list"},
+      {"output:\n  dir: {a: b}\n", "output.dir: expected a string, got a map"},
+      {"training: 5\n", "training: expected a map of keys, got '5'"},
+      {"distributed: [mpi]\n", "distributed: expected a map of keys, got a list"},
+  };
+  for (const auto& [extra, message] : cases) {
+    INFO(extra);
+    CHECK(parse_error(kMinimal + extra) == "run.yaml: " + message);
+  }
+  CHECK(parse_error("model:\n  layers: 784\n") ==
+        "run.yaml: model.layers: expected a list of integers, got '784'");
+  CHECK(parse_error("model:\n  layers: [4, x]\n") ==
+        "run.yaml: model.layers[1]: expected an integer, got 'x'");
+  CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: [1]\n") ==
+        "run.yaml: data.train: expected a map of keys, got a list");
+}
+
+TEST_CASE("config: each range rule rejects its first bad value and names the key", "[config]") {
+  REQUIRE_NOTHROW(ddp::validate_config(valid_config()));
+  using Mutate = std::function<void(TrainConfig&)>;
+  const std::vector<std::pair<Mutate, std::string>> cases = {
+      {[](TrainConfig& c) { c.device = "tpu"; },
+       "device: must be one of cpu, cuda, auto; got 'tpu'"},
+      {[](TrainConfig& c) { c.model.layers = {4}; },
+       "model.layers: needs at least 2 widths (input and output), got 1"},
+      {[](TrainConfig& c) {
+         c.model.layers = {4, 5, 0};
+       },
+       "model.layers[2]: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.model.activation = "tanh"; },
+       "model.activation: must be relu, got 'tanh'"},
+      {[](TrainConfig& c) { c.data.format = "parquet"; },
+       "data.format: must be one of idx, synthetic, csv; got 'parquet'"},
+      {[](TrainConfig& c) { c.data.train.samples = 0; }, "data.train.samples: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.data.test.samples = -1; }, "data.test.samples: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.data.prefetch = 0; }, "data.prefetch: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.optimizer.name = "adam"; },
+       "optimizer.name: must be sgd, got 'adam'"},
+      {[](TrainConfig& c) { c.optimizer.lr = 0; }, "optimizer.lr: must be > 0, got 0.0"},
+      {[](TrainConfig& c) { c.optimizer.lr = -0.5; }, "optimizer.lr: must be > 0, got -0.5"},
+      {[](TrainConfig& c) { c.optimizer.lr = std::nan(""); }, "optimizer.lr: must be > 0, got nan"},
+      {[](TrainConfig& c) { c.optimizer.momentum = -0.1; },
+       "optimizer.momentum: must be >= 0, got -0.1"},
+      {[](TrainConfig& c) { c.optimizer.dampening = -1; },
+       "optimizer.dampening: must be >= 0, got -1.0"},
+      {[](TrainConfig& c) { c.optimizer.weight_decay = -1e-4; },
+       "optimizer.weight_decay: must be >= 0, got -0.0001"},
+      {[](TrainConfig& c) { c.training.epochs = 0; }, "training.epochs: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.training.batch_size = 0; },
+       "training.batch_size: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.training.accumulate_steps = 0; },
+       "training.accumulate_steps: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.training.log_every = -1; },
+       "training.log_every: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.training.max_steps = -1; },
+       "training.max_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.distributed.backend = "gloo"; },
+       "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
+      {[](TrainConfig& c) {
+         c.device = "cpu";
+         c.distributed.backend = "nccl";
+       },
+       ddp::cuda_built()
+           ? "distributed.backend: nccl moves GPU memory and needs device: cuda (or "
+             "auto); with device: cpu use mpi"
+           : "distributed.backend: nccl needs the CUDA build; this build supports mpi"},
+      {[](TrainConfig& c) {
+         c.distributed.gpus = {0, -1};
+       },
+       "distributed.gpus[1]: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.distributed.nccl_algo = "tree"; },
+       "distributed.nccl_algo: must be ring or auto; got 'tree'"},
+      {[](TrainConfig& c) { c.distributed.timeout_s = 0; },
+       "distributed.timeout_s: must be > 0, got 0.0"},
+      {[](TrainConfig& c) { c.output.trace_steps = -1; },
+       "output.trace_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.distributed.bucket_cap_mb = 0; },
+       "distributed.bucket_cap_mb: must be > 0, got 0.0"},
+      {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
+       "distributed.first_bucket_mb: must be > 0, got -1.0"},
+      {[](TrainConfig& c) { c.output.dir = ""; }, "output.dir: must not be empty"},
+      {[](TrainConfig& c) { c.training.nan_policy = "ignore"; },
+       "training.nan_policy: must be abort or skip_step; got 'ignore'"},
+      {[](TrainConfig& c) { c.checkpoint.every_steps = -1; },
+       "checkpoint.every_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.checkpoint.every_epochs = -2; },
+       "checkpoint.every_epochs: must be >= 0, got -2"},
+      {[](TrainConfig& c) { c.checkpoint.keep_last = -1; },
+       "checkpoint.keep_last: must be >= 0, got -1"},
+      {[](TrainConfig& c) {
+         c.checkpoint.every_steps = 10;
+         c.checkpoint.every_epochs = 1;
+       },
+       "checkpoint.every_epochs: set either checkpoint.every_steps or checkpoint.every_epochs, "
+       "not both"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("case " << i << ": " << cases[i].second);
+    TrainConfig c = valid_config();
+    cases[i].first(c);
+    CHECK(error_of([&] { ddp::validate_config(c); }) == "<config>: " + cases[i].second);
+  }
+}
+
+TEST_CASE("config: device cuda and auto, and what each build says about them", "[config]") {
+  TrainConfig c = valid_config();
+  c.device = "auto";
+  CHECK_NOTHROW(ddp::validate_config(c));  // auto falls back to the CPU in any build
+  c.device = "cuda";
+  if (ddp::cuda_built()) {
+    CHECK_NOTHROW(ddp::validate_config(c));  // whether a GPU is visible is decided at startup
+    c.distributed.backend = "nccl";
+    CHECK_NOTHROW(ddp::validate_config(c));
+  } else {
+    CHECK(error_of([&] { ddp::validate_config(c); }) ==
+          "<config>: device: cuda is not available in this build (built without the CUDA "
+          "toolkit); use cpu or auto");
+  }
+  CHECK(
+      parse_min("distributed: {gpus: [1, 0], nccl_algo: auto, timeout_s: 5}\n").distributed.gpus ==
+      std::vector<int64_t>{1, 0});
+  CHECK(parse_min("output: {trace: true, trace_steps: 0}\n").output.trace);
+}
+
+TEST_CASE("config: checkpoint section, resume and nan_policy", "[config]") {
+  const TrainConfig c = parse_min(
+      "checkpoint: {every_steps: 50, keep_last: 0}\n"
+      "training: {resume: auto, nan_policy: skip_step}\n");
+  CHECK(c.checkpoint.every_steps == 50);
+  CHECK(c.checkpoint.keep_last == 0);
+  CHECK(c.checkpoint.periodic());
+  CHECK(c.checkpoint.directory("runs/x") == "runs/x/checkpoints");
+  CHECK(c.training.resume == "auto");
+  CHECK(c.training.nan_policy == "skip_step");
+  ddp::CheckpointConfig own;
+  own.dir = "/scratch/ckpt";
+  CHECK(own.directory("runs/x") == "/scratch/ckpt");
+  CHECK_FALSE(own.periodic());
+}
+
+TEST_CASE("config: range boundaries that are allowed pass", "[config]") {
+  TrainConfig c = valid_config();
+  c.model.layers = {1, 1};
+  c.data.train.samples = 1;
+  c.data.test.samples = 0;
+  c.data.prefetch = 1;
+  c.optimizer.lr = 1e-12;
+  c.training.epochs = c.training.batch_size = c.training.accumulate_steps = 1;
+  c.training.log_every = c.training.max_steps = 0;
+  c.distributed.bucket_cap_mb = c.distributed.first_bucket_mb = 1e-6;
+  CHECK_NOTHROW(ddp::validate_config(c));
+}
+
+TEST_CASE("config: range errors from a file name the file", "[config]") {
+  CHECK(parse_error(kMinimal + "training:\n  epochs: 0\n") ==
+        "run.yaml: training.epochs: must be >= 1, got 0");
+  CHECK(parse_error("model: {layers: [4, 0, 3]}\n") ==
+        "run.yaml: model.layers[1]: must be >= 1, got 0");
+  TrainConfig c = valid_config();
+  c.source = "mine.yaml";
+  c.training.batch_size = -2;
+  CHECK(error_of([&] { ddp::validate_config(c); }) ==
+        "mine.yaml: training.batch_size: must be >= 1, got -2");
+}
+
+TEST_CASE("config: nesterov needs momentum and no dampening, as in PyTorch", "[config]") {
+  CHECK(
+      parse_error(kMinimal + "optimizer: {nesterov: true}\n") ==
+      "run.yaml: optimizer.nesterov: requires momentum > 0 and dampening == 0 (as in PyTorch), got "
+      "momentum 0.0, dampening 0.0");
+  CHECK(
+      parse_error(kMinimal + "optimizer: {nesterov: true, momentum: 0.9, dampening: 0.1}\n") ==
+      "run.yaml: optimizer.nesterov: requires momentum > 0 and dampening == 0 (as in PyTorch), got "
+      "momentum 0.9, dampening 0.1");
+  CHECK(parse_min("optimizer: {nesterov: true, momentum: 0.9}\n").optimizer.nesterov);
+}
+
+TEST_CASE("config: unreadable and malformed files", "[config]") {
+  TempDir tmp;
+  CHECK(error_of([&] { ddp::load_config(tmp.path() + "/nope.yaml"); }) ==
+        "cannot read config file " + tmp.path() + "/nope.yaml: No such file or directory");
+  CHECK(error_of([&] { ddp::load_config(tmp.path()); }) ==
+        "cannot read config file " + tmp.path() + ": Is a directory");
+
+  std::string bad = tmp.file("bad.yaml", "model:\n  layers: [4, 3\ntraining:\n  epochs: 2\n");
+  CHECK(error_of([&] { ddp::load_config(bad); }) ==
+        bad + ":3:9: invalid YAML: end of sequence flow not found");
+  CHECK(parse_error("model: {layers: [4, 3]}\ntraining: epochs: 2\n") ==
+        "run.yaml:2:17: invalid YAML: illegal map value");
+  CHECK(parse_error("- 1\n- 2\n") ==
+        "run.yaml: expected a map of sections (device, model, data, ...) at the "
+        "top level, got a list");
+  CHECK(parse_error(kMinimal + "---\n" + kMinimal) ==
+        "run.yaml: expected one YAML document, found 2");
+  // yaml-cpp would produce empty documents forever here; the count stops.
+  for (const char* stray : {",", ", 3]}", "- a\n,"}) {
+    INFO(stray);
+    CHECK_THAT(parse_error(stray), Catch::Contains("found more than 100") &&
+                                       Catch::Contains("stray ','"));
+  }
+  std::string empty = tmp.file("empty.yaml", "# nothing yet\n");
+  CHECK(error_of([&] { ddp::load_config(empty); }) ==
+        empty + ": model.layers: needs at least 2 widths (input and output), got 0");
+
+  std::string good = tmp.file("good.yaml", kMinimal);
+  TrainConfig c = ddp::load_config(good, {"training.epochs=2"});
+  CHECK(c.source == good);
+  CHECK(c.training.epochs == 2);
+}
+
+TEST_CASE("config: idx data files must exist, resolved against data.dir", "[config]") {
+  TempDir tmp;
+  tmp.file("img.gz");
+  tmp.file("lab.gz");
+  std::string head = "model: {layers: [4, 3]}\ndata:\n  format: idx\n  dir: " + tmp.path() + "\n";
+  CHECK_NOTHROW(parse(head + "  train: {images: img.gz, labels: lab.gz}\n"));
+  CHECK(parse_error(head + "  train: {images: nope.gz, labels: lab.gz}\n") ==
+        "run.yaml: data.train.images: file not found: " + tmp.path() + "/nope.gz");
+  CHECK(parse_error(head + "  train: {images: img.gz}\n") ==
+        "run.yaml: data.train.labels: required for data.format idx");
+  CHECK(
+      parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n  test: {images: img.gz}\n") ==
+      "run.yaml: data.test.labels: required when data.test.images is set (a test split needs both "
+      "images "
+      "and labels)");
+  CHECK(
+      parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n  test: {labels: lab.gz}\n") ==
+      "run.yaml: data.test.images: required when data.test.labels is set (a test split needs both "
+      "images "
+      "and labels)");
+  CHECK(parse_error(head + "  train: {images: img.gz, labels: lab.gz}\n"
+                           "  test: {images: t.gz, labels: lab.gz}\n") ==
+        "run.yaml: data.test.images: file not found: " + tmp.path() + "/t.gz");
+  fs::create_directory(tmp.path() + "/sub");
+  CHECK(parse_error(head + "  train: {images: sub, labels: lab.gz}\n") ==
+        "run.yaml: data.train.images: not a regular file: " + tmp.path() + "/sub");
+
+  // Absolute paths ignore data.dir; relative ones with no data.dir resolve against the cwd.
+  CHECK_NOTHROW(
+      parse("model: {layers: [4, 3]}\ndata:\n  format: idx\n  dir: /nonexistent\n"
+            "  train: {images: " +
+            tmp.path() + "/img.gz, labels: " + tmp.path() + "/lab.gz}\n"));
+  CHECK(parse_error(
+            "model: {layers: [4, 3]}\ndata:\n  format: idx\n  train: {images: no-such-dir/i.gz, "
+            "labels: no-such-dir/l.gz}\n") ==
+        "run.yaml: data.train.images: file not found: " +
+            (fs::current_path() / "no-such-dir/i.gz").string());
+}
+
+TEST_CASE("config: csv and init_from files must exist", "[config]") {
+  TempDir tmp;
+  std::string csv = tmp.file("d.csv", "1,2,0\n");
+  std::string head = "model: {layers: [2, 3]}\ndata:\n  format: csv\n";
+  CHECK(parse_error(head) == "run.yaml: data.train.path: required for data.format csv");
+  CHECK(parse_error(head + "  train: {path: " + tmp.path() + "/x.csv}\n") ==
+        "run.yaml: data.train.path: file not found: " + tmp.path() + "/x.csv");
+  CHECK(parse_error(head + "  train: {path: " + csv + "}\n  test: {path: " + tmp.path() +
+                    "/t.csv}\n") ==
+        "run.yaml: data.test.path: file not found: " + tmp.path() + "/t.csv");
+  CHECK(parse_error(kMinimal, {"model.init_from=" + tmp.path() + "/w.safetensors"}) ==
+        "--set model.init_from: file not found: " + tmp.path() + "/w.safetensors");
+}
+
+TEST_CASE("config: keys of another data.format are rejected", "[config]") {
+  TempDir tmp;
+  std::string img = tmp.file("img"), lab = tmp.file("lab"), csv = tmp.file("d.csv");
+  CHECK(parse_error(kMinimal, {"data.train.images=" + img}) ==
+        "--set data.train.images: does not apply to data.format synthetic (only to idx)");
+  CHECK(parse_error(
+            "model: {layers: [4, 3]}\ndata:\n  train: {samples: 5}\n  test: {path: x.csv}\n") ==
+        "run.yaml: data.test.path: does not apply to data.format synthetic (only to csv)");
+  std::string idx = "model: {layers: [4, 3]}\ndata:\n  format: idx\n  train: {images: " + img +
+                    ", labels: " + lab + "}\n";
+  CHECK(parse_error(idx, {"data.train.samples=100"}) ==
+        "--set data.train.samples: does not apply to data.format idx (only to synthetic)");
+  CHECK(parse_error(idx, {"data.csv_header=true"}) ==
+        "--set data.csv_header: does not apply to data.format idx (only to csv)");
+  std::string csv_head =
+      "model: {layers: [2, 3]}\ndata:\n  format: csv\n  train: {path: " + csv + "}\n";
+  CHECK(parse_error(csv_head, {"data.test.labels=" + lab}) ==
+        "--set data.test.labels: does not apply to data.format csv (only to idx)");
+  CHECK(
+      parse_error(csv_head, {"data.seed=3"}) ==
+      "--set data.seed: does not apply to data.format csv (only to synthetic; the shuffle seed is "
+      "training.seed)");
+  CHECK_NOTHROW(parse(csv_head, {"data.seed=0", "data.csv_header=true"}));
+}
+
+TEST_CASE("config: to_yaml prints every key and parses back to the same config", "[config]") {
+  TempDir tmp;
+  std::string init = tmp.file("in it \"q\".safetensors");
+  TrainConfig syn = valid_config();
+  syn.model.layers = {7, 5, 3, 2};
+  syn.model.init_from = init;
+  syn.data.dir = "some dir";
+  syn.data.train.samples = 123;
+  syn.data.test.samples = 45;
+  syn.data.shuffle = false;
+  syn.data.drop_last = true;
+  syn.data.seed = 18446744073709551615ull;
+  syn.data.prefetch = 5;
+  syn.optimizer.lr = 0.1;
+  syn.optimizer.momentum = 1.0 / 3.0;
+  syn.optimizer.nesterov = true;
+  syn.optimizer.weight_decay = 1e-7;
+  syn.training = {9, 17, 3, 42, 0, 1000, true, "auto", "skip_step"};
+  syn.checkpoint = {"ckpt dir: x", 0, 2, 0};
+  syn.distributed.bucket_cap_mb = 0.25;
+  syn.distributed.first_bucket_mb = 2.5;
+  syn.distributed.shared_memory = false;
+  syn.output = {"runs/a \"b\": c\\d #x\ty", false};
+
+  TrainConfig idx = valid_config();
+  idx.data.format = "idx";
+  idx.data.dir = tmp.path();
+  idx.data.train = {tmp.file("a"), "b", "", 0};
+  tmp.file("b");
+  idx.data.test = {"a", "b", "", 0};
+  idx.data.train.samples = 0;
+  idx.optimizer.dampening = 0.75;
+
+  TrainConfig csv = valid_config();
+  csv.data.format = "csv";
+  csv.data.train = {"", "", tmp.file("d.csv"), 0};
+  csv.data.csv_header = true;
+
+  for (const TrainConfig* c : {&syn, &idx, &csv}) {
+    std::string text = ddp::to_yaml(*c);
+    INFO(text);
+    TrainConfig back = ddp::parse_config(text, "x");
+    require_same(back, *c);
+    CHECK(back.source == "x");
+    CHECK((text.find("images:") != std::string::npos) == (c->data.format == "idx"));
+    CHECK((text.find("samples:") != std::string::npos) == (c->data.format == "synthetic"));
+    CHECK((text.find("path:") != std::string::npos) == (c->data.format == "csv"));
+  }
+  std::string defaults = ddp::to_yaml(TrainConfig());
+  for (auto line : {"device: \"cpu\"", "  bucket_cap_mb: 25.0", "  save_model: true", "  lr: 0.01",
+                    "  layers: []", "  accumulate_steps: 1", "  seed: 0", "  prefetch: 2"}) {
+    INFO(line);
+    CHECK(defaults.find(std::string(line) + "\n") != std::string::npos);
+  }
+}
+
+TEST_CASE("config: resolve_data_path", "[config]") {
+  ddp::DataConfig d;
+  CHECK(ddp::resolve_data_path(d, "a/b.gz") == "a/b.gz");
+  d.dir = "/data/x";
+  CHECK(ddp::resolve_data_path(d, "a/b.gz") == "/data/x/a/b.gz");
+  CHECK(ddp::resolve_data_path(d, "/abs/b.gz") == "/abs/b.gz");
+  d.dir = "rel/";
+  CHECK(ddp::resolve_data_path(d, "b.gz") == "rel/b.gz");
+}
+
+TEST_CASE("config: configs/seed.yaml and configs/csv_example.yaml load", "[config]") {
+  TrainConfig seed = ddp::load_config(kSourceDir + "/configs/seed.yaml");
+  CHECK(seed.model.layers == std::vector<int64_t>{20, 10, 3});
+  CHECK(seed.data.format == "synthetic");
+  CHECK(seed.data.train.samples == 2000);
+  CHECK(seed.training.batch_size == 50);
+  CHECK(seed.training.epochs == 10);
+  CHECK(seed.optimizer.lr == 0.001);
+  CHECK(seed.training.print_shapes);
+  CHECK(seed.output.dir == "runs/seed");
+
+  // Its data path is relative to the repository root, where the docs say to run it from.
+  TrainConfig csv =
+      ddp::load_config(kSourceDir + "/configs/csv_example.yaml", {"data.dir=" + kSourceDir});
+  CHECK(csv.data.format == "csv");
+  CHECK(csv.model.layers.front() == 4);
+  CHECK(csv.model.layers.back() == 3);
+}
+
+TEST_CASE("config: configs/fashion_mnist.yaml loads where the dataset is installed", "[config]") {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) {
+    WARN("skipped: /usr/share/datasets/fashion-mnist not present");
+    return;
+  }
+  TrainConfig c = ddp::load_config(kSourceDir + "/configs/fashion_mnist.yaml");
+  CHECK(c.data.format == "idx");
+  CHECK(c.model.layers == std::vector<int64_t>{784, 256, 256, 10});
+  CHECK(c.optimizer.momentum == 0.9);
+  CHECK(c.distributed.first_bucket_mb == 0.25);
+  CHECK(c.data.test.configured());
+}

@@ -1,0 +1,199 @@
+// Loader: batches reproduce the given index order exactly (checked row by row against the
+// dataset), partial/dropped tails, prefetch depths, restarts, abandoning an epoch, a held batch
+// surviving the worker running ahead, worker errors surfacing in next(), and clean shutdown.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+
+using Catch::Contains;
+using ddp::Batch;
+using ddp::Dataset;
+using ddp::Loader;
+using Indices = std::vector<int64_t>;
+
+namespace {
+
+/// Row i holds i*100 + j in column j and label i % 7, so every row is recognisable.
+Dataset numbered_dataset(int64_t n, int64_t f) {
+  Dataset ds;
+  ds.size = n;
+  ds.features = f;
+  ds.source = "numbered";
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < f; ++j) ds.x.push_back(static_cast<float>(i * 100 + j));
+    ds.y.push_back(static_cast<int32_t>(i % 7));
+  }
+  return ds;
+}
+
+/// REQUIREs that `b` is batch `k` of `order` cut into batches of `bs`.
+void require_batch(const Batch& b, const Dataset& ds, const Indices& order, int64_t bs, int64_t k) {
+  const int64_t rows = std::min(bs, static_cast<int64_t>(order.size()) - k * bs);
+  REQUIRE(b.index == k);
+  REQUIRE(b.rows == rows);
+  REQUIRE(static_cast<int64_t>(b.x.size()) == rows * ds.features);
+  REQUIRE(static_cast<int64_t>(b.y.size()) == rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = order[static_cast<size_t>(k * bs + r)];
+    INFO("batch " << k << " row " << r << " sample " << i);
+    REQUIRE(b.y[static_cast<size_t>(r)] == ds.y[static_cast<size_t>(i)]);
+    for (int64_t j = 0; j < ds.features; ++j)
+      REQUIRE(b.x[static_cast<size_t>(r * ds.features + j)] ==
+              ds.x[static_cast<size_t>(i * ds.features + j)]);
+  }
+}
+
+/// Drains an epoch, checking every batch; `pause` lets the worker run as far ahead as it may
+/// before the held batch is checked, so a slot reused too early shows up as wrong data.
+int64_t drain_and_check(Loader& loader, const Dataset& ds, const Indices& order, int64_t bs,
+                        std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
+  int64_t k = 0;
+  while (const Batch* b = loader.next()) {
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    require_batch(*b, ds, order, bs, k);
+    ++k;
+  }
+  REQUIRE(loader.next() == nullptr);  // stays at the end
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("loader batches reproduce the index order exactly", "[data][loader]") {
+  const Dataset ds = numbered_dataset(23, 3);
+  const Indices order = ddp::random_permutation(23, 5);
+  for (int64_t prefetch : {0, 1, 4}) {
+    INFO("prefetch " << prefetch);
+    SECTION("partial last batch, prefetch " + std::to_string(prefetch)) {
+      Loader loader(ds, 5, false, prefetch);
+      loader.start_epoch(order);
+      REQUIRE(loader.batches_in_epoch() == 5);
+      REQUIRE(drain_and_check(loader, ds, order, 5) == 5);  // 4 x 5 rows + 3
+    }
+    SECTION("drop_last, prefetch " + std::to_string(prefetch)) {
+      Loader loader(ds, 5, true, prefetch);
+      loader.start_epoch(order);
+      REQUIRE(loader.batches_in_epoch() == 4);
+      REQUIRE(drain_and_check(loader, ds, order, 5) == 4);
+    }
+    SECTION("held batch survives the worker running ahead, prefetch " + std::to_string(prefetch)) {
+      Loader loader(ds, 4, false, prefetch);
+      loader.start_epoch(order);
+      REQUIRE(drain_and_check(loader, ds, order, 4, std::chrono::milliseconds(5)) == 6);
+    }
+  }
+}
+
+TEST_CASE("loader handles exact multiples, empty epochs and duplicate indices", "[data][loader]") {
+  const Dataset ds = numbered_dataset(10, 2);
+  Loader loader(ds, 5, true, 2);
+  loader.start_epoch({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  REQUIRE(drain_and_check(loader, ds, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 5) == 2);
+  loader.start_epoch({});
+  REQUIRE(loader.batches_in_epoch() == 0);
+  REQUIRE(loader.next() == nullptr);
+  loader.start_epoch({1, 2, 3});  // fewer than one batch with drop_last: nothing
+  REQUIRE(loader.next() == nullptr);
+  const Indices padded = {9, 9, 0, 9, 0, 0, 3};  // padding repeats samples
+  Loader partial(ds, 3, false, 1);
+  partial.start_epoch(padded);
+  REQUIRE(drain_and_check(partial, ds, padded, 3) == 3);
+}
+
+TEST_CASE("loader restarts and abandons epochs", "[data][loader]") {
+  const Dataset ds = numbered_dataset(31, 4);
+  ddp::DistributedSampler sampler(31, 2, 1, true, 3, false);
+  Loader loader(ds, 4, false, 2);
+  std::set<const float*> slots_seen;
+  for (int64_t epoch = 0; epoch < 4; ++epoch) {
+    sampler.set_epoch(epoch);
+    const Indices order = sampler.indices();
+    loader.start_epoch(order);
+    if (epoch % 2 == 1) {  // abandon after one batch, then restart the same epoch
+      const Batch* b = loader.next();
+      REQUIRE(b != nullptr);
+      require_batch(*b, ds, order, 4, 0);
+      loader.start_epoch(order);
+    }
+    int64_t k = 0;
+    while (const Batch* b = loader.next()) {
+      require_batch(*b, ds, order, 4, k++);
+      slots_seen.insert(b->x.data());
+      REQUIRE(b->x.capacity() == 4 * 4);  // the reserved capacity: never reallocated
+    }
+    REQUIRE(k == 4);  // 16 samples per rank
+  }
+  REQUIRE(slots_seen.size() <= 3);  // prefetch + 1 reusable slots
+}
+
+TEST_CASE("loader can be destroyed mid-epoch or before any epoch", "[data][loader]") {
+  const Dataset ds = numbered_dataset(1000, 8);
+  const Indices order = ddp::random_permutation(1000, 1);
+  for (int64_t prefetch : {0, 1, 4}) {
+    Loader loader(ds, 7, false, prefetch);
+    loader.start_epoch(order);
+    REQUIRE(loader.next() != nullptr);
+    REQUIRE(loader.next() != nullptr);
+  }  // destructor with the worker blocked on a full ring
+  { Loader idle(ds, 7, false, 2); }
+  {
+    Loader loader(ds, 7, false, 2);
+    loader.start_epoch(order);
+  }  // destructor while the worker may be mid-fill
+  SUCCEED("no hang");
+}
+
+TEST_CASE("loader surfaces worker errors in next()", "[data][loader]") {
+  const Dataset ds = numbered_dataset(10, 2);
+  Loader loader(ds, 5, false, 4);
+  const Indices bad = {0, 1, 2, 3, 4, 5, 6, 10, 8, 9};
+  loader.start_epoch(bad);
+  // Give the worker time to reach the bad batch: the good batch before it must still arrive.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const Batch* first = loader.next();  // batches before the bad one still arrive
+  REQUIRE(first != nullptr);
+  require_batch(*first, ds, bad, 5, 0);
+  REQUIRE_THROWS_WITH(loader.next(),
+                      Contains("index 10 at position 7") && Contains("numbered (size 10)"));
+  REQUIRE_THROWS_AS(loader.next(), ddp::Error);  // stays failed until the next epoch
+
+  loader.start_epoch({3, -1});
+  REQUIRE_THROWS_WITH(loader.next(), Contains("index -1 at position 1"));
+
+  const Indices good = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+  loader.start_epoch(good);  // recovers
+  REQUIRE(drain_and_check(loader, ds, good, 5) == 2);
+}
+
+TEST_CASE("loader rejects bad arguments and misuse", "[data][loader]") {
+  const Dataset ds = numbered_dataset(4, 2);
+  REQUIRE_THROWS_WITH(Loader(ds, 0, false, 1), Contains("batch_size must be positive, got 0"));
+  REQUIRE_THROWS_WITH(Loader(ds, 2, false, -1), Contains("prefetch must be non-negative, got -1"));
+  Dataset broken = ds;
+  broken.y.pop_back();
+  REQUIRE_THROWS_WITH(Loader(broken, 2, false, 1),
+                      Contains("dataset numbered is inconsistent") && Contains("3 labels"));
+  Loader loader(ds, 2, false, 1);
+  REQUIRE_THROWS_WITH(loader.next(), Contains("next() called before start_epoch()"));
+}
+
+TEST_CASE("loader wait_seconds accumulates time blocked in next()", "[data][loader]") {
+  const Dataset ds = numbered_dataset(2000, 64);
+  Loader loader(ds, 16, false, 2);
+  REQUIRE(loader.wait_seconds() == 0.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  loader.start_epoch(ddp::random_permutation(2000, 3));
+  int64_t batches = 0;
+  while (loader.next() != nullptr) ++batches;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(batches == 125);
+  REQUIRE(loader.wait_seconds() >= 0.0);
+  REQUIRE(loader.wait_seconds() <= elapsed);
+}

@@ -1,0 +1,278 @@
+// Training checkpoints: exact round trips of weights, momentum and state; every single-bit
+// flip and every truncation of a checkpoint refused; mismatched models and configs refused
+// naming what differs; listing, pruning (keep_last) and a full disk that leaves the previous
+// checkpoint intact.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "io/training_checkpoint.h"
+#include "temp_files.h"
+#include "test_helpers.h"
+
+using Catch::Contains;
+using ddp::NamedTensor;
+using ddp::TrainingCheckpoint;
+using ddp_test::TempDir;
+
+namespace {
+
+TrainingCheckpoint sample_checkpoint(bool momentum = true) {
+  TrainingCheckpoint c;
+  c.weights = {{"layers.0.weight", {3, 2}, {0.1f, -0.2f, 0.3f, 1e-30f, -4.5f, 6.0f}},
+               {"layers.0.bias", {3}, {0.5f, -0.5f, 0.0f}},
+               {"layers.1.weight", {2, 3}, {1, 2, 3, 4, 5, 6}},
+               {"layers.1.bias", {2}, {-1.0f, 1.0f}}};
+  if (momentum) {
+    for (const NamedTensor& w : c.weights) {
+      NamedTensor m = w;
+      for (float& v : m.data) v = v * 0.25f + 1e-3f;
+      c.momentum.push_back(m);
+    }
+  }
+  c.state.epoch = 2;
+  c.state.step_in_epoch = 7;
+  c.state.epoch_position = 56;
+  c.state.global_step = 31;
+  c.state.sgd_steps = 30;
+  c.state.skipped_steps = 1;
+  c.state.world_size = 4;
+  c.state.global_batch = 8;
+  c.state.train_samples = 100;
+  c.state.epoch_loss_sum = 0.1 + 1e-17;
+  c.state.epoch_correct = 17.0;
+  c.state.epoch_count = 56.0;
+  c.state.config = "model.layers = [2, 3, 2]\noptimizer.lr = 0.1\ntraining.batch_size = 2\n";
+  return c;
+}
+
+ddp::ResumeExpectation expectation_of(const TrainingCheckpoint& c) {
+  ddp::ResumeExpectation e;
+  for (const NamedTensor& w : c.weights) e.parameters.emplace_back(w.name, w.shape);
+  e.momentum = !c.momentum.empty();
+  e.train_samples = c.state.train_samples;
+  e.config = c.state.config;
+  return e;
+}
+
+void require_same_tensors(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].name == b[i].name);
+    CHECK(a[i].shape == b[i].shape);
+    REQUIRE(a[i].data.size() == b[i].data.size());
+    CHECK(std::memcmp(a[i].data.data(), b[i].data.data(), a[i].data.size() * sizeof(float)) == 0);
+  }
+}
+
+using ddp_test::error_of;
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip is exact", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  for (bool momentum : {true, false}) {
+    const TrainingCheckpoint c = sample_checkpoint(momentum);
+    const std::string path = ddp::checkpoint_path(dir.path().string(), c.state.global_step);
+    CHECK(path == dir.path().string() + "/step-000000031.safetensors");
+    ddp::write_checkpoint(path, c);
+    const TrainingCheckpoint r = ddp::read_checkpoint(path);
+    require_same_tensors(r.weights, c.weights);
+    require_same_tensors(r.momentum, c.momentum);
+    CHECK(r.state.epoch == 2);
+    CHECK(r.state.step_in_epoch == 7);
+    CHECK(r.state.epoch_position == 56);
+    CHECK(r.state.global_step == 31);
+    CHECK(r.state.sgd_steps == 30);
+    CHECK(r.state.skipped_steps == 1);
+    CHECK(r.state.world_size == 4);
+    CHECK(r.state.global_batch == 8);
+    CHECK(r.state.train_samples == 100);
+    CHECK(r.state.epoch_loss_sum == c.state.epoch_loss_sum);  // exact, not rounded to text
+    CHECK(r.state.epoch_correct == 17.0);
+    CHECK(r.state.epoch_count == 56.0);
+    CHECK(r.state.config == c.state.config);
+    CHECK_NOTHROW(ddp::check_resumable(r, path, expectation_of(c)));
+  }
+}
+
+TEST_CASE("checkpoint: the model tensors load as plain safetensors", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string path = dir.file("c.safetensors");
+  ddp::write_checkpoint(path, sample_checkpoint());
+  std::map<std::string, std::string> metadata;
+  const auto tensors = ddp::load_safetensors(path, &metadata);
+  REQUIRE(tensors.size() == 8);
+  CHECK(tensors[0].name == "layers.0.weight");
+  CHECK(tensors[4].name == "optimizer.momentum.layers.0.weight");
+  CHECK(metadata["format"] == "pt");
+  CHECK(metadata["ddp.global_step"] == "31");
+}
+
+TEST_CASE("checkpoint: every single-bit flip and every truncation is refused", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string good = dir.file("good.safetensors");
+  ddp::write_checkpoint(good, sample_checkpoint());
+  const std::string bytes = ddp_test::read_bytes(good);
+  const std::string bad = dir.file("bad.safetensors");
+  size_t refused = 0, checksum = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string flipped = bytes;
+      flipped[i] = static_cast<char>(flipped[i] ^ (1 << bit));
+      ddp_test::write_bytes(bad, flipped);
+      const std::string msg = error_of([&] { ddp::read_checkpoint(bad); });
+      INFO("byte " << i << " bit " << bit << ": " << msg);
+      CHECK(msg != "(no error)");
+      CHECK(msg.find(bad) != std::string::npos);
+      refused += msg != "(no error)";
+      checksum += msg.find("checksum mismatch") != std::string::npos;
+    }
+  }
+  CHECK(refused == 8 * bytes.size());
+  CHECK(checksum > 8 * 4 * 24);  // at least every flip in the tensor data
+  for (size_t n = 0; n < bytes.size(); n += 7) {
+    ddp_test::write_bytes(bad, bytes.substr(0, n));
+    INFO("truncated to " << n << " bytes");
+    CHECK_THAT(error_of([&] { ddp::read_checkpoint(bad); }), Contains("unreadable or corrupt"));
+  }
+}
+
+TEST_CASE("checkpoint: a model file and malformed state are refused", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string model = dir.file("model.safetensors");
+  ddp::save_safetensors(model, sample_checkpoint().weights, {{"format", "pt"}});
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(model); }),
+             Contains("not a training checkpoint") && Contains("model.init_from"));
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(dir.file("none.safetensors")); }),
+             Contains("unreadable or corrupt") && Contains("No such file"));
+
+  TrainingCheckpoint c = sample_checkpoint();
+  c.state.epoch_position = 100;  // not inside 100 samples
+  const std::string path = dir.file("pos.safetensors");
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("'ddp.epoch_position' 100 is not inside the training set of 100"));
+  c = sample_checkpoint();
+  c.state.sgd_steps = 40;
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }), Contains("step counters disagree"));
+  c = sample_checkpoint();
+  c.momentum[1].shape = {1, 3};
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("momentum tensor 'layers.0.bias' has shape [1, 3], its weight [3]"));
+  c = sample_checkpoint();
+  c.momentum.pop_back();
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("momentum is stored for 3 of 4 tensors"));
+}
+
+TEST_CASE("checkpoint: a different model, data or config is refused naming it", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string path = dir.file("c.safetensors");
+  const TrainingCheckpoint c = sample_checkpoint();
+  ddp::write_checkpoint(path, c);
+  const TrainingCheckpoint r = ddp::read_checkpoint(path);
+  auto refusal = [&](const std::function<void(ddp::ResumeExpectation&)>& change) {
+    ddp::ResumeExpectation e = expectation_of(c);
+    change(e);
+    return error_of([&] { ddp::check_resumable(r, path, e); });
+  };
+  CHECK_THAT(refusal([](auto& e) {
+               e.parameters[2].second = {2, 4};
+             }),
+             Contains("tensor 'layers.1.weight' has shape [2, 3], the model's is [2, 4]"));
+  CHECK_THAT(refusal([](auto& e) {
+               e.parameters.push_back({"layers.2.weight", {1, 2}});
+             }),
+             Contains("has no tensor 'layers.2.weight' (the model differs)"));
+  CHECK_THAT(refusal([](auto& e) { e.parameters.pop_back(); }),
+             Contains("tensor 'layers.1.bias' is not a parameter of the model"));
+  CHECK_THAT(refusal([](auto& e) { e.momentum = false; }),
+             Contains("holds a momentum buffer but optimizer.momentum is 0"));
+  CHECK_THAT(refusal([](auto& e) { e.train_samples = 99; }),
+             Contains("training set of 100 samples, this run's has 99"));
+  CHECK_THAT(refusal([](auto& e) {
+               e.config =
+                   "model.layers = [2, 3, 2]\noptimizer.lr = 0.01\ntraining.batch_size = 2\n";
+             }),
+             Contains("optimizer.lr: the checkpoint was written with 0.1, this run has 0.01"));
+  CHECK_THAT(refusal([](auto& e) { e.config += "training.seed = 3\n"; }),
+             Contains("training.seed: not recorded in the checkpoint (this run has 3)"));
+  CHECK_THAT(refusal([](auto& e) { e.config = "model.layers = [2, 3, 2]\noptimizer.lr = 0.1\n"; }),
+             Contains("training.batch_size: set to 2 in the checkpoint, unknown to this run"));
+  CHECK_THAT(refusal([](auto&) {}), Contains("(no error)"));
+}
+
+TEST_CASE("checkpoint listing, keep_last and interrupted writes", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string d = dir.path().string();
+  CHECK(ddp::list_checkpoints(d + "/missing").empty());
+  CHECK(ddp::latest_checkpoint(d).empty());
+  TrainingCheckpoint c = sample_checkpoint();
+  for (int64_t step : {5, 40, 10, 1000000000}) {
+    c.state.global_step = step;
+    c.state.step_in_epoch = 0;
+    c.state.sgd_steps = 0;
+    c.state.skipped_steps = 0;
+    ddp::write_checkpoint(ddp::checkpoint_path(d, step), c);
+  }
+  // What a writer killed mid-write leaves, and files that are not checkpoints.
+  ddp_test::write_bytes(d + "/step-000000050.safetensors.tmp.4242", "torn");
+  ddp_test::write_bytes(d + "/step-12x.safetensors", "x");
+  ddp_test::write_bytes(d + "/notes.txt", "x");
+  const auto all = ddp::list_checkpoints(d);
+  REQUIRE(all.size() == 4);
+  CHECK(all[0].first == 5);
+  CHECK(all[1].first == 10);
+  CHECK(all[2].first == 40);
+  CHECK(all[3].first == 1000000000);
+  CHECK(ddp::latest_checkpoint(d) == ddp::checkpoint_path(d, 1000000000));
+  const auto removed = ddp::prune_checkpoints(d, 2);
+  CHECK(removed.size() == 3);  // steps 5 and 10, and the torn temporary file
+  CHECK(ddp_test::dir_entries(dir.path()) ==
+        std::vector<std::string>{"notes.txt", "step-000000040.safetensors",
+                                 "step-1000000000.safetensors", "step-12x.safetensors"});
+  CHECK(ddp::prune_checkpoints(d, 0).empty());  // 0 keeps everything
+}
+
+TEST_CASE("checkpoint: a full disk during a write leaves the previous one intact", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string d = dir.path().string();
+  TrainingCheckpoint c = sample_checkpoint();
+  const std::string first = ddp::checkpoint_path(d, 31);
+  ddp::write_checkpoint(first, c);
+  const std::string before = ddp_test::read_bytes(first);
+  c.state.global_step = 40;
+  const std::string second = ddp::checkpoint_path(d, 40);
+  {
+    ddp_test::FileSizeLimit limit(before.size() / 2);
+    CHECK_THAT(error_of([&] { ddp::write_checkpoint(second, c); }),
+               Contains(second) && Contains("File too large"));
+  }
+  CHECK(ddp_test::dir_entries(dir.path()) ==
+        std::vector<std::string>{"step-000000031.safetensors"});
+  CHECK(ddp::latest_checkpoint(d) == first);
+  CHECK(ddp_test::read_bytes(first) == before);
+  CHECK_NOTHROW(ddp::read_checkpoint(first));
+  // A real full file system, where mounting one is allowed.
+  const std::string small = d + "/small";
+  std::filesystem::create_directory(small);
+  ddp_test::TinyTmpfs fs(small, "size=4k");
+  if (!fs.ok()) {
+    WARN("tmpfs part skipped: mounting needs root (the file-size limit above covers the path)");
+    return;
+  }
+  ddp::write_checkpoint(small + "/step-000000031.safetensors", sample_checkpoint());
+  CHECK_THAT(error_of([&] { ddp::write_checkpoint(small + "/step-000000040.safetensors", c); }),
+             Contains("No space left on device"));
+  CHECK(ddp::latest_checkpoint(small) == small + "/step-000000031.safetensors");
+  CHECK_NOTHROW(ddp::read_checkpoint(small + "/step-000000031.safetensors"));
+}
