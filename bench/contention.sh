@@ -173,10 +173,12 @@ def cell(impl, n, load):
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p' | head -1"],
                      capture_output=True, text=True).stdout.strip()
 cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+with_torch = any(k[0] == "torch" for k in runs)
+torch_text = (f", PyTorch DDP gloo {torch_steps} steps with OPENBLAS_CORETYPE="
+              f"{coretype or 'as detected'}") if with_torch else ""
 print(f"{cpu}, {cores} cores; samples/s, median of {len(next(iter(runs.values())))} interleaved runs "
-      f"(× = of the same row's idle run); ddp-train {steps} steps ({train}), PyTorch DDP gloo "
-      f"{torch_steps} steps with OPENBLAS_CORETYPE={coretype or 'as detected'}; background load: "
-      f"`sh -c 'while :; do :; done'` at nice 0 in the job's session")
+      f"(× = of the same row's idle run); ddp-train {steps} steps ({train}){torch_text}; "
+      f"background load: `sh -c 'while :; do :; done'` at nice 0 in the job's session")
 print()
 names = {"ddp": "ddp-train", "baseline": f"ddp-train, baseline ({baseline})", "torch": "PyTorch DDP"}
 print("| | ranks | " + " | ".join(f"{l} busy" for l in loads) + " |")
