@@ -20,9 +20,9 @@ TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool res
       stop_poll_(parts.comm),
       start_(start),
       at_(start) {
-  const int64_t features = parts.data.train.features;
-  train_feed_ = parts.ctx.make_batch_feed(parts.cfg.training.batch_size, features);
-  if (parts.data.has_test) test_feed_ = parts.ctx.make_batch_feed(kEvalBatch, features);
+  const TrainingData& data = parts.data;
+  train_feed_ = parts.ctx.make_batch_feed(parts.cfg.training.batch_size, data.train.features);
+  if (data.has_test) test_feed_ = parts.ctx.make_batch_feed(kEvalBatch, data.test.features);
   run_start_ = seconds_now();
   sum_.resumed = resumed;
   sum_.steps = start.global_step;
