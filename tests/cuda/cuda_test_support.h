@@ -1,6 +1,6 @@
-// Shared pieces of the CUDA kernel tests (real device and CPU emulation): tags, device tensors
-// with guard zones around the view, and the accuracy check every float result goes through
-// (finite, norm-wise relative error, element-wise error against the condition of each element).
+// Shared pieces of the CUDA tests (real device and CPU emulation): tags, device tensors with
+// guard zones around the view, forced GEMM plans; the references and the accuracy check every
+// float result goes through come from kernel_references.h, shared with the CPU backend's tests.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda.h"
+#include "kernel_references.h"
 
 // Every CUDA test carries these tags; the emulated run adds [emu] so either can be selected.
 #if defined(DDP_CUDA_EMULATION)
@@ -30,6 +31,13 @@
 namespace ddp_cuda_test {
 
 using ddp::Tensor;
+// The references, comparisons and test data every backend's kernel tests share.
+using ddp_kernel_test::kNaN;
+using ddp_kernel_test::kTol;
+using ddp_kernel_test::random_floats;
+using ddp_kernel_test::random_labels;
+using ddp_kernel_test::require_accurate;
+using ddp_kernel_test::require_bitwise_equal;
 
 // Emulation runs every thread on the CPU under sanitizers: shapes there stay small.
 #if defined(DDP_CUDA_EMULATION)
@@ -38,27 +46,8 @@ constexpr bool kEmulated = true;
 constexpr bool kEmulated = false;
 #endif
 
-constexpr double kTol = 1e-5;
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-// Written around every view; a kernel that stores past its view's ends changes it.
-constexpr float kGuardValue = -7777.25f;
-// Floats of guard zone on each side: 4 keeps a view of a fresh buffer 16-byte aligned.
-constexpr int64_t kGuard = 4;
-
-inline std::vector<float> random_floats(size_t n, uint64_t seed, double lo = -1.0,
-                                        double hi = 1.0) {
-  ddp::Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
-  return v;
-}
-
-inline std::vector<int32_t> random_labels(int64_t n, int64_t classes, uint64_t seed) {
-  ddp::Rng rng(seed);
-  std::vector<int32_t> labels(static_cast<size_t>(n));
-  for (auto& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
-  return labels;
-}
+using ddp_kernel_test::kGuard;
+using ddp_kernel_test::kGuardValue;
 
 inline Tensor host_view(std::vector<float>& v, int64_t rows, int64_t cols) {
   REQUIRE(static_cast<int64_t>(v.size()) == rows * cols);
@@ -123,70 +112,6 @@ inline void require_guards_intact(const DeviceTensor& t, const std::string& what
   INFO(what << ": a store outside the view changed the guard at offset "
             << t.first_damaged_guard());
   REQUIRE(t.first_damaged_guard() == -1);
-}
-
-/// The accuracy check of every float kernel result: each value finite,
-/// ||got - ref|| <= tol * ||ref|| and |got_i - ref_i| <= tol * cond_i + tiny for every i, where
-/// cond_i is the sum of the magnitudes of the terms that make element i (a dot product's
-/// sum of |a_k * b_k|, plus |bias| or |initial value|). cond_i = 0 demands ref_i exactly.
-inline void require_accurate(const std::vector<float>& got, const std::vector<double>& ref,
-                             const std::vector<double>& cond, const std::string& what,
-                             double tol = kTol) {
-  INFO(what);
-  REQUIRE(got.size() == ref.size());
-  REQUIRE(cond.size() == ref.size());
-  constexpr double kTiny = 1e-30;
-  double diff2 = 0.0, ref2 = 0.0;
-  int64_t bad = -1;
-  std::string reason;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = got[i], r = ref[i];
-    const double err = std::fabs(g - r);
-    diff2 += (g - r) * (g - r);
-    ref2 += r * r;
-    if (bad < 0 && !std::isfinite(g)) {
-      bad = static_cast<int64_t>(i);
-      reason = "not finite";
-    } else if (bad < 0 && !(err <= tol * cond[i] + kTiny)) {
-      bad = static_cast<int64_t>(i);
-      reason = "error above tol * cond";
-    }
-  }
-  if (bad >= 0) {
-    const size_t i = static_cast<size_t>(bad);
-    std::ostringstream oss;
-    oss << std::setprecision(10) << "element " << i << " (" << reason << "): got " << got[i]
-        << ", reference " << ref[i] << ", cond " << cond[i];
-    FAIL(oss.str());
-  }
-  const double diff_norm = std::sqrt(diff2), ref_norm = std::sqrt(ref2);
-  INFO("norm-wise: ||got - ref|| = " << diff_norm << ", ||ref|| = " << ref_norm);
-  REQUIRE(diff_norm <= tol * ref_norm + kTiny);
-}
-
-/// The same check against another float result (the CPU backend's), same conditions.
-inline void require_accurate(const std::vector<float>& got, const std::vector<float>& ref,
-                             const std::vector<double>& cond, const std::string& what,
-                             double tol = kTol) {
-  require_accurate(got, std::vector<double>(ref.begin(), ref.end()), cond, what, tol);
-}
-
-/// Bitwise equality (NaN payloads included), reporting the first difference.
-inline void require_bitwise_equal(const std::vector<float>& got, const std::vector<float>& want,
-                                  const std::string& what) {
-  INFO(what);
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &got[i], sizeof a);
-    std::memcpy(&b, &want[i], sizeof b);
-    if (a != b) {
-      std::ostringstream oss;
-      oss << std::setprecision(10) << "element " << i << ": got " << got[i] << " (0x" << std::hex
-          << a << "), want " << std::dec << want[i] << " (0x" << std::hex << b << ")";
-      FAIL(oss.str());
-    }
-  }
 }
 
 /// Runs f and requires a ddp::Error whose message contains `part`.

@@ -1,6 +1,6 @@
-// The CPU backend's kernels against naive double-precision references written here (plain loops),
-// against finite differences, and SGD against a transcription of torch.optim.SGD. Outputs are
-// pre-filled with NaN so an element a kernel forgets to write fails the comparison.
+// The CPU backend: the kernel conformance suite (tests/support/kernel_conformance.h: every
+// kernel against double-precision references, bitwise where the result is exact, in aligned and
+// misaligned views), gradients against finite differences, and the argument errors.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernel_conformance.h"
 #include "kernels/backend.h"
 #include "test_helpers.h"
 
@@ -19,8 +20,8 @@ namespace {
 
 using Catch::Contains;
 using ddp::Tensor;
+namespace kt = ddp_kernel_test;
 
-constexpr double kTol = 1e-5;
 constexpr double kFiniteDiffTol = 1e-3;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -42,181 +43,77 @@ void require_equal(const std::vector<float>& actual, const std::vector<float>& e
   }
 }
 
-struct LinearShape {
-  int64_t batch, in, out;
-};
+using kt::LinearShape;
 
-// Sizes that are multiples of no SIMD width or GEMM block, plus batch 1 and a few random ones.
+// The conformance shapes, plus every combination of sizes that are multiples of no SIMD width
+// or GEMM block, and batch 1.
 std::vector<LinearShape> linear_shapes() {
-  std::vector<LinearShape> shapes;
+  std::vector<LinearShape> shapes = kt::conformance_linear_shapes(6, 300);
   for (int64_t b : {1, 3, 17, 65})
     for (int64_t in : {1, 7, 33, 130})
       for (int64_t out : {1, 3, 17, 65, 130}) shapes.push_back({b, in, out});
-  ddp::Rng rng(2024);
-  for (int i = 0; i < 6; ++i) {
-    shapes.push_back({static_cast<int64_t>(rng.below(150) + 1),
-                      static_cast<int64_t>(rng.below(300) + 1),
-                      static_cast<int64_t>(rng.below(300) + 1)});
-  }
   return shapes;
 }
 
-// ---- naive double references -------------------------------------------------------------
-
-std::vector<double> ref_linear_forward(const std::vector<float>& x, const std::vector<float>& w,
-                                       const std::vector<float>& bias, const LinearShape& s,
-                                       bool relu) {
-  std::vector<double> y(static_cast<size_t>(s.batch * s.out));
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t o = 0; o < s.out; ++o) {
-      double acc = bias[o];
-      for (int64_t i = 0; i < s.in; ++i) acc += double(x[b * s.in + i]) * double(w[o * s.in + i]);
-      y[b * s.out + o] = relu ? std::max(acc, 0.0) : acc;
-    }
+/// Runs `conform` on an aligned and on a misaligned CPU target.
+template <typename Conform>
+void on_cpu(Conform conform) {
+  auto backend = ddp::make_cpu_backend();
+  REQUIRE(backend->device() == ddp::Device::CPU);
+  kt::KernelTarget target(*backend);
+  for (bool misaligned : {false, true}) {
+    INFO((misaligned ? "misaligned views" : "aligned views"));
+    target.set_misaligned(misaligned);
+    conform(target);
   }
-  return y;
-}
-
-std::vector<double> ref_linear_backward_input(const std::vector<float>& dy,
-                                              const std::vector<float>& w,
-                                              const std::vector<float>* relu_output,
-                                              const LinearShape& s) {
-  std::vector<double> dx(static_cast<size_t>(s.batch * s.in));
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t i = 0; i < s.in; ++i) {
-      double acc = 0.0;
-      for (int64_t o = 0; o < s.out; ++o)
-        acc += double(dy[b * s.out + o]) * double(w[o * s.in + i]);
-      if (relu_output && !((*relu_output)[b * s.in + i] > 0.0f)) acc = 0.0;
-      dx[b * s.in + i] = acc;
-    }
-  }
-  return dx;
-}
-
-// Returns {dw, db}; starts from the given values so accumulation is the same reference.
-std::pair<std::vector<double>, std::vector<double>> ref_linear_backward_params(
-    const std::vector<float>& dy, const std::vector<float>& x, const std::vector<float>& dw0,
-    const std::vector<float>& db0, const LinearShape& s) {
-  std::vector<double> dw(dw0.begin(), dw0.end()), db(db0.begin(), db0.end());
-  for (int64_t o = 0; o < s.out; ++o) {
-    for (int64_t i = 0; i < s.in; ++i) {
-      for (int64_t b = 0; b < s.batch; ++b)
-        dw[o * s.in + i] += double(dy[b * s.out + o]) * double(x[b * s.in + i]);
-    }
-    for (int64_t b = 0; b < s.batch; ++b) db[o] += dy[b * s.out + o];
-  }
-  return {dw, db};
-}
-
-struct XentReference {
-  double loss_sum = 0.0;
-  int64_t correct = 0;
-  std::vector<double> dlogits;
-};
-
-XentReference ref_softmax_xent(const std::vector<float>& logits, const std::vector<int32_t>& labels,
-                               int64_t classes, double grad_scale) {
-  XentReference ref;
-  ref.dlogits.resize(logits.size());
-  for (size_t r = 0; r < labels.size(); ++r) {
-    const float* l = &logits[r * classes];
-    int64_t argmax = 0;
-    for (int64_t j = 1; j < classes; ++j)
-      if (l[j] > l[argmax]) argmax = j;
-    double sum = 0.0;
-    for (int64_t j = 0; j < classes; ++j) sum += std::exp(double(l[j]) - double(l[argmax]));
-    const double lse = double(l[argmax]) + std::log(sum);
-    ref.loss_sum += lse - double(l[labels[r]]);
-    ref.correct += argmax == labels[r] ? 1 : 0;
-    for (int64_t j = 0; j < classes; ++j) {
-      const double onehot = j == labels[r] ? 1.0 : 0.0;
-      ref.dlogits[r * classes + j] = (std::exp(double(l[j]) - lse) - onehot) * grad_scale;
-    }
-  }
-  return ref;
-}
-
-std::vector<int32_t> random_labels(int64_t n, int64_t classes, uint64_t seed) {
-  ddp::Rng rng(seed);
-  std::vector<int32_t> labels(static_cast<size_t>(n));
-  for (auto& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
-  return labels;
-}
-
-std::vector<float> relu_of(std::vector<float> v) {
-  for (auto& x : v) x = std::max(x, 0.0f);
-  return v;
 }
 
 }  // namespace
 
-// ---- linear -------------------------------------------------------------------------------
+// ---- conformance ---------------------------------------------------------------------------
 
-TEST_CASE("cpu linear_forward matches a double reference, with and without fused relu",
+TEST_CASE("cpu backend conforms: linear_forward, with and without fused relu", "[kernels]") {
+  on_cpu([](kt::KernelTarget& t) { kt::conform_linear_forward(t, linear_shapes(), 1000); });
+}
+
+TEST_CASE("cpu backend conforms: linear_backward_input, with the relu mask", "[kernels]") {
+  on_cpu([](kt::KernelTarget& t) { kt::conform_linear_backward_input(t, linear_shapes(), 2000); });
+}
+
+TEST_CASE("cpu backend conforms: linear_backward_params overwrites or accumulates", "[kernels]") {
+  on_cpu([](kt::KernelTarget& t) { kt::conform_linear_backward_params(t, linear_shapes(), 3000); });
+}
+
+TEST_CASE("cpu backend conforms: softmax_xent", "[kernels]") {
+  std::vector<kt::XentCase> cases;
+  for (int64_t rows : {1, 3, 64, 130})
+    for (int64_t classes : {1, 2, 3, 10, 17, 130, 1500}) cases.push_back({rows, classes, true});
+  on_cpu([&](kt::KernelTarget& t) {
+    kt::conform_softmax_xent(t, cases, 6000);
+    kt::conform_softmax_xent_extremes(t);
+  });
+}
+
+TEST_CASE("cpu backend conforms: sgd_step is torch.optim.SGD for every option combination",
           "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  uint64_t seed = 1;
-  for (const auto& s : linear_shapes()) {
-    for (bool relu : {false, true}) {
-      INFO("batch " << s.batch << " in " << s.in << " out " << s.out << " fuse_relu " << relu);
-      auto x = ddp_test::random_vector(s.batch * s.in, seed++);
-      auto w = ddp_test::random_vector(s.out * s.in, seed++);
-      auto bias = ddp_test::random_vector(s.out, seed++);
-      auto y = nan_vector(s.batch * s.out);
-      Tensor yt = view(y, s.batch, s.out);
-      backend->linear_forward(view(x, s.batch, s.in), view(w, s.out, s.in), view(bias, 1, s.out),
-                              relu, yt);
-      ddp_test::require_close(y, ref_linear_forward(x, w, bias, s, relu), kTol);
-    }
-  }
+  REQUIRE(kt::sgd_option_combinations().size() == 10);
+  on_cpu([](kt::KernelTarget& t) {
+    for (int64_t n : {1, 3, 4, 9, 37, 1027}) kt::conform_sgd_step(t, n, 8000);
+  });
 }
 
-TEST_CASE("cpu linear_backward_input matches a double reference, with the relu mask", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  uint64_t seed = 100;
-  for (const auto& s : linear_shapes()) {
-    for (bool masked : {false, true}) {
-      INFO("batch " << s.batch << " in " << s.in << " out " << s.out << " relu mask " << masked);
-      auto dy = ddp_test::random_vector(s.batch * s.out, seed++);
-      auto w = ddp_test::random_vector(s.out * s.in, seed++);
-      // About half the ReLU outputs are exactly zero, as after a real ReLU.
-      auto relu_output = relu_of(ddp_test::random_vector(s.batch * s.in, seed++));
-      Tensor relu_t = view(relu_output, s.batch, s.in);
-      auto dx = nan_vector(s.batch * s.in);
-      Tensor dxt = view(dx, s.batch, s.in);
-      backend->linear_backward_input(view(dy, s.batch, s.out), view(w, s.out, s.in),
-                                     masked ? &relu_t : nullptr, dxt);
-      ddp_test::require_close(
-          dx, ref_linear_backward_input(dy, w, masked ? &relu_output : nullptr, s), kTol);
+TEST_CASE("cpu backend conforms: relu, fill, scale, copy, count_nonfinite", "[kernels]") {
+  on_cpu([](kt::KernelTarget& t) {
+    uint64_t seed = 9000;
+    for (const auto& [rows, cols] : kt::conformance_elementwise_shapes(true)) {
+      kt::conform_relu(t, rows, cols, seed += 10);
+      kt::conform_fill_scale_copy(t, rows, cols, seed += 10);
+      kt::conform_count_nonfinite(t, rows, cols, seed += 10);
     }
-  }
+  });
 }
 
-TEST_CASE("cpu linear_backward_params overwrites or accumulates dw and db", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  uint64_t seed = 200;
-  for (const auto& s : linear_shapes()) {
-    for (bool accumulate : {false, true}) {
-      INFO("batch " << s.batch << " in " << s.in << " out " << s.out << " accumulate "
-                    << accumulate);
-      auto dy = ddp_test::random_vector(s.batch * s.out, seed++);
-      auto x = ddp_test::random_vector(s.batch * s.in, seed++);
-      // Accumulation needs defined starting values; overwriting must ignore NaN ones.
-      auto dw =
-          accumulate ? ddp_test::random_vector(s.out * s.in, seed++) : nan_vector(s.out * s.in);
-      auto db = accumulate ? ddp_test::random_vector(s.out, seed++) : nan_vector(s.out);
-      const std::vector<float> zero_w(dw.size(), 0.0f), zero_b(db.size(), 0.0f);
-      auto ref =
-          ref_linear_backward_params(dy, x, accumulate ? dw : zero_w, accumulate ? db : zero_b, s);
-      Tensor dwt = view(dw, s.out, s.in), dbt = view(db, 1, s.out);
-      backend->linear_backward_params(view(dy, s.batch, s.out), view(x, s.batch, s.in), accumulate,
-                                      dwt, dbt);
-      ddp_test::require_close(dw, ref.first, kTol);
-      ddp_test::require_close(db, ref.second, kTol);
-    }
-  }
-}
+// ---- finite differences --------------------------------------------------------------------
 
 namespace {
 
@@ -233,7 +130,6 @@ double linear_objective(ddp::Backend& backend, std::vector<float>& x, std::vecto
   for (size_t i = 0; i < y.size(); ++i) j += double(y[i]) * double(r[i]);
   return j;
 }
-
 // Central difference of the objective in one float element, using the step actually taken
 // after rounding the perturbed values to float.
 template <typename Objective>
@@ -256,14 +152,12 @@ TEST_CASE("cpu linear backward kernels agree with finite differences of the forw
   const LinearShape s{3, 4, 5};
   for (bool relu : {false, true}) {
     INFO("fuse_relu " << relu);
-    auto x = ddp_test::random_vector(s.batch * s.in, 11);
-    auto w = ddp_test::random_vector(s.out * s.in, 12);
-    auto bias = ddp_test::random_vector(s.out, 13);
+    const kt::LinearData d = kt::make_linear_data(s, 11);
+    auto x = d.x, w = d.w, bias = d.bias;
     auto r = ddp_test::random_vector(s.batch * s.out, 14);
     const float h = 1e-3f;
     // The objective must be smooth within ±h: no pre-activation may sit that close to the kink.
-    auto pre = ref_linear_forward(x, w, bias, s, false);
-    for (double z : pre) REQUIRE(std::fabs(z) > 4 * h);
+    for (double z : kt::ref_forward(d, false).value) REQUIRE(std::fabs(z) > 4 * h);
 
     auto y = nan_vector(s.batch * s.out);
     Tensor yt = view(y, s.batch, s.out);
@@ -293,6 +187,9 @@ TEST_CASE("cpu linear backward kernels agree with finite differences of the forw
     ddp_test::require_close(db, fd_b, kFiniteDiffTol);
   }
 }
+
+
+// ---- argument errors and edge cases --------------------------------------------------------
 
 TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
@@ -356,56 +253,6 @@ TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]
   }
 }
 
-// ---- relu ---------------------------------------------------------------------------------
-
-TEST_CASE("cpu relu forward and backward, out of place and in place", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  uint64_t seed = 300;
-  const std::vector<std::pair<int64_t, int64_t>> shapes{
-      {1, 1}, {1, 7}, {3, 17}, {17, 130}, {65, 33}};
-  for (auto [rows, cols] : shapes) {
-    INFO("shape " << ddp::shape_string(rows, cols));
-    auto x = ddp_test::random_vector(rows * cols, seed++);
-    auto dy = ddp_test::random_vector(rows * cols, seed++);
-    std::vector<double> y_ref(x.size()), dx_ref(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      y_ref[i] = std::max(double(x[i]), 0.0);
-      dx_ref[i] = x[i] > 0.0f ? double(dy[i]) : 0.0;
-    }
-    auto y = nan_vector(rows * cols), dx = nan_vector(rows * cols);
-    Tensor yt = view(y, rows, cols), dxt = view(dx, rows, cols);
-    backend->relu_forward(view(x, rows, cols), yt);
-    ddp_test::require_close(y, y_ref, kTol);
-    backend->relu_backward(view(dy, rows, cols), yt, dxt);
-    ddp_test::require_close(dx, dx_ref, kTol);
-
-    Tensor xt = view(x, rows, cols), dyt = view(dy, rows, cols);
-    backend->relu_forward(xt, xt);
-    ddp_test::require_close(x, y_ref, kTol);
-    backend->relu_backward(dyt, xt, dyt);
-    ddp_test::require_close(dy, dx_ref, kTol);
-  }
-}
-
-TEST_CASE("cpu relu keeps NaN forward and blocks gradients of dead units", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  // Like torch: relu(NaN) is NaN (a diverged run must show), and the backward is a select,
-  // so an infinite gradient behind a zero output does not turn into NaN.
-  std::vector<float> x{kNaN, -1.0f, 2.0f};
-  auto y = nan_vector(3);
-  Tensor yt = view(y, 1, 3);
-  backend->relu_forward(view(x, 1, 3), yt);
-  REQUIRE(std::isnan(y[0]));
-  REQUIRE(y[1] == 0.0f);
-  REQUIRE(y[2] == 2.0f);
-  std::vector<float> out{0.0f, 0.0f, 2.0f};
-  std::vector<float> dy{1.0f, std::numeric_limits<float>::infinity(), 3.0f};
-  auto dx = nan_vector(3);
-  Tensor dxt = view(dx, 1, 3);
-  backend->relu_backward(view(dy, 1, 3), view(out, 1, 3), dxt);
-  require_equal(dx, {0.0f, 0.0f, 3.0f});
-}
-
 TEST_CASE("cpu relu rejects mismatched shapes", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   std::vector<float> a(12), b(12), c(12);
@@ -419,66 +266,11 @@ TEST_CASE("cpu relu rejects mismatched shapes", "[kernels]") {
   REQUIRE_THROWS_WITH(backend->relu_backward(x, x, y), Contains("dx [4, 3]"));
 }
 
-// ---- softmax cross-entropy ----------------------------------------------------------------
-
-TEST_CASE("cpu softmax_xent matches a double reference", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  uint64_t seed = 400;
-  for (int64_t rows : {1, 3, 64, 130}) {
-    for (int64_t classes : {1, 2, 3, 10, 17, 130}) {
-      INFO("rows " << rows << " classes " << classes);
-      auto logits = ddp_test::random_vector(rows * classes, seed++, -5.0, 5.0);
-      auto labels = random_labels(rows, classes, seed++);
-      const float grad_scale = 1.0f / static_cast<float>(rows);
-      auto ref = ref_softmax_xent(logits, labels, classes, grad_scale);
-      auto d = nan_vector(rows * classes);
-      Tensor dt = view(d, rows, classes);
-      auto result =
-          backend->softmax_xent(view(logits, rows, classes), labels.data(), grad_scale, &dt);
-      ddp_test::require_close(std::vector<double>{result.loss_sum},
-                              std::vector<double>{ref.loss_sum}, kTol);
-      REQUIRE(result.correct == ref.correct);
-      ddp_test::require_close(d, ref.dlogits, kTol);
-      auto no_grad =
-          backend->softmax_xent(view(logits, rows, classes), labels.data(), grad_scale, nullptr);
-      REQUIRE(no_grad.loss_sum == result.loss_sum);
-      REQUIRE(no_grad.correct == result.correct);
-    }
-  }
-}
-
-TEST_CASE("cpu softmax_xent stays finite for huge logits", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  std::vector<float> logits{1000.0f,  -1000.0f, 0.0f,  //
-                            1000.0f,  -1000.0f, 0.0f,  //
-                            -1000.0f, -1000.0f, -1000.0f};
-  std::vector<int32_t> labels{0, 1, 2};
-  auto d = nan_vector(9);
-  Tensor dt = view(d, 3, 3);
-  auto result = backend->softmax_xent(view(logits, 3, 3), labels.data(), 1.0f, &dt);
-  REQUIRE(std::isfinite(result.loss_sum));
-  // Row losses: 0, 2000 and log 3 (three equal logits).
-  REQUIRE(result.loss_sum == Approx(2000.0 + std::log(3.0)).epsilon(1e-6));
-  // Row 0 is right; row 1 (label 1) is not; row 2 is a three-way tie won by index 0, not label 2.
-  REQUIRE(result.correct == 1);
-  const double third = 1.0 / 3.0;
-  ddp_test::require_close(d, std::vector<double>{0, 0, 0, 1, -1, 0, third, third, -2 * third},
-                          kTol);
-}
-
-TEST_CASE("cpu softmax_xent counts a tie as the first maximum", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  std::vector<float> logits{1.0f, 3.0f, 3.0f, 2.0f};
-  std::vector<int32_t> second{2}, first{1};
-  REQUIRE(backend->softmax_xent(view(logits, 1, 4), second.data(), 1.0f, nullptr).correct == 0);
-  REQUIRE(backend->softmax_xent(view(logits, 1, 4), first.data(), 1.0f, nullptr).correct == 1);
-}
-
 TEST_CASE("cpu softmax_xent dlogits agree with finite differences of its loss", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   const int64_t rows = 3, classes = 5;
   auto logits = ddp_test::random_vector(rows * classes, 21, -2.0, 2.0);
-  auto labels = random_labels(rows, classes, 22);
+  auto labels = kt::random_labels(rows, classes, 22);
   const float grad_scale = 1.0f / rows;
   auto d = nan_vector(rows * classes);
   Tensor dt = view(d, rows, classes);
@@ -512,96 +304,6 @@ TEST_CASE("cpu softmax_xent rejects bad labels and shapes", "[kernels]") {
                       Contains("labels is null"));
 }
 
-// ---- SGD ----------------------------------------------------------------------------------
-
-namespace {
-
-// ATen's `self.add(other, alpha=a)` on float: vec::fmadd(other, a, self) on the vectorised CPU
-// path and a contracted multiply-add under nvcc, i.e. one rounding.
-float aten_add(float self, float other, float alpha) { return std::fma(other, alpha, self); }
-
-// torch.optim.SGD's _single_tensor_sgd, transcribed op for op in float32.
-void torch_sgd_reference(std::vector<float>& p, const std::vector<float>& grad,
-                         std::vector<float>& buf, const ddp::SgdOptions& o, bool first_step) {
-  for (size_t i = 0; i < p.size(); ++i) {
-    float g = grad[i];
-    if (o.weight_decay != 0.0f) g = aten_add(g, p[i], o.weight_decay);
-    if (o.momentum != 0.0f) {
-      if (first_step) {
-        buf[i] = g;  // torch.clone(grad)
-      } else {
-        buf[i] = buf[i] * o.momentum;                                                 // mul_
-        buf[i] = aten_add(buf[i], g, static_cast<float>(1.0 - double(o.dampening)));  // add_
-      }
-      g = o.nesterov ? aten_add(g, buf[i], o.momentum) : buf[i];
-    }
-    p[i] = aten_add(p[i], g, -o.lr);
-  }
-}
-
-// The documented algorithm in double: an independent check of the float transcription.
-void sgd_reference_double(std::vector<double>& p, const std::vector<float>& grad,
-                          std::vector<double>& buf, const ddp::SgdOptions& o, bool first_step) {
-  for (size_t i = 0; i < p.size(); ++i) {
-    double g = grad[i];
-    if (o.weight_decay != 0.0f) g += double(o.weight_decay) * p[i];
-    if (o.momentum != 0.0f) {
-      buf[i] = first_step ? g : double(o.momentum) * buf[i] + (1.0 - double(o.dampening)) * g;
-      g = o.nesterov ? g + double(o.momentum) * buf[i] : buf[i];
-    }
-    p[i] -= double(o.lr) * g;
-  }
-}
-
-void check_sgd_three_steps(ddp::Backend& backend, const ddp::SgdOptions& o) {
-  const int64_t n = 37;  // not a multiple of any vector width
-  auto params = ddp_test::random_vector(n, 500);
-  auto buf = nan_vector(n);  // the first step must not read it; momentum 0 must not touch it
-  auto ref_params = params, ref_buf = buf;
-  std::vector<double> dbl_params(params.begin(), params.end()), dbl_buf(n, 0.0);
-  for (int step = 0; step < 3; ++step) {
-    INFO("step " << step);
-    auto grads = ddp_test::random_vector(n, 510 + step, -2.0, 2.0);
-    Tensor pt = view(params, 1, n), bt = view(buf, 1, n);
-    backend.sgd_step(pt, view(grads, 1, n), bt, o, step == 0);
-    torch_sgd_reference(ref_params, grads, ref_buf, o, step == 0);
-    sgd_reference_double(dbl_params, grads, dbl_buf, o, step == 0);
-    require_equal(params, ref_params);
-    ddp_test::require_close(params, dbl_params, 1e-6);
-    if (o.momentum != 0.0f) {
-      require_equal(buf, ref_buf);
-      ddp_test::require_close(buf, dbl_buf, 1e-6);
-    } else {
-      for (float b : buf) REQUIRE(std::isnan(b));
-    }
-  }
-}
-
-}  // namespace
-
-TEST_CASE("cpu sgd_step matches torch.optim.SGD exactly for every option combination",
-          "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  int combinations = 0;
-  for (float momentum : {0.0f, 0.9f})
-    for (float dampening : {0.0f, 0.1f})
-      for (float weight_decay : {0.0f, 0.01f})
-        for (bool nesterov : {false, true}) {
-          if (nesterov && !(momentum > 0.0f && dampening == 0.0f)) continue;
-          ddp::SgdOptions o;
-          o.lr = 0.1f;
-          o.momentum = momentum;
-          o.dampening = dampening;
-          o.weight_decay = weight_decay;
-          o.nesterov = nesterov;
-          INFO("momentum " << momentum << " dampening " << dampening << " weight_decay "
-                           << weight_decay << " nesterov " << nesterov);
-          check_sgd_three_steps(*backend, o);
-          ++combinations;
-        }
-  REQUIRE(combinations == 10);
-}
-
 TEST_CASE("cpu sgd_step works on flat arrays whose shapes differ but sizes agree", "[kernels]") {
   auto backend = ddp::make_cpu_backend();
   std::vector<float> p{1, 2, 3, 4, 5, 6}, g{1, 1, 1, 1, 1, 1}, b(6, kNaN);
@@ -633,46 +335,6 @@ TEST_CASE("cpu sgd_step rejects mismatched sizes and illegal nesterov", "[kernel
   o.momentum = 0.0f;
   o.dampening = 0.0f;
   REQUIRE_THROWS_WITH(backend->sgd_step(pt, view(g, 2, 3), bt, o, true), Contains("nesterov"));
-}
-
-// ---- fill, scale, copy --------------------------------------------------------------------
-
-TEST_CASE("cpu fill, scale and copy", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  REQUIRE(backend->device() == ddp::Device::CPU);
-  const int64_t rows = 3, cols = 17;
-  auto t = nan_vector(rows * cols);
-  Tensor tt = view(t, rows, cols);
-  backend->fill(tt, 2.5f);
-  require_equal(t, std::vector<float>(t.size(), 2.5f));
-
-  auto v = ddp_test::random_vector(rows * cols, 600);
-  auto expected = v;
-  for (auto& x : expected) x *= -0.75f;
-  Tensor vt = view(v, rows, cols);
-  backend->scale(vt, -0.75f);
-  require_equal(v, expected);
-
-  auto dst = nan_vector(rows * cols);
-  Tensor dt = view(dst, rows, cols);
-  backend->copy(vt, dt);
-  require_equal(dst, v);
-  backend->copy(dt, dt);  // copying a view onto itself is a no-op
-  require_equal(dst, v);
-}
-
-TEST_CASE("cpu count_nonfinite counts NaN and infinities", "[kernels]") {
-  auto backend = ddp::make_cpu_backend();
-  auto v = ddp_test::random_vector(37, 601);
-  CHECK(backend->count_nonfinite(view(v, 1, 37)) == 0);
-  v[0] = std::numeric_limits<float>::quiet_NaN();
-  v[17] = std::numeric_limits<float>::infinity();
-  v[36] = -std::numeric_limits<float>::infinity();
-  v[5] = std::numeric_limits<float>::max();
-  v[6] = std::numeric_limits<float>::denorm_min();
-  CHECK(backend->count_nonfinite(view(v, 1, 37)) == 3);
-  CHECK(backend->count_nonfinite(Tensor{v.data(), 1, 36, ddp::Device::CPU}) == 2);  // the view only
-  CHECK(backend->count_nonfinite(Tensor{v.data(), 0, 5, ddp::Device::CPU}) == 0);
 }
 
 TEST_CASE("cpu copy rejects mismatched shapes and partial overlap", "[kernels]") {
