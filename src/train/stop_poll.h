@@ -1,7 +1,7 @@
 // The ranks' agreement on a stop request (stop_request.h): every kStopPollSteps optimizer steps
-// each rank contributes its flag to a one-float allreduce that travels on the communication
-// lane behind the step's gradients and is read at the next poll, so no step waits for the
-// network and every rank sees the same answer at the same step.
+// each rank contributes its flag to a one-float allreduce on the process group (on MPI the lane
+// the gradients share, so it travels behind the step's buckets) that is read at the next poll,
+// so no step waits for the network and every rank sees the same answer at the same step.
 #pragma once
 
 #include <memory>
