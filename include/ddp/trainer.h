@@ -16,7 +16,8 @@
 
 namespace ddp {
 
-class Communicator;  // src/dist/communicator.h: the ranks of the job and their collectives
+class ProcessGroup;          // src/dist/process_group.h: the ranks of the job, control messages
+class GradientCommunicator;  // src/dist/gradient_communicator.h: the gradient buckets' allreduce
 
 struct TrainSummary {
   int64_t epochs = 0;    ///< epochs started
@@ -45,10 +46,13 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  /// Collective over comm, which must be new: the trainer takes its gradient arena
-  /// (Communicator::gradient_arena is handed out once). log: where rank 0 prints progress
-  /// (nullptr: silent).
-  Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log);
+  /// Collective over group. host_gradients (over the same ranks; make_mpi_communicator gives
+  /// one object that is both) must be new: the trainer takes its gradient arena
+  /// (GradientCommunicator::gradient_arena is handed out once), for the buckets on the CPU and
+  /// as the staged GPU communicator's host side. log: where rank 0 prints progress (nullptr:
+  /// silent).
+  Trainer(const TrainConfig& cfg, ProcessGroup& group, GradientCommunicator& host_gradients,
+          std::ostream* log);
   ~Trainer();
 
   /// Trains for training.epochs (or training.max_steps), evaluating after each epoch.

@@ -12,7 +12,6 @@
 #include "ddp/config.h"
 #include "ddp/trainer.h"
 #include "dist/agreement.h"
-#include "dist/communicator.h"
 #include "dist/environment.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "train/stop_request.h"
@@ -49,7 +48,7 @@ int train(const Options& opt) {
               << "\n";
     for (const auto& line : layout) std::cout << "  " << line << "\n";
   }
-  ddp::Trainer trainer(cfg, *comm, env.rank == 0 ? &std::cout : nullptr);
+  ddp::Trainer trainer(cfg, *comm, *comm, env.rank == 0 ? &std::cout : nullptr);
   const ddp::TrainSummary summary = trainer.run();
   // Every rank stopped at the same step and the checkpoint is durable: a requeued job resumes.
   return summary.interrupted ? ddp::kExitInterrupted : 0;

@@ -9,7 +9,7 @@
 
 namespace ddp {
 
-void run_agreed(Communicator& comm, const std::function<void()>& fn) {
+void run_agreed(ProcessGroup& group, const std::function<void()>& fn) {
   std::string message;
   try {
     fn();
@@ -17,34 +17,34 @@ void run_agreed(Communicator& comm, const std::function<void()>& fn) {
     message = e.what();
     if (message.empty()) message = "unknown error";
   }
-  double first_failed = message.empty() ? comm.size() : comm.rank();
-  comm.allreduce(&first_failed, 1, ReduceOp::Min);
+  double first_failed = message.empty() ? group.size() : group.rank();
+  group.allreduce(&first_failed, 1, ReduceOp::Min);
   const int root = static_cast<int>(first_failed);
-  if (root >= comm.size()) return;
-  throw CollectiveError(broadcast_string(comm, message, root));
+  if (root >= group.size()) return;
+  throw CollectiveError(broadcast_string(group, message, root));
 }
 
-std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
+std::string broadcast_string(ProcessGroup& group, const std::string& s, int root) {
   uint64_t n = s.size();
-  comm.broadcast(&n, sizeof(n), root);
-  std::string out = comm.rank() == root ? s : std::string(n, '\0');
-  if (n > 0) comm.broadcast(out.data(), n, root);
+  group.broadcast(&n, sizeof(n), root);
+  std::string out = group.rank() == root ? s : std::string(n, '\0');
+  if (n > 0) group.broadcast(out.data(), n, root);
   return out;
 }
 
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine) {
   std::vector<std::string> all;
-  for (int r = 0; r < comm.size(); ++r)
-    all.push_back(broadcast_string(comm, r == comm.rank() ? mine : std::string(), r));
+  for (int r = 0; r < group.size(); ++r)
+    all.push_back(broadcast_string(group, r == group.rank() ? mine : std::string(), r));
   return all;
 }
 
-void require_same_as_rank0(Communicator& comm, const std::vector<std::string>& mine,
+void require_same_as_rank0(ProcessGroup& group, const std::vector<std::string>& mine,
                            const std::string& subject, const std::string& remedy) {
   std::string text;
   for (const std::string& line : mine) text += line + "\n";
-  const std::string root_text = broadcast_string(comm, text, 0);
-  if (comm.rank() == 0) return;
+  const std::string root_text = broadcast_string(group, text, 0);
+  if (group.rank() == 0) return;
   std::vector<std::string> theirs;
   std::istringstream iss(root_text);
   for (std::string line; std::getline(iss, line);) theirs.push_back(line);
@@ -53,7 +53,7 @@ void require_same_as_rank0(Communicator& comm, const std::vector<std::string>& m
     const std::string b = i < mine.size() ? mine[i] : "(nothing)";
     if (a != b) {
       DDP_THROW(subject << " differs from rank 0's: rank 0 has '" << a << "' where rank "
-                        << comm.rank() << " has '" << b << "'; " << remedy);
+                        << group.rank() << " has '" << b << "'; " << remedy);
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/clock.h"
 
 namespace ddp {
 
@@ -51,7 +52,7 @@ std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>
 }
 
 Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
-                 Communicator& comm)
+                 GradientCommunicator& comm)
     : plan_(std::move(plan)), names_(std::move(param_names)), arena_(grad_arena), comm_(comm) {
   DDP_CHECK(
       names_.size() == plan_.param_bucket.size(),

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "dist/gradient_communicator.h"
 
 namespace ddp {
 
@@ -66,7 +66,7 @@ class Reducer {
  public:
   /// grad_arena holds plan.total_numel floats; bucket b is [offset, offset + numel).
   Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
-          Communicator& comm);
+          GradientCommunicator& comm);
 
   /// Starts a backward pass. With sync=false (a no_sync micro-batch) gradients only
   /// accumulate locally and mark_ready/finalize communicate nothing.
@@ -105,7 +105,7 @@ class Reducer {
   BucketPlan plan_;
   std::vector<std::string> names_;
   float* arena_;
-  Communicator& comm_;
+  GradientCommunicator& comm_;
   bool sync_ = true;
   std::vector<size_t> pending_;  // per bucket: gradients not yet ready
   std::vector<char> marked_;     // per parameter: marked in this backward

@@ -16,7 +16,7 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 }  // namespace
 
-CheckpointPolicy::CheckpointPolicy(const TrainConfig& cfg, Communicator& comm, DeviceContext& ctx,
+CheckpointPolicy::CheckpointPolicy(const TrainConfig& cfg, ProcessGroup& comm, DeviceContext& ctx,
                                    Replica& replica, Reporter& report, int64_t train_samples)
     : cfg_(cfg),
       comm_(comm),

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ddp/config.h"
-#include "dist/communicator.h"
+#include "dist/process_group.h"
 #include "io/training_checkpoint.h"
 #include "train/device_context.h"
 #include "train/replica.h"
@@ -18,7 +18,7 @@ namespace ddp {
 
 class CheckpointPolicy {
  public:
-  CheckpointPolicy(const TrainConfig& cfg, Communicator& comm, DeviceContext& ctx, Replica& replica,
+  CheckpointPolicy(const TrainConfig& cfg, ProcessGroup& comm, DeviceContext& ctx, Replica& replica,
                    Reporter& report, int64_t train_samples);
 
   const std::string& dir() const { return dir_; }
@@ -38,7 +38,7 @@ class CheckpointPolicy {
 
  private:
   const TrainConfig& cfg_;
-  Communicator& comm_;
+  ProcessGroup& comm_;
   DeviceContext& ctx_;
   Replica& replica_;
   Reporter& report_;

@@ -54,8 +54,8 @@ class HostContext final : public DeviceContext {
   bool checks_gradients(bool) const override { return true; }
   Mark mark() override { return Mark{nullptr, seconds_now()}; }
   double compute_seconds(double, double, double thread_cpu) const override { return thread_cpu; }
-  std::unique_ptr<Communicator> make_gradient_communicator(Communicator&,
-                                                           const DistributedConfig&) override {
+  std::unique_ptr<GradientCommunicator> make_gradient_communicator(
+      ProcessGroup&, GradientCommunicator&, const DistributedConfig&) override {
     return nullptr;
   }
   std::string describe_gradients() const override { return ""; }
@@ -122,13 +122,13 @@ class CudaContext final : public DeviceContext {
   bool checks_gradients(bool skip_nonfinite) const override { return skip_nonfinite; }
   Mark mark() override { return Mark{mark_stream(*backend_), 0.0}; }
   double compute_seconds(double begin, double end, double) const override { return end - begin; }
-  std::unique_ptr<Communicator> make_gradient_communicator(Communicator& host,
-                                                           const DistributedConfig& cfg) override {
+  std::unique_ptr<GradientCommunicator> make_gradient_communicator(
+      ProcessGroup& group, GradientCommunicator& host, const DistributedConfig& cfg) override {
     if (!uses_nccl()) return make_staged_communicator(host, *backend_);
     NcclOptions options;
     options.algo = cfg.nccl_algo;
     options.timeout_s = cfg.timeout_s;
-    return make_nccl_communicator(host, *backend_, options);
+    return make_nccl_communicator(group, *backend_, options);
   }
   // After the communicator exists: NCCL's setup decides NCCL_ALGO.
   std::string describe_gradients() const override {

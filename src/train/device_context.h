@@ -14,8 +14,9 @@
 #include "core/tensor.h"
 #include "data/loader.h"
 #include "ddp/config.h"
-#include "dist/communicator.h"
 #include "dist/environment.h"
+#include "dist/gradient_communicator.h"
+#include "dist/process_group.h"
 #include "kernels/backend.h"
 
 namespace ddp {
@@ -78,9 +79,10 @@ class DeviceContext {
   /// a GPU the wall time from `begin` to `end`.
   virtual double compute_seconds(double begin, double end, double thread_cpu) const = 0;
 
-  /// The communicator of the gradient buckets, or nullptr where `host` itself is one.
-  virtual std::unique_ptr<Communicator> make_gradient_communicator(
-      Communicator& host, const DistributedConfig& cfg) = 0;
+  /// Collective over `group`: the communicator of the gradient buckets, or nullptr where
+  /// `host` (the gradient communicator of host memory) itself is the one.
+  virtual std::unique_ptr<GradientCommunicator> make_gradient_communicator(
+      ProcessGroup& group, GradientCommunicator& host, const DistributedConfig& cfg) = 0;
   /// The startup line about how gradients travel ("" where there is nothing to add).
   virtual std::string describe_gradients() const = 0;
 

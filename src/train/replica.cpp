@@ -24,15 +24,17 @@ Replica::Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch)
   dlogits_ = Buffer(static_cast<size_t>(max_batch * model_->out_features()), ctx.device());
 }
 
-void Replica::connect(Communicator& comm, const TrainConfig& cfg) {
-  host_comm_ = &comm;
-  run_agreed(comm,
-             [&] { gradient_comm_ = ctx_.make_gradient_communicator(comm, cfg.distributed); });
-  run_agreed(comm, [&] {
+void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
+                      const TrainConfig& cfg) {
+  host_gradients_ = &host_gradients;
+  run_agreed(group, [&] {
+    device_gradients_ = ctx_.make_gradient_communicator(group, host_gradients, cfg.distributed);
+  });
+  run_agreed(group, [&] {
     grads_ = gradient_comm().gradient_arena(plan_.total_numel, cfg.distributed.shared_memory);
     model_->bind(values_.data(), grads_, plan_.param_offset);
   });
-  broadcast_parameters(comm);
+  broadcast_parameters(group);
   reducer_ = std::make_unique<Reducer>(plan_, model_->parameter_names(), grads_, gradient_comm());
   SgdOptions opt;
   opt.lr = static_cast<float>(cfg.optimizer.lr);
@@ -55,7 +57,7 @@ Tensor Replica::dlogits(int64_t rows) { return Tensor::of(dlogits_, rows, model_
 
 // The weights come from a CPU twin of the model on every device, so the values are the CPU
 // path's; rank 0 makes them, every rank receives them.
-void Replica::broadcast_parameters(Communicator& comm) {
+void Replica::broadcast_parameters(ProcessGroup& comm) {
   std::vector<float> host(plan_.total_numel);
   run_agreed(comm, [&] {
     if (comm.rank() != 0) return;

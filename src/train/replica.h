@@ -12,7 +12,8 @@
 #include "core/tensor.h"
 #include "ddp/config.h"
 #include "ddp/safetensors.h"
-#include "dist/communicator.h"
+#include "dist/gradient_communicator.h"
+#include "dist/process_group.h"
 #include "dist/reducer.h"
 #include "nn/sequential.h"
 #include "nn/sgd.h"
@@ -26,17 +27,20 @@ class Replica {
   /// collective. The replica keeps `ctx`.
   Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch);
 
-  /// Collective: the gradient communicator and its arena (the parameters' gradients become
-  /// views into the buckets), rank 0's initial parameters on every rank (model.init_from or
-  /// the seed), the Reducer and the optimizer.
-  void connect(Communicator& comm, const TrainConfig& cfg);
+  /// Collective over `group`: the gradient communicator (`host_gradients` itself, or NCCL /
+  /// staged on GPUs) and its arena (the parameters' gradients become views into the buckets),
+  /// rank 0's initial parameters on every rank (model.init_from or the seed), the Reducer and
+  /// the optimizer.
+  void connect(ProcessGroup& group, GradientCommunicator& host_gradients, const TrainConfig& cfg);
 
   Sequential& model() { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
   Sgd& optimizer() { return *sgd_; }
   /// The communicator the buckets travel on (the host one, or NCCL / staged on GPUs).
-  Communicator& gradient_comm() { return gradient_comm_ ? *gradient_comm_ : *host_comm_; }
+  GradientCommunicator& gradient_comm() {
+    return device_gradients_ ? *device_gradients_ : *host_gradients_;
+  }
 
   /// The flat arenas, as 1 x numel tensors on the device.
   Tensor parameters();
@@ -61,15 +65,16 @@ class Replica {
 
  private:
   void init_parameters(Sequential& target) const;
-  void broadcast_parameters(Communicator& comm);
+  void broadcast_parameters(ProcessGroup& comm);
 
   const TrainConfig& cfg_;
   DeviceContext& ctx_;
   std::unique_ptr<Sequential> model_;
   BucketPlan plan_;
   Buffer values_, dlogits_;
-  Communicator* host_comm_ = nullptr;
-  std::unique_ptr<Communicator> gradient_comm_;  // declared before what holds its collectives
+  GradientCommunicator* host_gradients_ = nullptr;
+  // NCCL or staged; declared before what holds its collectives.
+  std::unique_ptr<GradientCommunicator> device_gradients_;
   float* grads_ = nullptr;  // the gradient arena, owned by the gradient communicator
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Sgd> sgd_;

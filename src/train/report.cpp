@@ -23,7 +23,7 @@ void Tally::add(const XentResult& r, int64_t rows) {
   count += static_cast<double>(rows);
 }
 
-Tally Tally::reduced(Communicator& comm) const {
+Tally Tally::reduced(ProcessGroup& comm) const {
   double v[3] = {loss_sum, correct, count};
   comm.allreduce(v, 3, ReduceOp::Sum);
   return Tally{v[0], v[1], v[2]};
@@ -41,7 +41,7 @@ std::string percent(double fraction) {
   return oss.str();
 }
 
-Reporter::Reporter(const TrainConfig& cfg, Communicator& comm, std::ostream* log)
+Reporter::Reporter(const TrainConfig& cfg, ProcessGroup& comm, std::ostream* log)
     : cfg_(cfg), comm_(comm), log_(log) {}
 
 void Reporter::open_outputs() {

@@ -13,7 +13,7 @@
 
 #include "ddp/config.h"
 #include "ddp/trainer.h"
-#include "dist/communicator.h"
+#include "dist/process_group.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
 
@@ -25,7 +25,7 @@ class DeviceContext;
 struct Tally {
   double loss_sum = 0, correct = 0, count = 0;
   void add(const XentResult& r, int64_t rows);
-  Tally reduced(Communicator& comm) const;
+  Tally reduced(ProcessGroup& comm) const;
   double loss() const { return count > 0 ? loss_sum / count : 0.0; }
   double accuracy() const { return count > 0 ? correct / count : 0.0; }
 };
@@ -37,7 +37,7 @@ std::string percent(double fraction);
 class Reporter {
  public:
   /// log: where rank 0 prints (nullptr: silent).
-  Reporter(const TrainConfig& cfg, Communicator& comm, std::ostream* log);
+  Reporter(const TrainConfig& cfg, ProcessGroup& comm, std::ostream* log);
 
   /// Rank 0: creates output.dir, opens metrics.jsonl (appended to on resume) and writes the
   /// effective config.yaml beside it.
@@ -68,7 +68,7 @@ class Reporter {
 
  private:
   const TrainConfig& cfg_;
-  Communicator& comm_;
+  ProcessGroup& comm_;
   std::ostream* log_;
   std::ofstream metrics_;
   std::unique_ptr<Tracer> tracer_ = std::make_unique<Tracer>();  // disabled unless output.trace

@@ -15,7 +15,7 @@ namespace ddp {
 namespace {
 
 // Collective: rank 0's position on every rank (counts travel as exact doubles, far below 2^53).
-void broadcast_state(Communicator& comm, TrainingState& st) {
+void broadcast_state(ProcessGroup& comm, TrainingState& st) {
   std::vector<double> numbers;
   visit_training_state(st, [&](const char*, auto& value) {
     if constexpr (!std::is_same_v<std::decay_t<decltype(value)>, std::string>)
@@ -34,7 +34,7 @@ void broadcast_state(Communicator& comm, TrainingState& st) {
 }
 
 // Rank 0: which checkpoint training.resume means ("" for "auto" with none there).
-std::string checkpoint_to_resume(const TrainConfig& cfg, Communicator& comm,
+std::string checkpoint_to_resume(const TrainConfig& cfg, ProcessGroup& comm,
                                  const std::string& dir) {
   std::string path = cfg.training.resume;
   if (path != "auto") return path;
@@ -44,7 +44,7 @@ std::string checkpoint_to_resume(const TrainConfig& cfg, Communicator& comm,
   return broadcast_string(comm, path, 0);
 }
 
-void report_resume(const TrainConfig& cfg, Communicator& comm, Reporter& report,
+void report_resume(const TrainConfig& cfg, ProcessGroup& comm, Reporter& report,
                    const std::string& path, const TrainingState& start) {
   std::ostringstream line;
   line << "resume: " << path << ": epoch " << start.epoch + 1 << " step " << start.step_in_epoch
@@ -76,7 +76,7 @@ void report_resume(const TrainConfig& cfg, Communicator& comm, Reporter& report,
 
 }  // namespace
 
-bool resume_training(const TrainConfig& cfg, Communicator& comm, Replica& replica, Reporter& report,
+bool resume_training(const TrainConfig& cfg, ProcessGroup& comm, Replica& replica, Reporter& report,
                      const std::string& checkpoint_dir, int64_t train_samples, TrainingState& at) {
   if (cfg.training.resume.empty()) return false;
   const std::string path = checkpoint_to_resume(cfg, comm, checkpoint_dir);

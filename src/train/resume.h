@@ -6,7 +6,7 @@
 #include <string>
 
 #include "ddp/config.h"
-#include "dist/communicator.h"
+#include "dist/process_group.h"
 #include "io/training_checkpoint.h"
 #include "train/replica.h"
 #include "train/report.h"
@@ -16,7 +16,7 @@ namespace ddp {
 /// Collective. Restores `replica` from the checkpoint training.resume names ("auto": the
 /// newest in `checkpoint_dir`) and returns its position; returns false (and leaves `at`) when
 /// there is nothing to resume.
-bool resume_training(const TrainConfig& cfg, Communicator& comm, Replica& replica, Reporter& report,
+bool resume_training(const TrainConfig& cfg, ProcessGroup& comm, Replica& replica, Reporter& report,
                      const std::string& checkpoint_dir, int64_t train_samples, TrainingState& at);
 
 }  // namespace ddp

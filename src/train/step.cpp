@@ -24,7 +24,7 @@ std::string StepRecord::where() const {
   return "epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step_in_epoch) + ": ";
 }
 
-Step::Step(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, Communicator& comm,
+Step::Step(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, ProcessGroup& comm,
            Reporter& report)
     : cfg_(cfg), ctx_(ctx), be_(ctx.backend()), replica_(replica), comm_(comm), report_(report) {}
 

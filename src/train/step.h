@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ddp/config.h"
-#include "dist/communicator.h"
+#include "dist/process_group.h"
 #include "kernels/backend.h"
 #include "train/device_context.h"
 #include "train/replica.h"
@@ -59,7 +59,7 @@ struct StepRecord {
 
 class Step {
  public:
-  Step(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, Communicator& comm,
+  Step(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, ProcessGroup& comm,
        Reporter& report);
 
   /// Runs one optimizer step over the next `micro_batches` batches of `feed` (whose current
@@ -78,7 +78,7 @@ class Step {
   DeviceContext& ctx_;
   Backend& be_;
   Replica& replica_;
-  Communicator& comm_;
+  ProcessGroup& comm_;
   Reporter& report_;
   Mark layer_begin_;
 };

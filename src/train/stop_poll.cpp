@@ -14,7 +14,7 @@ bool StopPoll::poll() {
     agreed = flags_[slot_ ^ 1] > 0.0f;
   }
   flags_[slot_] = stop_requested() != 0 ? 1.0f : 0.0f;
-  work_ = comm_.allreduce_async(&flags_[slot_], 1, false);
+  work_ = comm_.allreduce_async(&flags_[slot_], 1, ReduceOp::Sum);
   slot_ ^= 1;
   return agreed;
 }

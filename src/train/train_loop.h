@@ -10,7 +10,7 @@
 
 #include "ddp/config.h"
 #include "ddp/trainer.h"
-#include "dist/communicator.h"
+#include "dist/process_group.h"
 #include "io/training_checkpoint.h"
 #include "train/checkpoint_policy.h"
 #include "train/device_context.h"
@@ -25,7 +25,7 @@ namespace ddp {
 /// The parts of a run the loop drives; all outlive it.
 struct RunParts {
   const TrainConfig& cfg;
-  Communicator& comm;
+  ProcessGroup& comm;
   DeviceContext& ctx;
   TrainingData& data;
   Replica& replica;

@@ -25,7 +25,7 @@ namespace ddp {
 namespace {
 
 // This rank's device and gradient backend, from the config and the rank's place on its node.
-DevicePlacement place_rank(const TrainConfig& cfg, const Communicator& comm) {
+DevicePlacement place_rank(const TrainConfig& cfg, const ProcessGroup& comm) {
   std::string why_none;
   const int visible = cfg.device == "cpu" ? 0 : cuda_device_count(&why_none);
   char host[256] = {};
@@ -57,7 +57,8 @@ std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Repli
 
 struct Trainer::State {
   TrainConfig cfg;
-  Communicator& comm;
+  ProcessGroup& comm;
+  GradientCommunicator& host_gradients;
   Reporter report;
   std::unique_ptr<DeviceContext> ctx;
   TrainingData data;
@@ -66,8 +67,8 @@ struct Trainer::State {
   TrainingState start;
   bool resumed = false;
 
-  State(const TrainConfig& c, Communicator& cm, std::ostream* log)
-      : cfg(c), comm(cm), report(cfg, cm, log) {}
+  State(const TrainConfig& c, ProcessGroup& cm, GradientCommunicator& hg, std::ostream* log)
+      : cfg(c), comm(cm), host_gradients(hg), report(cfg, cm, log) {}
   void setup();
   void describe_run();
 };
@@ -89,7 +90,7 @@ void Trainer::State::setup() {
                           "model or configuration",
                           "every rank must run the same config and model");
   });
-  replica->connect(comm, cfg);
+  replica->connect(comm, host_gradients, cfg);
   checkpoints =
       std::make_unique<CheckpointPolicy>(cfg, comm, *ctx, *replica, report, data.train.size);
   data.start(cfg, comm.size(), comm.rank());
@@ -115,8 +116,9 @@ void Trainer::State::describe_run() {
   if (!gradients.empty()) report.say(gradients);
 }
 
-Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, std::ostream* log)
-    : s_(std::make_unique<State>(cfg, comm, log)) {
+Trainer::Trainer(const TrainConfig& cfg, ProcessGroup& group, GradientCommunicator& host_gradients,
+                 std::ostream* log)
+    : s_(std::make_unique<State>(cfg, group, host_gradients, log)) {
   s_->setup();
 }
 

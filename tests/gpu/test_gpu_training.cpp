@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "ddp/trainer.h"
-#include "dist/communicator.h"
 #include "dist/device_communicators.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "kernels/cuda/cuda.h"
@@ -122,7 +122,7 @@ TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][s
     auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     const int gpu = mpi->local_rank() % ddp::cuda_device_count();
     auto backend = ddp::make_cuda_backend(gpu);
-    std::unique_ptr<ddp::Communicator> comm =
+    std::unique_ptr<ddp::GradientCommunicator> comm =
         kind == "nccl" ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
                        : ddp::make_staged_communicator(*mpi, *backend);
     const size_t sizes[3] = {1, 1000, 4099};
@@ -332,7 +332,7 @@ TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane 
     INFO(kind);
     auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
-    std::unique_ptr<ddp::Communicator> comm =
+    std::unique_ptr<ddp::GradientCommunicator> comm =
         kind == "nccl" ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
                        : ddp::make_staged_communicator(*mpi, *backend);
     float* arena = comm->gradient_arena(64);

@@ -12,7 +12,6 @@
 #include "core/clock.h"
 #include "ddp/trainer.h"
 #include "dist/agreement.h"
-#include "dist/communicator.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
@@ -20,7 +19,7 @@ using ddp_test::require_on_all_ranks;
 
 namespace {
 
-std::unique_ptr<ddp::Communicator> world() { return ddp::make_mpi_communicator(MPI_COMM_WORLD); }
+std::unique_ptr<ddp::MpiCommunicator> world() { return ddp::make_mpi_communicator(MPI_COMM_WORLD); }
 
 // Rank-valued data whose sum over ranks is exact in float: (rank + 1) * (i % 7 + 1).
 std::vector<float> rank_valued(size_t n, int rank) {
@@ -145,6 +144,30 @@ TEST_CASE("blocking allreduce of doubles: sum, max, min", "[mpi]") {
   REQUIRE(v[0] == n * (n - 1) / 2.0);
   REQUIRE(v[1] == n - 1);
   REQUIRE(v[2] == 0);
+}
+
+TEST_CASE("process group flags: sum, max, min, behind the gradient buckets on one lane", "[mpi]") {
+  auto comm = world();
+  const int r = comm->rank(), n = comm->size();
+  auto bucket = rank_valued(1000, r);
+  float flags[3] = {static_cast<float>(r), static_cast<float>(r), static_cast<float>(r)};
+  ddp::GradientCommunicator& gradients = *comm;
+  ddp::ProcessGroup& group = *comm;
+  auto w_bucket = gradients.allreduce_async(bucket.data(), bucket.size(), false);
+  auto w_sum = group.allreduce_async(flags, 1, ddp::ReduceOp::Sum);
+  auto w_max = group.allreduce_async(flags + 1, 1, ddp::ReduceOp::Max);
+  auto w_min = group.allreduce_async(flags + 2, 1, ddp::ReduceOp::Min);
+  w_min->wait();  // runs the lane up to it: the bucket and the other flags first
+  w_max->wait();
+  w_sum->wait();
+  w_bucket->wait();
+  long errors = 0;
+  for (size_t i = 0; i < bucket.size(); ++i) errors += bucket[i] != expected_sum(i, n);
+  errors += flags[0] != static_cast<float>(n * (n - 1) / 2);
+  errors += flags[1] != static_cast<float>(n - 1);
+  errors += flags[2] != 0.0f;
+  errors += w_sum->start_time() < w_bucket->end_time();
+  require_on_all_ranks(*comm, errors, "flags and the bucket before them");
 }
 
 TEST_CASE("broadcast from every root", "[mpi]") {

@@ -10,7 +10,6 @@
 
 #include "core/check.h"
 #include "ddp/trainer.h"
-#include "dist/communicator.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
@@ -134,7 +133,7 @@ TEST_CASE("a rank with a different model fails on every rank with a message nami
   if (rank == 1) cfg.model.layers = {12, 25, 16, 5};
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   try {
-    ddp::Trainer trainer(cfg, *comm, nullptr);
+    ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
     FAIL("a mismatched model was accepted");
   } catch (const ddp::CollectiveError& e) {
     const std::string msg = e.what();

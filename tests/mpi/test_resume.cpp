@@ -12,7 +12,6 @@
 #include "core/check.h"
 #include "ddp/trainer.h"
 #include "dist/agreement.h"
-#include "dist/communicator.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
@@ -215,7 +214,7 @@ TEST_CASE("a mismatched checkpoint is refused on every rank naming the differenc
     change(other);
     auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     try {
-      ddp::Trainer trainer(other, *comm, nullptr);
+      ddp::Trainer trainer(other, *comm, *comm, nullptr);
     } catch (const ddp::CollectiveError& e) {
       return std::string(e.what());
     }
@@ -256,7 +255,7 @@ TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips 
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   std::string message = "(no error)";
   try {
-    ddp::Trainer trainer(cfg, *comm, nullptr);
+    ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
     trainer.run();
   } catch (const ddp::CollectiveError& e) {
     message = e.what();

@@ -19,13 +19,12 @@
 #include "ddp/safetensors.h"
 #include "ddp/trainer.h"
 #include "dist/agreement.h"
-#include "dist/communicator.h"
 #include "dist/mpi/mpi_communicator.h"
 
 namespace ddp_test {
 
 /// REQUIREs on every rank that no rank counted an error.
-inline void require_on_all_ranks(ddp::Communicator& comm, long local_errors,
+inline void require_on_all_ranks(ddp::ProcessGroup& comm, long local_errors,
                                  const std::string& what) {
   double errors = static_cast<double>(local_errors);
   comm.allreduce(&errors, 1, ddp::ReduceOp::Sum);
@@ -35,7 +34,7 @@ inline void require_on_all_ranks(ddp::Communicator& comm, long local_errors,
 }
 
 /// The largest of `value` over all ranks.
-inline double max_over_ranks(ddp::Communicator& comm, double value) {
+inline double max_over_ranks(ddp::ProcessGroup& comm, double value) {
   comm.allreduce(&value, 1, ddp::ReduceOp::Max);
   return value;
 }
@@ -78,7 +77,7 @@ inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
 inline std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
                                            ddp::TrainSummary* summary = nullptr) {
   auto comm = ddp::make_mpi_communicator(mpi_comm);
-  ddp::Trainer trainer(cfg, *comm, nullptr);
+  ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
   ddp::TrainSummary s = trainer.run();
   if (summary != nullptr) *summary = s;
   return trainer.weights();

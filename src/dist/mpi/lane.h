@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "dist/communicator.h"
+#include "dist/gradient_communicator.h"
 
 namespace ddp {
 

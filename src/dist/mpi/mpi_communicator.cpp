@@ -1,6 +1,7 @@
-// MPI communicator: collectives run in submission order on the rank's communication lane
-// (lane.h), so async allreduces overlap the training thread's compute, and only one thread at a
-// time ever calls MPI (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed
+// MPI communicator, the process group and the host gradient communicator in one: collectives
+// run in submission order on the rank's communication lane (lane.h), so async allreduces overlap
+// the training thread's compute, and only one thread at a time ever calls MPI
+// (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed
 // straight out of each other's memory (an MPI shared-memory window) between futex barriers; the
 // other collectives are non-blocking MPI calls completed by a bounded, core-yielding poll.
 #include "dist/mpi/mpi_communicator.h"
@@ -45,9 +46,9 @@ void divide(float* data, size_t count, int size) {
   for (size_t i = 0; i < count; ++i) data[i] *= inv;
 }
 
-class MpiCommunicator : public Communicator {
+class LaneMpiCommunicator final : public MpiCommunicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) {
+  explicit LaneMpiCommunicator(MPI_Comm comm) {
     int provided = 0;
     DDP_MPI_CHECK(MPI_Query_thread(&provided));
     DDP_CHECK(provided >= MPI_THREAD_SERIALIZED,
@@ -69,7 +70,7 @@ class MpiCommunicator : public Communicator {
     lane_ = std::make_unique<Lane>(spin);
   }
 
-  ~MpiCommunicator() override {
+  ~LaneMpiCommunicator() override {
     if (lane_->broken()) {
       // A collective was lost: MPI may still hold requests into the arena and the window, and
       // the lane's thread may be stuck in a blocking MPI call a peer never joined. The job is
@@ -121,10 +122,7 @@ class MpiCommunicator : public Communicator {
     }
     if (count <= kPolledFloats) {
       return lane_->submit(std::move(what), [this, data, count, average] {
-        MPI_Request request = MPI_REQUEST_NULL;
-        DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT,
-                                     MPI_SUM, comm_, &request));
-        complete(request);
+        polled_allreduce(data, count, MPI_FLOAT, MPI_SUM);
         if (average) scale(data, count);
       }, hooks);
     }
@@ -145,11 +143,16 @@ class MpiCommunicator : public Communicator {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " doubles is too large");
     lane_->submit("allreduce of " + std::to_string(count) + " double(s)", [this, data, count, op] {
-      MPI_Request request = MPI_REQUEST_NULL;
-      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
-                                   to_mpi(op), comm_, &request));
-      complete(request);
+      polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op));
     })->wait();
+  }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " floats is too large");
+    return lane_->submit(
+        "allreduce of " + std::to_string(count) + " floats",
+        [this, data, count, op] { polled_allreduce(data, count, MPI_FLOAT, to_mpi(op)); });
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -186,6 +189,14 @@ class MpiCommunicator : public Communicator {
   static constexpr size_t kPolledFloats = 1024;
 
   void scale(float* data, size_t count) const { divide(data, count, size_); }
+
+  // An in-place MPI_Iallreduce of host memory, completed by polling.
+  void polled_allreduce(void* data, size_t count, MPI_Datatype type, MPI_Op op) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    DDP_MPI_CHECK(
+        MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm_, &request));
+    complete(request);
+  }
 
   // Completes a non-blocking MPI call by polling it (each MPI_Test also progresses MPI), within
   // the lane's deadline and yielding the core while the peers are late.
@@ -313,8 +324,8 @@ class MpiCommunicator : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
-  return std::make_unique<MpiCommunicator>(comm);
+std::unique_ptr<MpiCommunicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<LaneMpiCommunicator>(comm);
 }
 
 }  // namespace ddp

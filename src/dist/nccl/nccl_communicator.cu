@@ -1,9 +1,9 @@
-// Gradients in GPU memory averaged by NCCL (see cuda_comm.h). A bucket's allreduce: an event on
-// the compute stream where its last gradient was queued, the comm stream waits on it, records a
-// start event, runs ncclAllReduce, records an end event. Work::wait makes the compute stream
-// wait on the end event (no host synchronisation inside a step); Work::synchronize polls the
-// end event and NCCL's asynchronous error under the timeout, aborting the communicator on
-// failure so no rank is left waiting.
+// Gradients in GPU memory averaged by NCCL (see device_communicators.h). A bucket's allreduce:
+// an event on the compute stream where its last gradient was queued, the comm stream waits on
+// it, records a start event, runs ncclAllReduce, records an end event. Work::wait makes the
+// compute stream wait on the end event (no host synchronisation inside a step);
+// Work::synchronize polls the end event and NCCL's asynchronous error under the timeout,
+// aborting the communicator on failure so no rank is left waiting.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -25,7 +25,8 @@ namespace ddp {
 
 bool nccl_built() { return false; }
 std::string nccl_version() { return "not built (NCCL was not found when this was configured)"; }
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, Backend&, const NcclOptions&) {
+std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
+                                                             const NcclOptions&) {
   DDP_THROW(
       "distributed.backend: nccl is not available: this build has no NCCL (configure with "
       "NCCL installed), use distributed.backend: mpi");
@@ -73,24 +74,24 @@ class NcclWork final : public Work {
   double start_seconds_ = 0.0, end_seconds_ = 0.0;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public GradientCommunicator {
  public:
-  NcclCommunicator(Communicator& host, Backend& backend, const NcclOptions& options)
-      : host_(host), timeout_s_(options.timeout_s) {
+  NcclCommunicator(ProcessGroup& group, Backend& backend, const NcclOptions& options)
+      : timeout_s_(options.timeout_s) {
     backend_ = dynamic_cast<cuda::CudaBackend*>(&backend);
     DDP_CHECK(backend_ != nullptr, "NCCL needs the CUDA backend, got '" << backend.name() << "'");
     clock_ = backend_->clock();
     // NCCL reads NCCL_ALGO when the communicator is made; a user's own setting wins.
     if (options.algo == "ring") setenv("NCCL_ALGO", "Ring", 0);
     ncclUniqueId id{};
-    if (host_.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
-    host_.broadcast(&id, sizeof(id), 0);
+    if (group.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
+    group.broadcast(&id, sizeof(id), 0);
     DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     // Non-blocking, so that a peer that never arrives is a timeout and not a hang.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const ncclResult_t rc = ncclCommInitRankConfig(&comm_, host_.size(), id, host_.rank(), &config);
-    settle(rc, "ncclCommInitRank (" + std::to_string(host_.size()) + " ranks)");
+    const ncclResult_t rc = ncclCommInitRankConfig(&comm_, group.size(), id, group.rank(), &config);
+    settle(rc, "ncclCommInitRank (" + std::to_string(group.size()) + " ranks)");
   }
 
   ~NcclCommunicator() override {
@@ -112,11 +113,6 @@ class NcclCommunicator final : public Communicator {
     }
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
-
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  int local_rank() const override { return host_.local_rank(); }
-  int local_size() const override { return host_.local_size(); }
 
   float* gradient_arena(size_t numel, bool) override {
     DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
@@ -146,17 +142,9 @@ class NcclCommunicator final : public Communicator {
     return work;
   }
 
-  void allreduce(double* data, size_t count, ReduceOp op) override {
-    host_.allreduce(data, count, op);
-  }
-  void broadcast(void* data, size_t bytes, int root) override {
-    host_.broadcast(data, bytes, root);
-  }
-  void barrier() override { host_.barrier(); }
   void set_timeout(double seconds) override {
     DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
     timeout_s_ = seconds;
-    host_.set_timeout(seconds);
   }
   double timeout() const override { return timeout_s_; }
 
@@ -230,7 +218,6 @@ class NcclCommunicator final : public Communicator {
     aborted_ = true;
   }
 
-  Communicator& host_;
   cuda::CudaBackend* backend_ = nullptr;
   std::shared_ptr<cuda::EventClock> clock_;
   double timeout_s_;
@@ -261,9 +248,9 @@ void NcclWork::synchronize() {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Backend& backend,
-                                                     const NcclOptions& options) {
-  return std::make_unique<NcclCommunicator>(host, backend, options);
+std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup& group, Backend& backend,
+                                                             const NcclOptions& options) {
+  return std::make_unique<NcclCommunicator>(group, backend, options);
 }
 
 #endif  // DDP_WITH_NCCL

@@ -1,4 +1,5 @@
-// Gradients in GPU memory, averaged by MPI through page-locked host memory (see cuda_comm.h).
+// Gradients in GPU memory, averaged by MPI through page-locked host memory
+// (see device_communicators.h).
 // Every step of a bucket's allreduce runs on the host communicator's thread, in bucket order:
 // wait for the event recorded on the compute stream when the bucket's last gradient was
 // queued, copy the bucket to its host mirror, allreduce it there, copy it back. Its waits on the
@@ -30,9 +31,9 @@ void await_event(cudaEvent_t event, double timeout_s, const std::string& what) {
   DDP_CUDA_CHECK(rc);
 }
 
-class StagedCommunicator final : public Communicator {
+class StagedCommunicator final : public GradientCommunicator {
  public:
-  StagedCommunicator(Communicator& host, Backend& backend) : host_(host) {
+  StagedCommunicator(GradientCommunicator& host, Backend& backend) : host_(host) {
     backend_ = dynamic_cast<cuda::CudaBackend*>(&backend);
     DDP_CHECK(backend_ != nullptr,
               "the staged communicator needs the CUDA backend, got '" << backend.name() << "'");
@@ -46,11 +47,6 @@ class StagedCommunicator final : public Communicator {
     if (copied_ != nullptr) (void)cudaEventDestroy(copied_);
     if (lane_stream_ != nullptr) (void)cudaStreamDestroy(lane_stream_);
   }
-
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  int local_rank() const override { return host_.local_rank(); }
-  int local_size() const override { return host_.local_size(); }
 
   float* gradient_arena(size_t numel, bool shared) override {
     DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
@@ -81,7 +77,7 @@ class StagedCommunicator final : public Communicator {
     const int device = device_;
     cudaStream_t stream = lane_stream_;
     cudaEvent_t copied = copied_;  // one at a time: the lane runs one collective at a time
-    Communicator& comm = host_;
+    GradientCommunicator& comm = host_;
     const std::string what = "allreduce of " + std::to_string(count) + " floats";
     LaneHooks lane;
     lane.ready = [device, ready, &comm, what] {
@@ -105,18 +101,11 @@ class StagedCommunicator final : public Communicator {
     return host_.allreduce_async(host, count, average, &lane);
   }
 
-  void allreduce(double* data, size_t count, ReduceOp op) override {
-    host_.allreduce(data, count, op);
-  }
-  void broadcast(void* data, size_t bytes, int root) override {
-    host_.broadcast(data, bytes, root);
-  }
-  void barrier() override { host_.barrier(); }
   void set_timeout(double seconds) override { host_.set_timeout(seconds); }
   double timeout() const override { return host_.timeout(); }
 
  private:
-  Communicator& host_;
+  GradientCommunicator& host_;
   cuda::CudaBackend* backend_ = nullptr;
   int device_ = 0;
   cudaStream_t lane_stream_ = nullptr;
@@ -128,7 +117,8 @@ class StagedCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Backend& backend) {
+std::unique_ptr<GradientCommunicator> make_staged_communicator(GradientCommunicator& host,
+                                                               Backend& backend) {
   return std::make_unique<StagedCommunicator>(host, backend);
 }
 

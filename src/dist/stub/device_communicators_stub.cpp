@@ -9,11 +9,12 @@ namespace ddp {
 bool nccl_built() { return false; }
 std::string nccl_version() { return "not built (this build has no CUDA support)"; }
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, Backend&, const NcclOptions&) {
+std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
+                                                             const NcclOptions&) {
   DDP_THROW("NCCL: this build has no CUDA support (configure with the CUDA toolkit installed)");
 }
 
-std::unique_ptr<Communicator> make_staged_communicator(Communicator&, Backend&) {
+std::unique_ptr<GradientCommunicator> make_staged_communicator(GradientCommunicator&, Backend&) {
   DDP_THROW(
       "staged GPU communicator: this build has no CUDA support (configure with the CUDA "
       "toolkit installed)");

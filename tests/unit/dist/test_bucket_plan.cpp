@@ -114,7 +114,7 @@ TEST_CASE("bucket plan is deterministic and rejects zero caps", "[reducer]") {
 namespace {
 
 // Records each collective instead of communicating; completes them immediately.
-class RecordingComm : public ddp::Communicator {
+class RecordingComm : public ddp::GradientCommunicator {
  public:
   struct Call {
     float* data;
@@ -124,10 +124,6 @@ class RecordingComm : public ddp::Communicator {
   std::vector<Call> calls;
   std::vector<float> arena;
   size_t fail_call = SIZE_MAX;  // this call's wait() throws, as a timed-out collective does
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  int local_rank() const override { return 0; }
-  int local_size() const override { return 1; }
   std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average,
                                              const ddp::LaneHooks*) override {
     calls.push_back({data, count, average});
@@ -140,9 +136,6 @@ class RecordingComm : public ddp::Communicator {
     arena.assign(numel, 0.0f);
     return arena.data();
   }
-  void allreduce(double*, size_t, ddp::ReduceOp) override {}
-  void broadcast(void*, size_t, int) override {}
-  void barrier() override {}
   void set_timeout(double) override {}
   double timeout() const override { return 1.0; }
 
