@@ -42,7 +42,8 @@ int train(const Options& opt) {
   }
   if (env.rank == 0) {
     std::cout << "ddp-train: " << env.world << " rank(s) on " << layout.size()
-              << " node(s), device " << cfg.device << ", config " << opt.config << "\n";
+              << " node(s), device " << ddp::to_string(cfg.device) << ", config " << opt.config
+              << "\n";
     std::cout << "  launcher: "
               << ddp::describe_launcher([](const char* name) { return std::getenv(name); },
                                         env.world)

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "ddp/config.h"
 #include "dist/communicator.h"
 #include "kernels/backend.h"
 
@@ -20,9 +21,9 @@ bool nccl_built();
 std::string nccl_version();
 
 struct NcclOptions {
-  /// "ring": NCCL_ALGO=Ring unless the user set NCCL_ALGO (the design's ring allreduce);
-  /// "auto": NCCL chooses.
-  std::string algo = "ring";
+  /// Ring: NCCL_ALGO=Ring unless the user set NCCL_ALGO (the design's ring allreduce);
+  /// Auto: NCCL chooses.
+  NcclAlgo algo = NcclAlgo::Ring;
   double timeout_s = 600.0;
 };
 

@@ -81,7 +81,7 @@ class NcclCommunicator final : public Communicator {
     DDP_CHECK(backend_ != nullptr, "NCCL needs the CUDA backend, got '" << backend.name() << "'");
     clock_ = backend_->clock();
     // NCCL reads NCCL_ALGO when the communicator is made; a user's own setting wins.
-    if (options.algo == "ring") setenv("NCCL_ALGO", "Ring", 0);
+    if (options.algo == NcclAlgo::Ring) setenv("NCCL_ALGO", "Ring", 0);
     ncclUniqueId id{};
     if (host_.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
     host_.broadcast(&id, sizeof(id), 0);
