@@ -592,13 +592,13 @@ void require_file(const Origin& o, const std::string& path, const std::string& f
 }
 
 void require_set(const Origin& o, const std::string& path, const std::string& v,
-                 const std::string& format) {
-  if (v.empty()) fail(o, path, "required for data.format " + format);
+                 DataFormat format) {
+  if (v.empty()) fail(o, path, std::string("required for data.format ") + to_string(format));
 }
 
 void validate_idx(const Origin& o, const DataConfig& d) {
-  require_set(o, "data.train.images", d.train.images, "idx");
-  require_set(o, "data.train.labels", d.train.labels, "idx");
+  require_set(o, "data.train.images", d.train.images, DataFormat::Idx);
+  require_set(o, "data.train.labels", d.train.labels, DataFormat::Idx);
   require_file(o, "data.train.images", resolve_data_path(d, d.train.images));
   require_file(o, "data.train.labels", resolve_data_path(d, d.train.labels));
   if (d.test.images.empty() != d.test.labels.empty()) {
@@ -617,7 +617,7 @@ void validate_data_files(const Origin& o, const DataConfig& d) {
   if (d.format == DataFormat::Idx) {
     validate_idx(o, d);
   } else if (d.format == DataFormat::Csv) {
-    require_set(o, "data.train.path", d.train.path, "csv");
+    require_set(o, "data.train.path", d.train.path, DataFormat::Csv);
     require_file(o, "data.train.path", resolve_data_path(d, d.train.path));
     if (!d.test.path.empty()) require_file(o, "data.test.path", resolve_data_path(d, d.test.path));
   }
