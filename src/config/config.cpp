@@ -1,6 +1,6 @@
-// YAML loader for TrainConfig: parses the file, applies --set overrides, maps every key with
-// strict types (unknown keys are errors), validates, and prints the effective config back.
-// Every message reads "<origin>: <key.path>: <problem>" so a user can find and fix the value.
+// YAML loader for TrainConfig: parses the file, applies --set overrides, and walks the schema
+// (schema.h) to read every key with strict types (unknown keys are errors), to validate, to print
+// the effective config back and to list the keys. Messages read "<origin>: <key.path>: <problem>".
 #include "ddp/config.h"
 
 #include <yaml-cpp/eventhandler.h>
