@@ -1,13 +1,65 @@
 // Training configuration: plain structs with defaults. YAML is only the loader; every
 // validation error names the file and the key path (e.g. "run.yaml: training.batch_size: ...").
-// Every key is documented in docs/config.md.
+// Every key is declared once in src/config/schema.h and documented in docs/config.md.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
+
+// Keys with a fixed set of values are enums, parsed once by the loader. Each has ONE name table
+// (EnumNames below): the reader, the writer, error messages and to_string all use it.
+
+/// `device`: where the replicas compute (Device in src/core is the resolved one).
+enum class DeviceChoice { Cpu, Cuda, Auto };
+/// `distributed.backend`; a rank's resolved backend is Mpi or Nccl.
+enum class BackendChoice { Auto, Mpi, Nccl };
+/// `training.nan_policy`.
+enum class NanPolicy { Abort, SkipStep };
+/// `data.format`.
+enum class DataFormat { Idx, Synthetic, Csv };
+/// `distributed.nccl_algo`.
+enum class NcclAlgo { Ring, Auto };
+
+/// The names of an enum's values, in the order messages list them.
+template <typename E>
+struct EnumNames;
+template <>
+struct EnumNames<DeviceChoice> {
+  static constexpr std::array<std::pair<DeviceChoice, const char*>, 3> table{
+      {{DeviceChoice::Cpu, "cpu"}, {DeviceChoice::Cuda, "cuda"}, {DeviceChoice::Auto, "auto"}}};
+};
+template <>
+struct EnumNames<BackendChoice> {
+  static constexpr std::array<std::pair<BackendChoice, const char*>, 3> table{
+      {{BackendChoice::Auto, "auto"}, {BackendChoice::Mpi, "mpi"}, {BackendChoice::Nccl, "nccl"}}};
+};
+template <>
+struct EnumNames<NanPolicy> {
+  static constexpr std::array<std::pair<NanPolicy, const char*>, 2> table{
+      {{NanPolicy::Abort, "abort"}, {NanPolicy::SkipStep, "skip_step"}}};
+};
+template <>
+struct EnumNames<DataFormat> {
+  static constexpr std::array<std::pair<DataFormat, const char*>, 3> table{
+      {{DataFormat::Idx, "idx"}, {DataFormat::Synthetic, "synthetic"}, {DataFormat::Csv, "csv"}}};
+};
+template <>
+struct EnumNames<NcclAlgo> {
+  static constexpr std::array<std::pair<NcclAlgo, const char*>, 2> table{
+      {{NcclAlgo::Ring, "ring"}, {NcclAlgo::Auto, "auto"}}};
+};
+
+/// The value's name from its table ("skip_step" for NanPolicy::SkipStep).
+const char* to_string(DeviceChoice v);
+const char* to_string(BackendChoice v);
+const char* to_string(NanPolicy v);
+const char* to_string(DataFormat v);
+const char* to_string(NcclAlgo v);
 
 struct ModelConfig {
   std::vector<int64_t> layers;      ///< widths, input first: [784, 256, 256, 10]; >= 2 entries
@@ -28,8 +80,8 @@ struct SplitSource {
 };
 
 struct DataConfig {
-  std::string format = "synthetic";  ///< idx | synthetic | csv
-  std::string dir;                   ///< base directory for relative data paths
+  DataFormat format = DataFormat::Synthetic;
+  std::string dir;  ///< base directory for relative data paths
   SplitSource train;
   SplitSource test;
   bool shuffle = true;      ///< reshuffle every epoch (seed + epoch)
@@ -59,22 +111,22 @@ struct TrainingConfig {
   /// Continue from a checkpoint: "" (start fresh), "auto" (the newest complete checkpoint in
   /// checkpoint.dir, or fresh when there is none) or the path of a checkpoint file.
   std::string resume;
-  /// A non-finite loss or gradient: "abort" (stop the job naming the step and rank) or
-  /// "skip_step" (every rank skips that optimizer step and training goes on).
-  std::string nan_policy = "abort";
+  /// A non-finite loss or gradient: abort (stop the job naming the step and rank) or
+  /// skip_step (every rank skips that optimizer step and training goes on).
+  NanPolicy nan_policy = NanPolicy::Abort;
 };
 
 struct DistributedConfig {
   /// How gradients are averaged: mpi (CPU memory; on GPUs staged through pinned host memory),
   /// nccl (GPU memory, needs device cuda), auto (nccl on GPUs, mpi on the CPU).
-  std::string backend = "auto";
+  BackendChoice backend = BackendChoice::Auto;
   double bucket_cap_mb = 25.0;   ///< MiB, buckets after the first
   double first_bucket_mb = 1.0;  ///< MiB, the first bucket (gradients ready earliest)
   /// All ranks on one node: allreduce buckets in place in an MPI shared-memory window.
   bool shared_memory = true;
   /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
   std::vector<int64_t> gpus;
-  std::string nccl_algo = "ring";  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO
+  NcclAlgo nccl_algo = NcclAlgo::Ring;  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO
   /// Seconds any collective may take before the job is stopped (a dead or stalled peer).
   double timeout_s = 600.0;
 };
@@ -102,7 +154,7 @@ struct CheckpointConfig {
 };
 
 struct TrainConfig {
-  std::string device = "cpu";  ///< cpu | cuda | auto (cuda when a GPU is visible, else cpu)
+  DeviceChoice device = DeviceChoice::Cpu;  ///< auto: cuda when a GPU is visible, else cpu
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "config/schema.h"
 #include "core/check.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
@@ -41,7 +42,8 @@ int train(const Options& opt) {
   }
   if (env.rank == 0) {
     std::cout << "ddp-train: " << env.world << " rank(s) on " << layout.size()
-              << " node(s), device " << cfg.device << ", config " << opt.config << "\n";
+              << " node(s), device " << ddp::to_string(cfg.device) << ", config " << opt.config
+              << "\n";
     std::cout << "  launcher: "
               << ddp::describe_launcher([](const char* name) { return std::getenv(name); },
                                         env.world)
@@ -86,6 +88,15 @@ int main(int argc, char** argv) {
                  "start if none) or a checkpoint file; same as --set training.resume=...");
   app.add_flag("--print-config", opt.print_config,
                "print the effective config (defaults filled in) and exit");
+  // Runs while the command line is parsed, before --config is required and before MPI starts.
+  app.add_flag_callback(
+      "--list-config-keys",
+      [] {
+        std::cout << ddp::config_schema_table();
+        throw CLI::Success();
+      },
+      "print every config key (type, default, allowed values, whether a resume must keep it, "
+      "what it does) and exit; needs no --config");
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<ddp::MpiSession> mpi;

@@ -1,6 +1,6 @@
-// YAML loader for TrainConfig: parses the file, applies --set overrides, maps every key with
-// strict types (unknown keys are errors), validates, and prints the effective config back.
-// Every message reads "<origin>: <key.path>: <problem>" so a user can find and fix the value.
+// YAML loader for TrainConfig: parses the file, applies --set overrides, and walks the schema
+// (schema.h) to read every key with strict types (unknown keys are errors), to validate, to print
+// the effective config back and to list the keys. Messages read "<origin>: <key.path>: <problem>".
 #include "ddp/config.h"
 
 #include <yaml-cpp/eventhandler.h>
@@ -16,6 +16,7 @@
 #include <memory>
 #include <sstream>
 
+#include "config/schema.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda.h"
 
@@ -157,114 +158,15 @@ void read_value(const YAML::Node& node, const std::string& path, const Origin& o
   out = values;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Format-specific keys: which data.format a key belongs to (reader, writer and validator agree).
-
-bool is_known_format(const std::string& format) {
-  return format == "idx" || format == "synthetic" || format == "csv";
-}
-
-/// The one format a key applies to, or "" for keys every format uses.
-std::string owner_format(const std::string& path) {
-  if (path == "data.csv_header") return "csv";
-  if (path == "data.seed") return "synthetic";
-  bool in_split = path.rfind("data.train.", 0) == 0 || path.rfind("data.test.", 0) == 0;
-  if (!in_split) return "";
-  std::string leaf = path.substr(path.rfind('.') + 1);
-  if (leaf == "images" || leaf == "labels") return "idx";
-  if (leaf == "path") return "csv";
-  if (leaf == "samples") return "synthetic";
-  return "";
-}
-
-bool key_applies(const std::string& format, const std::string& path) {
-  std::string owner = owner_format(path);
-  return owner.empty() || !is_known_format(format) || owner == format;
-}
-
-// ---------------------------------------------------------------------------------------------
-// One description of the key tree, walked by the reader (YAML -> struct) and the writer
-// (struct -> YAML), so the two cannot disagree about names, nesting or order.
-
-template <typename V>
-void visit_split(SplitSource& s, V& v) {
-  v.field("images", s.images);
-  v.field("labels", s.labels);
-  v.field("path", s.path);
-  v.field("samples", s.samples);
-}
-
-template <typename V>
-void visit_data(DataConfig& d, V& v) {
-  v.field("format", d.format);
-  v.field("dir", d.dir);
-  v.section("train", [&](V& sub) { visit_split(d.train, sub); });
-  v.section("test", [&](V& sub) { visit_split(d.test, sub); });
-  v.field("shuffle", d.shuffle);
-  v.field("drop_last", d.drop_last);
-  v.field("csv_header", d.csv_header);
-  v.field("seed", d.seed);
-  v.field("prefetch", d.prefetch);
-}
-
-template <typename V>
-void visit_model(ModelConfig& m, V& v) {
-  v.field("layers", m.layers);
-  v.field("activation", m.activation);
-  v.field("init_from", m.init_from);
-}
-
-template <typename V>
-void visit_optimizer(OptimizerConfig& o, V& v) {
-  v.field("name", o.name);
-  v.field("lr", o.lr);
-  v.field("momentum", o.momentum);
-  v.field("dampening", o.dampening);
-  v.field("weight_decay", o.weight_decay);
-  v.field("nesterov", o.nesterov);
-}
-
-template <typename V>
-void visit_training(TrainingConfig& t, V& v) {
-  v.field("epochs", t.epochs);
-  v.field("batch_size", t.batch_size);
-  v.field("accumulate_steps", t.accumulate_steps);
-  v.field("seed", t.seed);
-  v.field("log_every", t.log_every);
-  v.field("max_steps", t.max_steps);
-  v.field("print_shapes", t.print_shapes);
-  v.field("resume", t.resume);
-  v.field("nan_policy", t.nan_policy);
-}
-
-template <typename V>
-void visit_config(TrainConfig& c, V& v) {
-  v.field("device", c.device);
-  v.section("model", [&](V& s) { visit_model(c.model, s); });
-  v.section("data", [&](V& s) { visit_data(c.data, s); });
-  v.section("optimizer", [&](V& s) { visit_optimizer(c.optimizer, s); });
-  v.section("training", [&](V& s) { visit_training(c.training, s); });
-  v.section("distributed", [&](V& s) {
-    s.field("backend", c.distributed.backend);
-    s.field("bucket_cap_mb", c.distributed.bucket_cap_mb);
-    s.field("first_bucket_mb", c.distributed.first_bucket_mb);
-    s.field("shared_memory", c.distributed.shared_memory);
-    s.field("gpus", c.distributed.gpus);
-    s.field("nccl_algo", c.distributed.nccl_algo);
-    s.field("timeout_s", c.distributed.timeout_s);
-  });
-  v.section("output", [&](V& s) {
-    s.field("dir", c.output.dir);
-    s.field("save_model", c.output.save_model);
-    s.field("trace", c.output.trace);
-    s.field("trace_steps", c.output.trace_steps);
-  });
-  v.section("checkpoint", [&](V& s) {
-    s.field("dir", c.checkpoint.dir);
-    s.field("every_steps", c.checkpoint.every_steps);
-    s.field("every_epochs", c.checkpoint.every_epochs);
-    s.field("keep_last", c.checkpoint.keep_last);
-  });
+/// An enum by its name table; an empty value reads as the name "" (and is refused by name).
+template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin, E& out) {
+  if (!node.IsNull() && !node.IsScalar()) {
+    fail(origin, path, "expected a string, got " + describe(node));
+  }
+  const std::string name = node.IsNull() ? "" : node.Scalar();
+  if (!parse_enum(name, out))
+    fail(origin, path, "must be " + enum_choices<E>() + "; got '" + name + "'");
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -294,7 +196,7 @@ class Reader {
   }
 
   template <typename T>
-  void field(const char* key, T& out) {
+  void field(const char* key, T& out, const Key&) {
     known_.emplace_back(key);
     YAML::Node child = lookup(key);
     if (child.IsDefined()) read_value(child, join_path(path_, key), origin_, out);
@@ -388,31 +290,101 @@ std::string format_value(const std::vector<int64_t>& v) {
   return out + "]";
 }
 
+template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
+std::string format_value(E v) {
+  return quote(to_string(v));
+}
+
 /// Prints struct fields as block YAML, leaving out keys that data.format does not use (the
 /// reader would reject them).
 class Writer {
  public:
-  Writer(std::ostringstream& out, const std::string& format, std::string path, int depth)
-      : out_(out), format_(format), path_(std::move(path)), depth_(depth) {}
+  Writer(std::ostringstream& out, DataFormat format, int depth)
+      : out_(out), format_(format), depth_(depth) {}
 
   template <typename T>
-  void field(const char* key, T& value) {
-    if (!key_applies(format_, join_path(path_, key))) return;
+  void field(const char* key, T& value, const Key& k) {
+    if (k.owner && *k.owner != format_) return;
     out_ << std::string(2 * depth_, ' ') << key << ": " << format_value(value) << "\n";
   }
 
   template <typename Visit>
   void section(const char* key, Visit visit) {
     out_ << std::string(2 * depth_, ' ') << key << ":\n";
-    Writer sub(out_, format_, join_path(path_, key), depth_ + 1);
+    Writer sub(out_, format_, depth_ + 1);
     visit(sub);
   }
 
  private:
   std::ostringstream& out_;
-  const std::string& format_;
-  std::string path_;
+  DataFormat format_;
   int depth_;
+};
+
+/// Collects the schema's rows: the defaults are the fields of a default TrainConfig.
+class RowLister {
+ public:
+  RowLister(std::vector<KeyRow>& rows, std::string path) : rows_(rows), path_(std::move(path)) {}
+
+  template <typename T>
+  void field(const char* key, T& value, const Key& k) {
+    KeyRow row;
+    row.path = join_path(path_, key);
+    row.type = type_name(value);
+    row.default_value = format_value(value);
+    row.allowed = allowed(value, k);
+    row.format = k.owner ? to_string(*k.owner) : "";
+    row.resume = k.must_match;
+    row.doc = k.text;
+    rows_.push_back(row);
+  }
+
+  template <typename Visit>
+  void section(const char* key, Visit visit) {
+    RowLister sub(rows_, join_path(path_, key));
+    visit(sub);
+  }
+
+ private:
+  static std::string type_name(int64_t) { return "integer"; }
+  static std::string type_name(uint64_t) { return "integer"; }
+  static std::string type_name(double) { return "number"; }
+  static std::string type_name(bool) { return "bool"; }
+  static std::string type_name(const std::string&) { return "string"; }
+  static std::string type_name(const std::vector<int64_t>&) { return "list of integers"; }
+  template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
+  static std::string type_name(E) {
+    return "string";
+  }
+
+  template <typename T>
+  static std::string allowed(const T&, const Key& k) {
+    if constexpr (IsConfigEnum<T>::value) {
+      std::string out;
+      for (const auto& entry : EnumNames<T>::table)
+        out += (out.empty() ? "" : ", ") + std::string(entry.second);
+      return out;
+    }
+    const std::string each = std::is_same_v<T, std::vector<int64_t>> ? "each " : "";
+    switch (k.rule) {
+      case Key::Rule::AtLeast:
+        return each + ">= " + std::to_string(k.min);
+      case Key::Rule::Positive:
+        return "> 0";
+      case Key::Rule::NonNegative:
+        return ">= 0";
+      case Key::Rule::NonEmpty:
+        return "non-empty";
+      case Key::Rule::Equals:
+        return k.only;
+      case Key::Rule::None:
+        break;
+    }
+    return std::is_same_v<T, uint64_t> ? ">= 0" : "";
+  }
+
+  std::vector<KeyRow>& rows_;
+  std::string path_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -531,24 +503,83 @@ std::string read_text_file(const std::string& path) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation. Doubles are tested as !(x > 0) so that NaN fails too.
+// Validation: the schema's rules for every key, then the rules that relate keys or need files.
+// Doubles are tested as !(x > 0) so that NaN fails too.
 
 void require_min(const Origin& o, const std::string& path, int64_t v, int64_t lo) {
   if (v < lo) fail(o, path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
 }
 
-void require_positive(const Origin& o, const std::string& path, double v) {
-  if (!(v > 0) || !std::isfinite(v)) fail(o, path, "must be > 0, got " + format_double(v));
+[[noreturn]] void misdeclared(const std::string& path) {
+  DDP_THROW("config schema: " << path << ": the rule does not fit the key's type");
 }
 
-void require_non_negative(const Origin& o, const std::string& path, double v) {
-  if (!(v >= 0) || !std::isfinite(v)) fail(o, path, "must be >= 0, got " + format_double(v));
+void check_rule(const Origin& o, const std::string& path, int64_t v, const Key& k) {
+  if (k.rule == Key::Rule::AtLeast) return require_min(o, path, v, k.min);
+  if (k.rule != Key::Rule::None) misdeclared(path);
 }
 
-void require_equal(const Origin& o, const std::string& path, const std::string& v,
-                   const char* allowed) {
-  if (v != allowed) fail(o, path, std::string("must be ") + allowed + ", got '" + v + "'");
+void check_rule(const Origin& o, const std::string& path, double v, const Key& k) {
+  const bool finite = std::isfinite(v);
+  if (k.rule == Key::Rule::Positive) {
+    if (!(v > 0) || !finite) fail(o, path, "must be > 0, got " + format_double(v));
+  } else if (k.rule == Key::Rule::NonNegative) {
+    if (!(v >= 0) || !finite) fail(o, path, "must be >= 0, got " + format_double(v));
+  } else if (k.rule != Key::Rule::None) {
+    misdeclared(path);
+  }
 }
+
+void check_rule(const Origin& o, const std::string& path, const std::string& v, const Key& k) {
+  if (k.rule == Key::Rule::NonEmpty) {
+    if (v.empty()) fail(o, path, "must not be empty");
+  } else if (k.rule == Key::Rule::Equals) {
+    if (v != k.only) fail(o, path, std::string("must be ") + k.only + ", got '" + v + "'");
+  } else if (k.rule != Key::Rule::None) {
+    misdeclared(path);
+  }
+}
+
+void check_rule(const Origin& o, const std::string& path, const std::vector<int64_t>& v,
+                const Key& k) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    check_rule(o, path + "[" + std::to_string(i) + "]", v[i], k);
+  }
+}
+
+/// bool, uint64_t (the reader refuses negatives) and enums (the reader refuses other names).
+template <typename T>
+void check_rule(const Origin&, const std::string& path, const T&, const Key& k) {
+  if (k.rule != Key::Rule::None) misdeclared(path);
+}
+
+/// Walks the schema: each key's rule; a key of another data.format must keep its default.
+class Validator {
+ public:
+  Validator(const Origin& origin, DataFormat format, std::string path)
+      : origin_(origin), format_(format), path_(std::move(path)) {}
+
+  template <typename T>
+  void field(const char* key, T& value, const Key& k) {
+    const std::string path = join_path(path_, key);
+    if (!k.owner || *k.owner == format_) return check_rule(origin_, path, value, k);
+    if (value == T{}) return;
+    fail(origin_, path,
+         std::string("does not apply to data.format ") + to_string(format_) + " (only to " +
+             to_string(*k.owner) + k.misuse + ")");
+  }
+
+  template <typename Visit>
+  void section(const char* key, Visit visit) {
+    Validator sub(origin_, format_, join_path(path_, key));
+    visit(sub);
+  }
+
+ private:
+  const Origin& origin_;
+  DataFormat format_;
+  std::string path_;
+};
 
 void require_file(const Origin& o, const std::string& path, const std::string& file) {
   namespace fs = std::filesystem;
@@ -561,33 +592,13 @@ void require_file(const Origin& o, const std::string& path, const std::string& f
 }
 
 void require_set(const Origin& o, const std::string& path, const std::string& v,
-                 const std::string& format) {
-  if (v.empty()) fail(o, path, "required for data.format " + format);
-}
-
-void check_applies(const Origin& o, const DataConfig& d, const std::string& path, bool is_set) {
-  if (!is_set || key_applies(d.format, path)) return;
-  std::string hint = path == "data.seed" ? "; the shuffle seed is training.seed" : "";
-  fail(
-      o, path,
-      "does not apply to data.format " + d.format + " (only to " + owner_format(path) + hint + ")");
-}
-
-void check_format_keys(const Origin& o, const DataConfig& d) {
-  for (const SplitSource* s : {&d.train, &d.test}) {
-    std::string base = s == &d.train ? "data.train." : "data.test.";
-    check_applies(o, d, base + "images", !s->images.empty());
-    check_applies(o, d, base + "labels", !s->labels.empty());
-    check_applies(o, d, base + "path", !s->path.empty());
-    check_applies(o, d, base + "samples", s->samples != 0);
-  }
-  check_applies(o, d, "data.csv_header", d.csv_header);
-  check_applies(o, d, "data.seed", d.seed != 0);
+                 DataFormat format) {
+  if (v.empty()) fail(o, path, std::string("required for data.format ") + to_string(format));
 }
 
 void validate_idx(const Origin& o, const DataConfig& d) {
-  require_set(o, "data.train.images", d.train.images, "idx");
-  require_set(o, "data.train.labels", d.train.labels, "idx");
+  require_set(o, "data.train.images", d.train.images, DataFormat::Idx);
+  require_set(o, "data.train.labels", d.train.labels, DataFormat::Idx);
   require_file(o, "data.train.images", resolve_data_path(d, d.train.images));
   require_file(o, "data.train.labels", resolve_data_path(d, d.train.labels));
   if (d.test.images.empty() != d.test.labels.empty()) {
@@ -602,111 +613,66 @@ void validate_idx(const Origin& o, const DataConfig& d) {
   require_file(o, "data.test.labels", resolve_data_path(d, d.test.labels));
 }
 
-void validate_data(const Origin& o, const DataConfig& d) {
-  if (!is_known_format(d.format)) {
-    fail(o, "data.format", "must be one of idx, synthetic, csv; got '" + d.format + "'");
-  }
-  check_format_keys(o, d);
-  if (d.format == "idx") {
+void validate_data_files(const Origin& o, const DataConfig& d) {
+  if (d.format == DataFormat::Idx) {
     validate_idx(o, d);
-  } else if (d.format == "csv") {
-    require_set(o, "data.train.path", d.train.path, "csv");
+  } else if (d.format == DataFormat::Csv) {
+    require_set(o, "data.train.path", d.train.path, DataFormat::Csv);
     require_file(o, "data.train.path", resolve_data_path(d, d.train.path));
     if (!d.test.path.empty()) require_file(o, "data.test.path", resolve_data_path(d, d.test.path));
-  } else {
-    require_min(o, "data.train.samples", d.train.samples, 1);
-    require_min(o, "data.test.samples", d.test.samples, 0);
   }
-  require_min(o, "data.prefetch", d.prefetch, 1);
 }
 
-void validate_model(const Origin& o, const ModelConfig& m) {
-  if (m.layers.size() < 2) {
-    fail(o, "model.layers",
-         "needs at least 2 widths (input and output), got " + std::to_string(m.layers.size()));
+/// What must hold before the rules of single keys mean anything: a device this build has, and
+/// a model (an empty file reports the missing model.layers first).
+void validate_basics(const Origin& o, const TrainConfig& c) {
+  if (c.device == DeviceChoice::Cuda && !cuda_built()) {
+    fail(o, "device",
+         "cuda is not available in this build (built without the CUDA toolkit); use cpu or auto");
   }
-  for (size_t i = 0; i < m.layers.size(); ++i) {
-    require_min(o, "model.layers[" + std::to_string(i) + "]", m.layers[i], 1);
+  if (c.model.layers.size() < 2) {
+    fail(
+        o, "model.layers",
+        "needs at least 2 widths (input and output), got " + std::to_string(c.model.layers.size()));
   }
-  require_equal(o, "model.activation", m.activation, "relu");
-  if (!m.init_from.empty()) require_file(o, "model.init_from", m.init_from);
 }
 
-void validate_optimizer(const Origin& o, const OptimizerConfig& opt) {
-  require_equal(o, "optimizer.name", opt.name, "sgd");
-  require_positive(o, "optimizer.lr", opt.lr);
-  require_non_negative(o, "optimizer.momentum", opt.momentum);
-  require_non_negative(o, "optimizer.dampening", opt.dampening);
-  require_non_negative(o, "optimizer.weight_decay", opt.weight_decay);
+void validate_nccl(const Origin& o, const TrainConfig& c) {
+  if (c.distributed.backend != BackendChoice::Nccl) return;
+  if (!cuda_built()) {
+    fail(o, "distributed.backend", "nccl needs the CUDA build; this build supports mpi");
+  }
+  if (c.device == DeviceChoice::Cpu) {
+    fail(o, "distributed.backend",
+         "nccl moves GPU memory and needs device: cuda (or auto); with device: cpu use mpi");
+  }
+}
+
+/// The rules that relate keys to each other or to files.
+void validate_across_keys(const Origin& o, const TrainConfig& c) {
+  if (!c.model.init_from.empty()) require_file(o, "model.init_from", c.model.init_from);
+  validate_data_files(o, c.data);
+  const OptimizerConfig& opt = c.optimizer;
   if (opt.nesterov && !(opt.momentum > 0 && opt.dampening == 0)) {
     fail(o, "optimizer.nesterov",
          "requires momentum > 0 and dampening == 0 (as in PyTorch), got momentum " +
              format_double(opt.momentum) + ", dampening " + format_double(opt.dampening));
   }
-}
-
-void validate_training(const Origin& o, const TrainingConfig& t) {
-  require_min(o, "training.epochs", t.epochs, 1);
-  require_min(o, "training.batch_size", t.batch_size, 1);
-  require_min(o, "training.accumulate_steps", t.accumulate_steps, 1);
-  require_min(o, "training.log_every", t.log_every, 0);
-  require_min(o, "training.max_steps", t.max_steps, 0);
-  if (t.nan_policy != "abort" && t.nan_policy != "skip_step") {
-    fail(o, "training.nan_policy", "must be abort or skip_step; got '" + t.nan_policy + "'");
-  }
   // training.resume is not checked here: only rank 0 reads the checkpoint (other nodes may not
   // see the file), and it reports a missing one.
-}
-
-void validate_checkpoint(const Origin& o, const CheckpointConfig& c) {
-  require_min(o, "checkpoint.every_steps", c.every_steps, 0);
-  require_min(o, "checkpoint.every_epochs", c.every_epochs, 0);
-  require_min(o, "checkpoint.keep_last", c.keep_last, 0);
-  if (c.every_steps > 0 && c.every_epochs > 0) {
+  if (c.checkpoint.every_steps > 0 && c.checkpoint.every_epochs > 0) {
     fail(o, "checkpoint.every_epochs",
          "set either checkpoint.every_steps or checkpoint.every_epochs, not both");
   }
-}
-
-void validate_rest(const Origin& o, const TrainConfig& c) {
-  const auto& d = c.distributed;
-  if (d.backend != "mpi" && d.backend != "nccl" && d.backend != "auto") {
-    fail(o, "distributed.backend", "must be one of auto, mpi, nccl; got '" + d.backend + "'");
-  }
-  if (d.backend == "nccl" && !cuda_built()) {
-    fail(o, "distributed.backend", "nccl needs the CUDA build; this build supports mpi");
-  }
-  if (d.backend == "nccl" && c.device == "cpu") {
-    fail(o, "distributed.backend",
-         "nccl moves GPU memory and needs device: cuda (or auto); with device: cpu use mpi");
-  }
-  require_positive(o, "distributed.bucket_cap_mb", d.bucket_cap_mb);
-  require_positive(o, "distributed.first_bucket_mb", d.first_bucket_mb);
-  for (size_t i = 0; i < d.gpus.size(); ++i) {
-    require_min(o, "distributed.gpus[" + std::to_string(i) + "]", d.gpus[i], 0);
-  }
-  if (d.nccl_algo != "ring" && d.nccl_algo != "auto") {
-    fail(o, "distributed.nccl_algo", "must be ring or auto; got '" + d.nccl_algo + "'");
-  }
-  require_positive(o, "distributed.timeout_s", d.timeout_s);
-  if (c.output.dir.empty()) fail(o, "output.dir", "must not be empty");
-  require_min(o, "output.trace_steps", c.output.trace_steps, 0);
+  validate_nccl(o, c);
 }
 
 void validate(const Origin& o, const TrainConfig& c) {
-  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
-    fail(o, "device", "must be one of cpu, cuda, auto; got '" + c.device + "'");
-  }
-  if (c.device == "cuda" && !cuda_built()) {
-    fail(o, "device",
-         "cuda is not available in this build (built without the CUDA toolkit); use cpu or auto");
-  }
-  validate_model(o, c.model);
-  validate_data(o, c.data);
-  validate_optimizer(o, c.optimizer);
-  validate_training(o, c.training);
-  validate_checkpoint(o, c.checkpoint);
-  validate_rest(o, c);
+  validate_basics(o, c);
+  TrainConfig copy = c;  // the visitor hands out mutable references; the validator only reads
+  Validator validator(o, c.data.format, "");
+  visit_config(copy, validator);
+  validate_across_keys(o, c);
 }
 
 }  // namespace
@@ -746,7 +712,7 @@ std::string to_yaml(const TrainConfig& cfg) {
   TrainConfig copy = cfg;  // the visitor hands out mutable references; the writer only reads
   std::ostringstream out;
   out << "# Effective configuration: every key, defaults included (see docs/config.md).\n";
-  Writer writer(out, copy.data.format, "", 0);
+  Writer writer(out, copy.data.format, 0);
   visit_config(copy, writer);
   return out.str();
 }
@@ -755,6 +721,40 @@ std::string resolve_data_path(const DataConfig& data, const std::string& path) {
   if (path.empty() || data.dir.empty() || path.front() == '/') return path;
   if (data.dir.back() == '/') return data.dir + path;
   return data.dir + "/" + path;
+}
+
+const char* to_string(DeviceChoice v) { return enum_name(v); }
+const char* to_string(BackendChoice v) { return enum_name(v); }
+const char* to_string(NanPolicy v) { return enum_name(v); }
+const char* to_string(DataFormat v) { return enum_name(v); }
+const char* to_string(NcclAlgo v) { return enum_name(v); }
+
+std::vector<KeyRow> config_schema() {
+  TrainConfig defaults;
+  std::vector<KeyRow> rows;
+  RowLister lister(rows, "");
+  visit_config(defaults, lister);
+  return rows;
+}
+
+std::string config_schema_table() {
+  std::vector<std::vector<std::string>> cells = {
+      {"key", "type", "default", "allowed", "format", "resume", "doc"}};
+  for (const KeyRow& r : config_schema()) {
+    cells.push_back({r.path, r.type, r.default_value, r.allowed.empty() ? "-" : r.allowed,
+                     r.format.empty() ? "-" : r.format, r.resume ? "must match" : "-", r.doc});
+  }
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto& row : cells) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : cells) {
+    for (size_t i = 0; i + 1 < row.size(); ++i)
+      out += row[i] + std::string(width[i] - row[i].size() + 2, ' ');
+    out += row.back() + "\n";
+  }
+  return out;
 }
 
 }  // namespace ddp

@@ -1,7 +1,12 @@
-// Config lines for comparison (fingerprint.h), from the config's own YAML writer.
+// Config lines for comparison (fingerprint.h), from the config's own YAML writer; the keys a
+// resume must keep are the schema's (src/config/schema.h).
 #include "config/fingerprint.h"
 
 #include <yaml-cpp/yaml.h>
+
+#include <set>
+
+#include "config/schema.h"
 
 namespace ddp {
 
@@ -37,18 +42,13 @@ std::vector<std::string> shared_config_lines(const TrainConfig& cfg) {
 }
 
 std::string resume_fingerprint(const TrainConfig& cfg) {
-  static const std::vector<std::string> kKeys = {
-      "model.layers",   "model.activation", "data.format", "data.train.samples", "data.shuffle",
-      "data.drop_last", "data.csv_header",  "data.seed",   "optimizer.",         "training.seed"};
+  std::set<std::string> keys;
+  for (const KeyRow& row : config_schema()) {
+    if (row.resume) keys.insert(row.path);
+  }
   std::string out;
   for (const std::string& line : config_lines(cfg)) {
-    const std::string key = line.substr(0, line.find(" = "));
-    for (const std::string& k : kKeys) {
-      if (k.back() == '.' ? key.rfind(k, 0) == 0 : key == k) {
-        out += line + "\n";
-        break;
-      }
-    }
+    if (keys.count(line.substr(0, line.find(" = ")))) out += line + "\n";
   }
   return out;
 }

@@ -19,23 +19,22 @@ std::string resolve(const DataConfig& data, const std::string& path) {
 
 Dataset load_source(const DataConfig& data, const SplitSource& split, bool is_test,
                     int64_t features, int64_t classes, const std::string& what) {
-  if (data.format == "idx") {
-    DDP_CHECK(!split.images.empty() && !split.labels.empty(), what << ": data.format is idx but "
-                                                                   << what << ".images and " << what
-                                                                   << ".labels are not both set");
-    return load_idx(resolve(data, split.images), resolve(data, split.labels));
+  switch (data.format) {
+    case DataFormat::Idx:
+      DDP_CHECK(!split.images.empty() && !split.labels.empty(),
+                what << ": data.format is idx but " << what << ".images and " << what
+                     << ".labels are not both set");
+      return load_idx(resolve(data, split.images), resolve(data, split.labels));
+    case DataFormat::Csv:
+      DDP_CHECK(!split.path.empty(),
+                what << ": data.format is csv but " << what << ".path is not set");
+      return load_csv(resolve(data, split.path), data.csv_header);
+    case DataFormat::Synthetic:
+      DDP_CHECK(split.samples > 0,
+                what << ".samples: must be positive for synthetic data, got " << split.samples);
+      return make_synthetic(split.samples, features, classes, data.seed + (is_test ? 1 : 0));
   }
-  if (data.format == "csv") {
-    DDP_CHECK(!split.path.empty(),
-              what << ": data.format is csv but " << what << ".path is not set");
-    return load_csv(resolve(data, split.path), data.csv_header);
-  }
-  if (data.format == "synthetic") {
-    DDP_CHECK(split.samples > 0,
-              what << ".samples: must be positive for synthetic data, got " << split.samples);
-    return make_synthetic(split.samples, features, classes, data.seed + (is_test ? 1 : 0));
-  }
-  DDP_THROW("data.format: unknown format '" << data.format << "' (expected idx, csv or synthetic)");
+  DDP_THROW("data.format: not a format (" << static_cast<int>(data.format) << ")");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "ddp/config.h"
 #include "dist/gradient_communicator.h"
 #include "dist/process_group.h"
 #include "kernels/backend.h"
@@ -21,9 +22,9 @@ bool nccl_built();
 std::string nccl_version();
 
 struct NcclOptions {
-  /// "ring": NCCL_ALGO=Ring unless the user set NCCL_ALGO (the design's ring allreduce);
-  /// "auto": NCCL chooses.
-  std::string algo = "ring";
+  /// Ring: NCCL_ALGO=Ring unless the user set NCCL_ALGO (the design's ring allreduce);
+  /// Auto: NCCL chooses.
+  NcclAlgo algo = NcclAlgo::Ring;
   double timeout_s = 600.0;
 };
 

@@ -100,26 +100,28 @@ std::string describe_launcher(const std::function<const char*(const char*)>& get
 
 std::string DevicePlacement::describe() const {
   if (device == Device::CPU) return "cpu";
-  return "cuda:" + std::to_string(gpu) + " (" + backend + ")";
+  return "cuda:" + std::to_string(gpu) + " (" + to_string(backend) + ")";
 }
 
-DevicePlacement choose_device(const std::string& device, const std::string& backend,
+DevicePlacement choose_device(DeviceChoice device, BackendChoice backend,
                               const std::vector<int64_t>& gpus, const Environment& env,
                               int visible_gpus, const std::string& why_none) {
   DevicePlacement p;
-  const bool want_cuda = device == "cuda" || (device == "auto" && visible_gpus > 0);
+  const bool want_cuda =
+      device == DeviceChoice::Cuda || (device == DeviceChoice::Auto && visible_gpus > 0);
   if (!want_cuda) {
-    DDP_CHECK(backend != "nccl", "distributed.backend: nccl needs GPUs, and rank "
-                                     << env.rank << " on " << env.host << " runs on the CPU ("
-                                     << (why_none.empty() ? "device: cpu" : why_none) << ")");
-    p.backend = "mpi";
+    DDP_CHECK(backend != BackendChoice::Nccl,
+              "distributed.backend: nccl needs GPUs, and rank "
+                  << env.rank << " on " << env.host << " runs on the CPU ("
+                  << (why_none.empty() ? "device: cpu" : why_none) << ")");
+    p.backend = BackendChoice::Mpi;
     return p;
   }
   DDP_CHECK(visible_gpus > 0, "device: cuda, but rank " << env.rank << " on " << env.host
                                                         << " sees no GPU: " << why_none
                                                         << " (device: auto falls back to the CPU)");
   p.device = Device::CUDA;
-  p.backend = backend == "auto" ? "nccl" : backend;
+  p.backend = backend == BackendChoice::Auto ? BackendChoice::Nccl : backend;
   // The GPU of every local rank, so that sharing can be detected the same way on every rank.
   std::vector<int64_t> of_local(static_cast<size_t>(env.local_size));
   for (int l = 0; l < env.local_size; ++l) {
@@ -137,7 +139,7 @@ DevicePlacement choose_device(const std::string& device, const std::string& back
     of_local[i] = gpus[i];
   }
   p.gpu = static_cast<int>(of_local[static_cast<size_t>(env.local_rank)]);
-  if (p.backend == "nccl") {
+  if (p.backend == BackendChoice::Nccl) {
     for (size_t a = 0; a < of_local.size(); ++a) {
       for (size_t b = a + 1; b < of_local.size(); ++b) {
         DDP_CHECK(of_local[a] != of_local[b],

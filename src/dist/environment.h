@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ddp/config.h"
 
 namespace ddp {
 
@@ -46,18 +47,18 @@ std::string describe_launcher(const std::function<const char*(const char*)>& get
 /// Where one rank computes and how its gradients travel.
 struct DevicePlacement {
   Device device = Device::CPU;
-  int gpu = -1;                  ///< CUDA ordinal when device is CUDA
-  std::string backend;           ///< distributed.backend resolved: "mpi" or "nccl"
-  std::string describe() const;  ///< "cpu" or "cuda:1 (nccl)"
+  int gpu = -1;                                ///< CUDA ordinal when device is CUDA
+  BackendChoice backend = BackendChoice::Mpi;  ///< distributed.backend resolved: Mpi or Nccl
+  std::string describe() const;                ///< "cpu" or "cuda:1 (nccl)"
 };
 
-/// Pure: this rank's device and gradient backend from the config keys `device` (cpu | cuda |
-/// auto), `backend` (auto | mpi | nccl) and `gpus` (GPU per local rank; empty: local_rank %
-/// visible), the rank's place on its node and the GPUs visible to it. Throws ddp::Error naming
-/// the key and the host when the request cannot be met: device cuda with no visible GPU
-/// (why_none says why), a gpus entry beyond the visible GPUs, a list shorter than the ranks on
-/// the node, NCCL with two ranks of a node on one GPU (NCCL cannot; the mpi backend can).
-DevicePlacement choose_device(const std::string& device, const std::string& backend,
+/// Pure: this rank's device and gradient backend from the config keys `device`, `backend` and
+/// `gpus` (GPU per local rank; empty: local_rank % visible), the rank's place on its node and the
+/// GPUs visible to it. Throws ddp::Error naming the key and the host when the request cannot be
+/// met: device cuda with no visible GPU (why_none says why), a gpus entry beyond the visible GPUs,
+/// a list shorter than the ranks on the node, NCCL with two ranks of a node on one GPU (NCCL
+/// cannot; the mpi backend can).
+DevicePlacement choose_device(DeviceChoice device, BackendChoice backend,
                               const std::vector<int64_t>& gpus, const Environment& env,
                               int visible_gpus, const std::string& why_none);
 

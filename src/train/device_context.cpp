@@ -137,7 +137,8 @@ class CudaContext final : public DeviceContext {
       const char* env_algo = std::getenv("NCCL_ALGO");
       algo = " NCCL " + nccl_version() + ", NCCL_ALGO=" + (env_algo ? env_algo : "(NCCL's choice)");
     }
-    return "gradients: " + placement_.backend + algo + ", allreduce per bucket on its own stream";
+    return "gradients: " + std::string(to_string(placement_.backend)) + algo +
+           ", allreduce per bucket on its own stream";
   }
   void copy_to_host(float* host, const float* device, size_t count) override {
     if (count > 0) cuda_copy_bytes(host, device, count * sizeof(float));
@@ -154,7 +155,7 @@ class CudaContext final : public DeviceContext {
   }
 
  private:
-  bool uses_nccl() const { return placement_.backend == "nccl"; }
+  bool uses_nccl() const { return placement_.backend == BackendChoice::Nccl; }
 
   DevicePlacement placement_;
   std::unique_ptr<Backend> backend_;

@@ -105,7 +105,7 @@ void Step::trace_update(const Mark& update_begin, StepRecord& rec) {
 // The averaged gradient is the same on every rank, so each rank decides alone and all decide
 // alike: false when the step must be skipped (nan_policy skip_step); with abort, throws.
 bool Step::gradients_usable(StepRecord& rec) {
-  const bool skip_nonfinite = cfg_.training.nan_policy == "skip_step";
+  const bool skip_nonfinite = cfg_.training.nan_policy == NanPolicy::SkipStep;
   if (!ctx_.checks_gradients(skip_nonfinite)) return true;
   const int64_t bad = be_.count_nonfinite(replica_.gradients());
   if (bad == 0) return true;

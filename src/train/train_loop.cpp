@@ -246,7 +246,7 @@ void TrainLoop::read_steps(size_t keep) {
 void TrainLoop::read_step(StepRecord& rec) {
   const XentResult& r = rec.totals(be_);
   if (!std::isfinite(r.loss_sum)) {
-    DDP_CHECK(p_.cfg.training.nan_policy == "skip_step",
+    DDP_CHECK(p_.cfg.training.nan_policy == NanPolicy::SkipStep,
               "loss is " << r.loss_sum << " at epoch " << rec.epoch + 1 << " step "
                          << rec.step_in_epoch
                          << " (lower optimizer.lr? training.nan_policy: skip_step skips such "

@@ -27,7 +27,7 @@ namespace {
 // This rank's device and gradient backend, from the config and the rank's place on its node.
 DevicePlacement place_rank(const TrainConfig& cfg, const ProcessGroup& comm) {
   std::string why_none;
-  const int visible = cfg.device == "cpu" ? 0 : cuda_device_count(&why_none);
+  const int visible = cfg.device == DeviceChoice::Cpu ? 0 : cuda_device_count(&why_none);
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   Environment env;

@@ -34,11 +34,11 @@ using Weights = std::vector<ddp::NamedTensor>;
 
 // Small enough for the emulation (every GPU thread a CPU thread), big enough for several
 // buckets, momentum and two epochs.
-ddp::TrainConfig small_config(const std::string& name, const std::string& device) {
+ddp::TrainConfig small_config(const std::string& name, ddp::DeviceChoice device) {
   ddp::TrainConfig cfg;
   cfg.device = device;
   cfg.model.layers = {12, 24, 16, 5};
-  cfg.data.format = "synthetic";
+  cfg.data.format = ddp::DataFormat::Synthetic;
   cfg.data.train.samples = 96;
   cfg.data.test.samples = 40;
   cfg.data.seed = 7;
@@ -84,9 +84,10 @@ bool gpu_per_rank() {
 }  // namespace
 
 TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][staged]") {
-  ddp::TrainConfig cpu = small_config("staged_cpu", "cpu");
-  ddp::TrainConfig gpu = small_config("staged_gpu", "cuda");
-  gpu.distributed.backend = "mpi";  // several ranks may share one GPU on this path
+  ddp::TrainConfig cpu = small_config("staged_cpu", ddp::DeviceChoice::Cpu);
+  ddp::TrainConfig gpu = small_config("staged_gpu", ddp::DeviceChoice::Cuda);
+  gpu.distributed.backend =
+      ddp::BackendChoice::Mpi;  // several ranks may share one GPU on this path
   ddp::TrainSummary s_cpu, s_gpu;
   const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
   const Weights w_gpu = train(gpu, MPI_COMM_WORLD, &s_gpu);
@@ -115,16 +116,17 @@ TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][stage
 TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][staged]") {
   auto host = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   const int n = host->size(), rank = host->rank();
-  std::vector<std::string> kinds = {"mpi"};
-  if (gpu_per_rank()) kinds.push_back("nccl");
+  std::vector<ddp::BackendChoice> kinds = {ddp::BackendChoice::Mpi};
+  if (gpu_per_rank()) kinds.push_back(ddp::BackendChoice::Nccl);
   long errors = 0;
-  for (const std::string& kind : kinds) {
+  for (const ddp::BackendChoice kind : kinds) {
     auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     const int gpu = mpi->local_rank() % ddp::cuda_device_count();
     auto backend = ddp::make_cuda_backend(gpu);
     std::unique_ptr<ddp::GradientCommunicator> comm =
-        kind == "nccl" ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
-                       : ddp::make_staged_communicator(*mpi, *backend);
+        kind == ddp::BackendChoice::Nccl
+            ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
+            : ddp::make_staged_communicator(*mpi, *backend);
     const size_t sizes[3] = {1, 1000, 4099};
     const size_t total = sizes[0] + sizes[1] + sizes[2];
     float* arena = comm->gradient_arena(total);
@@ -147,7 +149,7 @@ TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][s
       const float want = static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 7));
       errors += got[i] != want;
     }
-    INFO(kind);
+    INFO(ddp::to_string(kind));
     CHECK(errors == 0);
   }
   ddp_test::require_on_all_ranks(*host, errors, "elements that differ from the exact sum");
@@ -159,8 +161,8 @@ TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[
     return;
   }
   const int n = world_size();
-  ddp::TrainConfig cfg = small_config("nccl_eq", "cuda");
-  cfg.distributed.backend = "nccl";
+  ddp::TrainConfig cfg = small_config("nccl_eq", ddp::DeviceChoice::Cuda);
+  cfg.distributed.backend = ddp::BackendChoice::Nccl;
   cfg.optimizer.nesterov = true;
   cfg.output.trace = true;
   ddp::TrainSummary summary;
@@ -199,21 +201,21 @@ TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[
 
   // And the CPU path on the same job: the device changes nothing but rounding.
   ddp::TrainConfig on_cpu = cfg;
-  on_cpu.device = "cpu";
-  on_cpu.distributed.backend = "mpi";
+  on_cpu.device = ddp::DeviceChoice::Cpu;
+  on_cpu.distributed.backend = ddp::BackendChoice::Mpi;
   on_cpu.output.dir = scratch_dir("nccl_eq_cpu");
   const Weights cpu = train(on_cpu, MPI_COMM_WORLD);
   REQUIRE(max_rel_diff(distributed, cpu) <= 1e-4);
 }
 
 TEST_CASE("GPU training with gradient accumulation and max_steps", "[gpu][staged]") {
-  ddp::TrainConfig cpu = small_config("accum_cpu", "cpu");
+  ddp::TrainConfig cpu = small_config("accum_cpu", ddp::DeviceChoice::Cpu);
   cpu.training.accumulate_steps = 3;
   cpu.training.max_steps = 3;
   cpu.training.log_every = 1;
   ddp::TrainConfig gpu = cpu;
-  gpu.device = "cuda";
-  gpu.distributed.backend = gpu_per_rank() ? "nccl" : "mpi";
+  gpu.device = ddp::DeviceChoice::Cuda;
+  gpu.distributed.backend = gpu_per_rank() ? ddp::BackendChoice::Nccl : ddp::BackendChoice::Mpi;
   gpu.output.dir = scratch_dir("accum_gpu");
   ddp::TrainSummary s_cpu, s_gpu;
   const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
@@ -251,10 +253,10 @@ TEST_CASE("GPU training: a bad label is reported with its step on every rank", "
       csv << (r == 29 ? 7 : r % 5) << "\n";
     }
   }
-  ddp::TrainConfig cfg = small_config("bad_label_run", "cuda");
-  cfg.distributed.backend = "mpi";
+  ddp::TrainConfig cfg = small_config("bad_label_run", ddp::DeviceChoice::Cuda);
+  cfg.distributed.backend = ddp::BackendChoice::Mpi;
   cfg.data = ddp::DataConfig{};
-  cfg.data.format = "csv";
+  cfg.data.format = ddp::DataFormat::Csv;
   cfg.data.train.path = path;
   cfg.data.shuffle = false;
   // The loader checks labels before any kernel sees them; that is the message users get.
@@ -280,8 +282,8 @@ TEST_CASE("GPU training: a NCCL failure on one rank stops every rank", "[gpu][nc
   }
   setenv("DDP_NCCL_EMU_FAIL", "1:3", 1);
   setenv("DDP_NCCL_EMU_TIMEOUT_S", "2", 1);
-  ddp::TrainConfig cfg = small_config("nccl_fail", "cuda");
-  cfg.distributed.backend = "nccl";
+  ddp::TrainConfig cfg = small_config("nccl_fail", ddp::DeviceChoice::Cuda);
+  cfg.distributed.backend = ddp::BackendChoice::Nccl;
   std::string message;
   const double start = ddp::seconds_now();
   try {
@@ -310,8 +312,8 @@ TEST_CASE("GPU training: NCCL with more ranks than GPUs on a node is refused on 
     WARN("skipped: every rank of this node has a GPU of its own");
     return;
   }
-  ddp::TrainConfig cfg = small_config("nccl_shared", "cuda");
-  cfg.distributed.backend = "nccl";
+  ddp::TrainConfig cfg = small_config("nccl_shared", ddp::DeviceChoice::Cuda);
+  cfg.distributed.backend = ddp::BackendChoice::Nccl;
   std::string message;
   try {
     train(cfg, MPI_COMM_WORLD);
@@ -326,30 +328,30 @@ TEST_CASE("GPU training: NCCL with more ranks than GPUs on a node is refused on 
 
 TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane hooks",
           "[gpu][staged][nccl][errors]") {
-  std::vector<std::string> kinds = {"mpi"};
-  if (gpu_per_rank()) kinds.push_back("nccl");
-  for (const std::string& kind : kinds) {
-    INFO(kind);
+  std::vector<ddp::BackendChoice> kinds = {ddp::BackendChoice::Mpi};
+  if (gpu_per_rank()) kinds.push_back(ddp::BackendChoice::Nccl);
+  for (const ddp::BackendChoice kind : kinds) {
+    INFO(ddp::to_string(kind));
     auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
     std::unique_ptr<ddp::GradientCommunicator> comm =
-        kind == "nccl" ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
-                       : ddp::make_staged_communicator(*mpi, *backend);
+        kind == ddp::BackendChoice::Nccl
+            ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
+            : ddp::make_staged_communicator(*mpi, *backend);
     float* arena = comm->gradient_arena(64);
     CHECK_THROWS_WITH(comm->gradient_arena(64), Catch::Contains("gradient_arena() called twice"));
     const ddp::LaneHooks hooks;
     CHECK_THROWS_AS(comm->allreduce_async(arena, 64, false, &hooks), ddp::Error);
-    if (kind == "mpi") {
+    if (kind == ddp::BackendChoice::Mpi) {
       CHECK_THROWS_WITH(comm->allreduce_async(arena + 32, 64, false),
                         Catch::Contains("must lie in this communicator's gradient arena"));
     }
   }
 }
 
-TEST_CASE("GPU training stopped and resumed continues as the uninterrupted run",
-          "[gpu][resume]") {
-  ddp::TrainConfig whole = small_config("resume_whole", "cuda");
-  whole.distributed.backend = gpu_per_rank() ? "nccl" : "mpi";
+TEST_CASE("GPU training stopped and resumed continues as the uninterrupted run", "[gpu][resume]") {
+  ddp::TrainConfig whole = small_config("resume_whole", ddp::DeviceChoice::Cuda);
+  whole.distributed.backend = gpu_per_rank() ? ddp::BackendChoice::Nccl : ddp::BackendChoice::Mpi;
   const Weights w_whole = train(whole, MPI_COMM_WORLD);
   ddp::TrainConfig first = whole;
   first.output.dir = scratch_dir("resume_first");
@@ -369,8 +371,8 @@ TEST_CASE("GPU training stopped and resumed continues as the uninterrupted run",
   REQUIRE(max_rel_diff(w_rest, w_whole) <= 1e-6);
   // The checkpoint is device-neutral: the CPU continues it too.
   ddp::TrainConfig on_cpu = rest;
-  on_cpu.device = "cpu";
-  on_cpu.distributed.backend = "mpi";
+  on_cpu.device = ddp::DeviceChoice::Cpu;
+  on_cpu.distributed.backend = ddp::BackendChoice::Mpi;
   REQUIRE(max_rel_diff(train(on_cpu, MPI_COMM_WORLD), w_whole) <= 1e-4);
 }
 
@@ -380,27 +382,27 @@ TEST_CASE("GPU training: nan_policy skip_step skips the non-finite step on every
   const std::string dir = ddp_test::shared_scratch_dir("ddp_gpu_test_", "nan");
   const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, 16 * n, 5);
   ddp::TrainConfig cfg;
-  cfg.device = "cuda";
-  cfg.distributed.backend = gpu_per_rank() ? "nccl" : "mpi";
+  cfg.device = ddp::DeviceChoice::Cuda;
+  cfg.distributed.backend = gpu_per_rank() ? ddp::BackendChoice::Nccl : ddp::BackendChoice::Mpi;
   cfg.distributed.timeout_s = 60;
   cfg.model.layers = {3, 8, 3};
   cfg.model.init_from = data.init;
-  cfg.data.format = "csv";
+  cfg.data.format = ddp::DataFormat::Csv;
   cfg.data.train.path = data.csv;
   cfg.data.shuffle = false;
   cfg.optimizer.lr = 0.1;
   cfg.training.batch_size = 4;
   cfg.training.epochs = 2;
   cfg.training.log_every = 0;
-  cfg.training.nan_policy = "skip_step";
+  cfg.training.nan_policy = ddp::NanPolicy::SkipStep;
   cfg.output.dir = dir + "/out";
   cfg.output.save_model = false;
   ddp::TrainSummary s_gpu, s_cpu;
   const Weights w_gpu = train(cfg, MPI_COMM_WORLD, &s_gpu);
   CHECK(s_gpu.skipped_steps == 2);
   ddp::TrainConfig cpu = cfg;
-  cpu.device = "cpu";
-  cpu.distributed.backend = "mpi";
+  cpu.device = ddp::DeviceChoice::Cpu;
+  cpu.distributed.backend = ddp::BackendChoice::Mpi;
   const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
   CHECK(s_cpu.skipped_steps == 2);
   REQUIRE(max_rel_diff(w_gpu, w_cpu) <= 1e-4);

@@ -27,7 +27,7 @@ std::string scratch_dir(const std::string& name) {
 ddp::TrainConfig small_config(const std::string& name) {
   ddp::TrainConfig cfg;
   cfg.model.layers = {12, 24, 16, 5};
-  cfg.data.format = "synthetic";
+  cfg.data.format = ddp::DataFormat::Synthetic;
   cfg.data.train.samples = 192;  // divisible by every N*B*A used below: no padding, same order
   cfg.data.seed = 7;
   cfg.optimizer.lr = 0.05;

@@ -39,7 +39,7 @@ std::string shared_scratch(const std::string& name) {
 ddp::TrainConfig resume_config(const std::string& name) {
   ddp::TrainConfig cfg;
   cfg.model.layers = {12, 24, 16, 5};
-  cfg.data.format = "synthetic";
+  cfg.data.format = ddp::DataFormat::Synthetic;
   cfg.data.train.samples = 190;
   cfg.data.seed = 11;
   cfg.optimizer.lr = 0.05;
@@ -242,7 +242,7 @@ TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips 
   ddp::TrainConfig cfg;
   cfg.model.layers = {3, 8, 3};
   cfg.model.init_from = data.init;
-  cfg.data.format = "csv";
+  cfg.data.format = ddp::DataFormat::Csv;
   cfg.data.train.path = data.csv;
   cfg.data.shuffle = false;  // sample 5 is in the first step's batch, on rank 5 % n
   cfg.optimizer.lr = 0.1;
@@ -266,7 +266,7 @@ TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips 
                           Catch::Contains("non-finite gradient value(s) after the allreduce") &&
                           Catch::Contains("non-finite on rank " + std::to_string(5 % n)));
 
-  cfg.training.nan_policy = "skip_step";
+  cfg.training.nan_policy = ddp::NanPolicy::SkipStep;
   ddp::TrainSummary summary;
   const auto w = train(cfg, MPI_COMM_WORLD, &summary);
   CHECK(summary.skipped_steps == 2);  // the step with sample 5, once per epoch

@@ -82,7 +82,7 @@ class NcclCommunicator final : public GradientCommunicator {
     DDP_CHECK(backend_ != nullptr, "NCCL needs the CUDA backend, got '" << backend.name() << "'");
     clock_ = backend_->clock();
     // NCCL reads NCCL_ALGO when the communicator is made; a user's own setting wins.
-    if (options.algo == "ring") setenv("NCCL_ALGO", "Ring", 0);
+    if (options.algo == NcclAlgo::Ring) setenv("NCCL_ALGO", "Ring", 0);
     ncclUniqueId id{};
     if (group.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
     group.broadcast(&id, sizeof(id), 0);

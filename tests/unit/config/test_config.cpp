@@ -166,7 +166,8 @@ TEST_CASE("config: every key of every section is read", "[config]") {
       "distributed:\n  backend: mpi\n  bucket_cap_mb: 0.5\n  first_bucket_mb: 2.5\n"
       "  shared_memory: false\n"
       "output:\n  dir: out/x\n  save_model: false\n");
-  CHECK(c.device == "cpu");
+  CHECK(c.device == ddp::DeviceChoice::Cpu);
+  CHECK(c.distributed.backend == ddp::BackendChoice::Mpi);
   CHECK(c.model.layers == std::vector<int64_t>{7, 5, 3, 2});
   CHECK(c.model.init_from == init);
   CHECK(c.data.dir == "some/dir");
@@ -200,7 +201,7 @@ TEST_CASE("config: idx and csv split keys are read", "[config]") {
   TrainConfig idx = parse("model: {layers: [4, 3]}\ndata:\n  format: idx\n  dir: " + tmp.path() +
                           "\n  train: {images: tr-img.gz, labels: tr-lab.gz}\n"
                           "  test: {images: te-img, labels: te-lab}\n");
-  CHECK(idx.data.format == "idx");
+  CHECK(idx.data.format == ddp::DataFormat::Idx);
   CHECK(idx.data.train.images == "tr-img.gz");
   CHECK(idx.data.train.labels == "tr-lab.gz");
   CHECK(idx.data.test.images == "te-img");
@@ -252,7 +253,8 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
   CHECK(parse_error(kMinimal, {"training.bach_size=2"}) ==
         "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: epochs, "
-        "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, nan_policy)");
+        "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
+        "nan_policy)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "training, "
@@ -278,7 +280,8 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
   CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n") ==
         "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: "
-        "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, nan_policy)");
+        "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
+        "nan_policy)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, "
@@ -329,8 +332,6 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
   REQUIRE_NOTHROW(ddp::validate_config(valid_config()));
   using Mutate = std::function<void(TrainConfig&)>;
   const std::vector<std::pair<Mutate, std::string>> cases = {
-      {[](TrainConfig& c) { c.device = "tpu"; },
-       "device: must be one of cpu, cuda, auto; got 'tpu'"},
       {[](TrainConfig& c) { c.model.layers = {4}; },
        "model.layers: needs at least 2 widths (input and output), got 1"},
       {[](TrainConfig& c) {
@@ -339,8 +340,6 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "model.layers[2]: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.model.activation = "tanh"; },
        "model.activation: must be relu, got 'tanh'"},
-      {[](TrainConfig& c) { c.data.format = "parquet"; },
-       "data.format: must be one of idx, synthetic, csv; got 'parquet'"},
       {[](TrainConfig& c) { c.data.train.samples = 0; }, "data.train.samples: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.data.test.samples = -1; }, "data.test.samples: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.data.prefetch = 0; }, "data.prefetch: must be >= 1, got 0"},
@@ -364,11 +363,9 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "training.log_every: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.training.max_steps = -1; },
        "training.max_steps: must be >= 0, got -1"},
-      {[](TrainConfig& c) { c.distributed.backend = "gloo"; },
-       "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
       {[](TrainConfig& c) {
-         c.device = "cpu";
-         c.distributed.backend = "nccl";
+         c.device = ddp::DeviceChoice::Cpu;
+         c.distributed.backend = ddp::BackendChoice::Nccl;
        },
        ddp::cuda_built()
            ? "distributed.backend: nccl moves GPU memory and needs device: cuda (or "
@@ -378,8 +375,6 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
          c.distributed.gpus = {0, -1};
        },
        "distributed.gpus[1]: must be >= 0, got -1"},
-      {[](TrainConfig& c) { c.distributed.nccl_algo = "tree"; },
-       "distributed.nccl_algo: must be ring or auto; got 'tree'"},
       {[](TrainConfig& c) { c.distributed.timeout_s = 0; },
        "distributed.timeout_s: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.output.trace_steps = -1; },
@@ -389,8 +384,6 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
        "distributed.first_bucket_mb: must be > 0, got -1.0"},
       {[](TrainConfig& c) { c.output.dir = ""; }, "output.dir: must not be empty"},
-      {[](TrainConfig& c) { c.training.nan_policy = "ignore"; },
-       "training.nan_policy: must be abort or skip_step; got 'ignore'"},
       {[](TrainConfig& c) { c.checkpoint.every_steps = -1; },
        "checkpoint.every_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.checkpoint.every_epochs = -2; },
@@ -412,14 +405,47 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
   }
 }
 
+TEST_CASE("config: enumerated keys take only their names, read once", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"device: tpu\n", "device: must be one of cpu, cuda, auto; got 'tpu'"},
+      {"device:\n", "device: must be one of cpu, cuda, auto; got ''"},
+      {"device: CPU\n", "device: must be one of cpu, cuda, auto; got 'CPU'"},
+      {"distributed: {backend: gloo}\n",
+       "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
+      {"distributed: {nccl_algo: tree}\n",
+       "distributed.nccl_algo: must be ring or auto; got 'tree'"},
+      {"training: {nan_policy: ignore}\n",
+       "training.nan_policy: must be abort or skip_step; got 'ignore'"},
+      {"training: {nan_policy: [abort]}\n", "training.nan_policy: expected a string, got a list"},
+  };
+  for (const auto& [extra, message] : cases) {
+    INFO(extra);
+    CHECK(parse_error(kMinimal + extra) == "run.yaml: " + message);
+  }
+  CHECK(parse_error("model: {layers: [4, 3]}\ndata: {format: parquet}\n") ==
+        "run.yaml: data.format: must be one of idx, synthetic, csv; got 'parquet'");
+  CHECK(parse_error(kMinimal, {"device=tpu"}) ==
+        "--set device: must be one of cpu, cuda, auto; got 'tpu'");
+  const TrainConfig c = parse_min(
+      "device: auto\ndistributed: {backend: mpi, nccl_algo: auto}\n"
+      "training: {nan_policy: skip_step}\n");
+  CHECK(c.device == ddp::DeviceChoice::Auto);
+  CHECK(c.distributed.backend == ddp::BackendChoice::Mpi);
+  CHECK(c.distributed.nccl_algo == ddp::NcclAlgo::Auto);
+  CHECK(c.training.nan_policy == ddp::NanPolicy::SkipStep);
+  CHECK(std::string(ddp::to_string(ddp::NanPolicy::SkipStep)) == "skip_step");
+  CHECK(std::string(ddp::to_string(ddp::DataFormat::Synthetic)) == "synthetic");
+  CHECK(std::string(ddp::to_string(ddp::BackendChoice::Nccl)) == "nccl");
+}
+
 TEST_CASE("config: device cuda and auto, and what each build says about them", "[config]") {
   TrainConfig c = valid_config();
-  c.device = "auto";
+  c.device = ddp::DeviceChoice::Auto;
   CHECK_NOTHROW(ddp::validate_config(c));  // auto falls back to the CPU in any build
-  c.device = "cuda";
+  c.device = ddp::DeviceChoice::Cuda;
   if (ddp::cuda_built()) {
     CHECK_NOTHROW(ddp::validate_config(c));  // whether a GPU is visible is decided at startup
-    c.distributed.backend = "nccl";
+    c.distributed.backend = ddp::BackendChoice::Nccl;
     CHECK_NOTHROW(ddp::validate_config(c));
   } else {
     CHECK(error_of([&] { ddp::validate_config(c); }) ==
@@ -441,7 +467,7 @@ TEST_CASE("config: checkpoint section, resume and nan_policy", "[config]") {
   CHECK(c.checkpoint.periodic());
   CHECK(c.checkpoint.directory("runs/x") == "runs/x/checkpoints");
   CHECK(c.training.resume == "auto");
-  CHECK(c.training.nan_policy == "skip_step");
+  CHECK(c.training.nan_policy == ddp::NanPolicy::SkipStep);
   ddp::CheckpointConfig own;
   own.dir = "/scratch/ckpt";
   CHECK(own.directory("runs/x") == "/scratch/ckpt");
@@ -505,8 +531,8 @@ TEST_CASE("config: unreadable and malformed files", "[config]") {
   // yaml-cpp would produce empty documents forever here; the count stops.
   for (const char* stray : {",", ", 3]}", "- a\n,"}) {
     INFO(stray);
-    CHECK_THAT(parse_error(stray), Catch::Contains("found more than 100") &&
-                                       Catch::Contains("stray ','"));
+    CHECK_THAT(parse_error(stray),
+               Catch::Contains("found more than 100") && Catch::Contains("stray ','"));
   }
   std::string empty = tmp.file("empty.yaml", "# nothing yet\n");
   CHECK(error_of([&] { ddp::load_config(empty); }) ==
@@ -613,7 +639,7 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   syn.optimizer.momentum = 1.0 / 3.0;
   syn.optimizer.nesterov = true;
   syn.optimizer.weight_decay = 1e-7;
-  syn.training = {9, 17, 3, 42, 0, 1000, true, "auto", "skip_step"};
+  syn.training = {9, 17, 3, 42, 0, 1000, true, "auto", ddp::NanPolicy::SkipStep};
   syn.checkpoint = {"ckpt dir: x", 0, 2, 0};
   syn.distributed.bucket_cap_mb = 0.25;
   syn.distributed.first_bucket_mb = 2.5;
@@ -621,7 +647,7 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   syn.output = {"runs/a \"b\": c\\d #x\ty", false};
 
   TrainConfig idx = valid_config();
-  idx.data.format = "idx";
+  idx.data.format = ddp::DataFormat::Idx;
   idx.data.dir = tmp.path();
   idx.data.train = {tmp.file("a"), "b", "", 0};
   tmp.file("b");
@@ -630,7 +656,7 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   idx.optimizer.dampening = 0.75;
 
   TrainConfig csv = valid_config();
-  csv.data.format = "csv";
+  csv.data.format = ddp::DataFormat::Csv;
   csv.data.train = {"", "", tmp.file("d.csv"), 0};
   csv.data.csv_header = true;
 
@@ -640,9 +666,10 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
     TrainConfig back = ddp::parse_config(text, "x");
     require_same(back, *c);
     CHECK(back.source == "x");
-    CHECK((text.find("images:") != std::string::npos) == (c->data.format == "idx"));
-    CHECK((text.find("samples:") != std::string::npos) == (c->data.format == "synthetic"));
-    CHECK((text.find("path:") != std::string::npos) == (c->data.format == "csv"));
+    CHECK((text.find("images:") != std::string::npos) == (c->data.format == ddp::DataFormat::Idx));
+    CHECK((text.find("samples:") != std::string::npos) ==
+          (c->data.format == ddp::DataFormat::Synthetic));
+    CHECK((text.find("path:") != std::string::npos) == (c->data.format == ddp::DataFormat::Csv));
   }
   std::string defaults = ddp::to_yaml(TrainConfig());
   for (auto line : {"device: \"cpu\"", "  bucket_cap_mb: 25.0", "  save_model: true", "  lr: 0.01",
@@ -665,7 +692,7 @@ TEST_CASE("config: resolve_data_path", "[config]") {
 TEST_CASE("config: configs/seed.yaml and configs/csv_example.yaml load", "[config]") {
   TrainConfig seed = ddp::load_config(kSourceDir + "/configs/seed.yaml");
   CHECK(seed.model.layers == std::vector<int64_t>{20, 10, 3});
-  CHECK(seed.data.format == "synthetic");
+  CHECK(seed.data.format == ddp::DataFormat::Synthetic);
   CHECK(seed.data.train.samples == 2000);
   CHECK(seed.training.batch_size == 50);
   CHECK(seed.training.epochs == 10);
@@ -676,7 +703,7 @@ TEST_CASE("config: configs/seed.yaml and configs/csv_example.yaml load", "[confi
   // Its data path is relative to the repository root, where the docs say to run it from.
   TrainConfig csv =
       ddp::load_config(kSourceDir + "/configs/csv_example.yaml", {"data.dir=" + kSourceDir});
-  CHECK(csv.data.format == "csv");
+  CHECK(csv.data.format == ddp::DataFormat::Csv);
   CHECK(csv.model.layers.front() == 4);
   CHECK(csv.model.layers.back() == 3);
 }
@@ -687,7 +714,7 @@ TEST_CASE("config: configs/fashion_mnist.yaml loads where the dataset is install
     return;
   }
   TrainConfig c = ddp::load_config(kSourceDir + "/configs/fashion_mnist.yaml");
-  CHECK(c.data.format == "idx");
+  CHECK(c.data.format == ddp::DataFormat::Idx);
   CHECK(c.model.layers == std::vector<int64_t>{784, 256, 256, 10});
   CHECK(c.optimizer.momentum == 0.9);
   CHECK(c.distributed.first_bucket_mb == 0.25);

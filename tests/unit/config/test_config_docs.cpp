@@ -1,5 +1,6 @@
-// docs/config.md documents exactly the keys the loader knows: every key of the effective config
-// (for each data.format) has a row in its section's table, and every row is a key.
+// docs/config.md documents exactly the schema's keys (src/config/schema.h): every key has a row in
+// its section's table, and every row is a key. The schema is also what the loader reads and writes,
+// and what ddp-train --list-config-keys prints.
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <regex>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "config/fingerprint.h"
+#include "config/schema.h"
 #include "ddp/config.h"
 
 namespace {
@@ -44,14 +46,9 @@ std::set<std::string> documented_keys(const std::string& path) {
   return keys;
 }
 
-std::set<std::string> loader_keys() {
+std::set<std::string> schema_keys() {
   std::set<std::string> keys;
-  for (const char* format : {"idx", "csv", "synthetic"}) {
-    ddp::TrainConfig cfg;
-    cfg.data.format = format;
-    for (const std::string& line : ddp::config_lines(cfg))
-      keys.insert(line.substr(0, line.find(" = ")));
-  }
+  for (const ddp::KeyRow& row : ddp::config_schema()) keys.insert(row.path);
   return keys;
 }
 
@@ -60,17 +57,63 @@ std::set<std::string> loader_keys() {
 TEST_CASE("docs/config.md lists exactly the config's keys", "[config]") {
   const std::set<std::string> docs =
       documented_keys(std::string(DDP_SOURCE_DIR) + "/docs/config.md");
-  std::set<std::string> loader = loader_keys();
+  std::set<std::string> schema = schema_keys();
   // Sections that are maps have rows of their own ("train", "test": see the split table).
-  loader.insert("data.train");
-  loader.insert("data.test");
-  for (const std::string& key : loader) {
+  schema.insert("data.train");
+  schema.insert("data.test");
+  for (const std::string& key : schema) {
     INFO("config key " << key << " has no row in docs/config.md");
     CHECK(docs.count(key) == 1);
   }
   for (const std::string& key : docs) {
-    INFO("docs/config.md documents " << key << ", which the loader does not know");
-    CHECK(loader.count(key) == 1);
+    INFO("docs/config.md documents " << key << ", which the schema does not declare");
+    CHECK(schema.count(key) == 1);
   }
-  CHECK(loader.size() > 40);  // the whole tree was walked
+  CHECK(schema.size() > 40);  // the whole tree was walked
+}
+
+TEST_CASE("the schema declares exactly the keys the loader writes, for every data.format",
+          "[config]") {
+  std::set<std::string> written;
+  for (const ddp::DataFormat format :
+       {ddp::DataFormat::Idx, ddp::DataFormat::Csv, ddp::DataFormat::Synthetic}) {
+    ddp::TrainConfig cfg;
+    cfg.data.format = format;
+    for (const std::string& line : ddp::config_lines(cfg))
+      written.insert(line.substr(0, line.find(" = ")));
+  }
+  CHECK(written == schema_keys());
+}
+
+TEST_CASE("config_schema_table prints one row per schema key, in the schema's order", "[config]") {
+  std::istringstream table(ddp::config_schema_table());
+  std::string line;
+  REQUIRE(std::getline(table, line));
+  CHECK(line.rfind("key ", 0) == 0);
+  const std::vector<ddp::KeyRow> rows = ddp::config_schema();
+  size_t i = 0;
+  for (; std::getline(table, line); ++i) {
+    REQUIRE(i < rows.size());
+    INFO(line);
+    CHECK(line.substr(0, line.find(' ')) == rows[i].path);
+    CHECK(line.find(rows[i].doc) != std::string::npos);
+  }
+  CHECK(i == rows.size());
+  const std::string text = ddp::config_schema_table();
+  CHECK(text.find("device ") != std::string::npos);
+  CHECK(text.find("cpu, cuda, auto") != std::string::npos);
+}
+
+// The keys a checkpoint records and a resume must keep: old checkpoints carry exactly these, so
+// changing the set breaks resuming them.
+TEST_CASE("the resume fingerprint's key set is pinned", "[config]") {
+  std::vector<std::string> keys;
+  for (const ddp::KeyRow& row : ddp::config_schema()) {
+    if (row.resume) keys.push_back(row.path);
+  }
+  CHECK(keys == std::vector<std::string>{
+                    "model.layers", "model.activation", "data.format", "data.train.samples",
+                    "data.shuffle", "data.drop_last", "data.csv_header", "data.seed",
+                    "optimizer.name", "optimizer.lr", "optimizer.momentum", "optimizer.dampening",
+                    "optimizer.weight_decay", "optimizer.nesterov", "training.seed"});
 }

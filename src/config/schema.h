@@ -1,0 +1,230 @@
+// The config schema: every key of TrainConfig declared once (name, nesting, member, rule,
+// owning data.format, whether a resume must keep it, a one-line doc). The reader, the writer,
+// the validator, the resume fingerprint, --list-config-keys and the docs check all walk it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ddp/config.h"
+
+namespace ddp {
+
+/// What the schema says of a key besides its name, member and type; the default is the
+/// struct's. Built in a chain: Key().at_least(1).resume().doc("...").
+struct Key {
+  enum class Rule { None, AtLeast, Positive, NonNegative, NonEmpty, Equals };
+  Rule rule = Rule::None;
+  int64_t min = 0;                  ///< AtLeast: the smallest integer (each entry of a list)
+  const char* only = "";            ///< Equals: the one accepted string
+  std::optional<DataFormat> owner;  ///< the one data.format the key applies to
+  const char* misuse = "";          ///< added when the key is set for another format
+  bool must_match = false;          ///< a resume must keep this key's value
+  const char* text = "";            ///< the one-line doc
+
+  Key& at_least(int64_t lo) {
+    min = lo;
+    return set(Rule::AtLeast);
+  }
+  Key& positive() { return set(Rule::Positive); }
+  Key& non_negative() { return set(Rule::NonNegative); }
+  Key& non_empty() { return set(Rule::NonEmpty); }
+  Key& equals(const char* value) {
+    only = value;
+    return set(Rule::Equals);
+  }
+  Key& only_for(DataFormat format, const char* note = "") {
+    owner = format;
+    misuse = note;
+    return *this;
+  }
+  Key& resume() {
+    must_match = true;
+    return *this;
+  }
+  Key& doc(const char* line) {
+    text = line;
+    return *this;
+  }
+
+ private:
+  Key& set(Rule r) {
+    rule = r;
+    return *this;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The table. A visitor has field(name, member, Key) and section(name, visit(V&)).
+
+template <typename V>
+void visit_split(SplitSource& s, V& v, bool train) {
+  v.field("images", s.images, Key().only_for(DataFormat::Idx).doc("IDX images file (.gz or raw)"));
+  v.field("labels", s.labels, Key().only_for(DataFormat::Idx).doc("IDX labels file (.gz or raw)"));
+  v.field("path", s.path,
+          Key().only_for(DataFormat::Csv).doc("CSV file: the features, then the integer label"));
+  if (train) {
+    v.field("samples", s.samples,
+            Key().only_for(DataFormat::Synthetic).at_least(1).resume().doc("generated samples"));
+  } else {
+    v.field("samples", s.samples,
+            Key().only_for(DataFormat::Synthetic).at_least(0).doc("generated samples; 0: none"));
+  }
+}
+
+template <typename V>
+void visit_data(DataConfig& d, V& v) {
+  v.field("format", d.format, Key().resume().doc("how the splits are read"));
+  v.field("dir", d.dir, Key().doc("base directory of relative data paths"));
+  v.section("train", [&](V& sub) { visit_split(d.train, sub, true); });
+  v.section("test", [&](V& sub) { visit_split(d.test, sub, false); });
+  v.field("shuffle", d.shuffle,
+          Key().resume().doc("reshuffle every epoch (training.seed + epoch)"));
+  v.field("drop_last", d.drop_last, Key().resume().doc("drop an epoch's leftover samples"));
+  v.field("csv_header", d.csv_header,
+          Key().only_for(DataFormat::Csv).resume().doc("the first CSV line is a header"));
+  v.field("seed", d.seed,
+          Key()
+              .only_for(DataFormat::Synthetic, "; the shuffle seed is training.seed")
+              .resume()
+              .doc("seed of the synthetic data generator"));
+  v.field("prefetch", d.prefetch,
+          Key().at_least(1).doc("batches the loader thread prepares ahead"));
+}
+
+template <typename V>
+void visit_model(ModelConfig& m, V& v) {
+  v.field("layers", m.layers,
+          Key().at_least(1).resume().doc("layer widths, input first; at least 2 entries"));
+  v.field("activation", m.activation,
+          Key().equals("relu").resume().doc("nonlinearity between Linear layers"));
+  v.field("init_from", m.init_from, Key().doc(".safetensors file with the initial weights"));
+}
+
+template <typename V>
+void visit_optimizer(OptimizerConfig& o, V& v) {
+  v.field("name", o.name, Key().equals("sgd").resume().doc("the optimizer (torch.optim.SGD)"));
+  v.field("lr", o.lr, Key().positive().resume().doc("learning rate"));
+  v.field("momentum", o.momentum, Key().non_negative().resume().doc("momentum factor"));
+  v.field("dampening", o.dampening, Key().non_negative().resume().doc("dampening for momentum"));
+  v.field("weight_decay", o.weight_decay,
+          Key().non_negative().resume().doc("L2 penalty added to the gradient"));
+  v.field("nesterov", o.nesterov,
+          Key().resume().doc("Nesterov momentum; needs momentum > 0, dampening 0"));
+}
+
+template <typename V>
+void visit_training(TrainingConfig& t, V& v) {
+  v.field("epochs", t.epochs, Key().at_least(1).doc("passes over the training split"));
+  v.field("batch_size", t.batch_size, Key().at_least(1).doc("samples per rank per micro-batch"));
+  v.field("accumulate_steps", t.accumulate_steps,
+          Key().at_least(1).doc("micro-batches per optimizer step"));
+  v.field("seed", t.seed, Key().resume().doc("seed of weight init and shuffle"));
+  v.field("log_every", t.log_every,
+          Key().at_least(0).doc("optimizer steps between progress lines; 0: epochs only"));
+  v.field("max_steps", t.max_steps,
+          Key().at_least(0).doc("stop after this many optimizer steps; 0: no limit"));
+  v.field("print_shapes", t.print_shapes, Key().doc("each rank prints its replica's shapes"));
+  v.field("resume", t.resume, Key().doc("\"\": fresh; auto: newest checkpoint; or a file"));
+  v.field("nan_policy", t.nan_policy, Key().doc("what a non-finite loss or gradient does"));
+}
+
+template <typename V>
+void visit_distributed(DistributedConfig& d, V& v) {
+  v.field("backend", d.backend, Key().doc("gradient allreduce; auto: nccl on GPUs, else mpi"));
+  v.field("bucket_cap_mb", d.bucket_cap_mb, Key().positive().doc("MiB cap of later buckets"));
+  v.field("first_bucket_mb", d.first_bucket_mb, Key().positive().doc("MiB cap of bucket 0"));
+  v.field("shared_memory", d.shared_memory,
+          Key().doc("one node: allreduce in an MPI shared-memory window"));
+  v.field("gpus", d.gpus, Key().at_least(0).doc("GPU of each local rank; []: local rank % GPUs"));
+  v.field("nccl_algo", d.nccl_algo, Key().doc("ring sets NCCL_ALGO=Ring; auto: NCCL's choice"));
+  v.field("timeout_s", d.timeout_s, Key().positive().doc("seconds any collective may take"));
+}
+
+template <typename V>
+void visit_config(TrainConfig& c, V& v) {
+  v.field("device", c.device, Key().doc("where replicas compute; auto: cuda if a GPU is seen"));
+  v.section("model", [&](V& s) { visit_model(c.model, s); });
+  v.section("data", [&](V& s) { visit_data(c.data, s); });
+  v.section("optimizer", [&](V& s) { visit_optimizer(c.optimizer, s); });
+  v.section("training", [&](V& s) { visit_training(c.training, s); });
+  v.section("distributed", [&](V& s) { visit_distributed(c.distributed, s); });
+  v.section("output", [&](V& s) {
+    s.field("dir", c.output.dir, Key().non_empty().doc("where metrics and the model go"));
+    s.field("save_model", c.output.save_model, Key().doc("write <dir>/model.safetensors"));
+    s.field("trace", c.output.trace, Key().doc("write <dir>/trace.json (Chrome trace)"));
+    s.field("trace_steps", c.output.trace_steps,
+            Key().at_least(0).doc("optimizer steps traced; 0: all"));
+  });
+  v.section("checkpoint", [&](V& s) {
+    s.field("dir", c.checkpoint.dir, Key().doc("\"\": <output.dir>/checkpoints"));
+    s.field("every_steps", c.checkpoint.every_steps,
+            Key().at_least(0).doc("checkpoint every N optimizer steps; 0: off"));
+    s.field("every_epochs", c.checkpoint.every_epochs,
+            Key().at_least(0).doc("checkpoint every N epochs; 0: off"));
+    s.field("keep_last", c.checkpoint.keep_last, Key().at_least(0).doc("checkpoints kept; 0: all"));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enums through their name tables.
+
+template <typename T, typename = void>
+struct IsConfigEnum : std::false_type {};
+template <typename T>
+struct IsConfigEnum<T, std::void_t<decltype(EnumNames<T>::table)>> : std::true_type {};
+
+/// The name of `v` in its table.
+template <typename E>
+const char* enum_name(E v) {
+  for (const auto& entry : EnumNames<E>::table) {
+    if (entry.first == v) return entry.second;
+  }
+  return "(unknown)";
+}
+
+/// The value named `name`; false when no value has that name.
+template <typename E>
+bool parse_enum(const std::string& name, E& out) {
+  for (const auto& entry : EnumNames<E>::table) {
+    if (name == entry.second) {
+      out = entry.first;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// "a or b" for two names, "one of a, b, c" for more.
+template <typename E>
+std::string enum_choices() {
+  const auto& t = EnumNames<E>::table;
+  if (t.size() == 2) return std::string(t[0].second) + " or " + t[1].second;
+  std::string out = "one of ";
+  for (size_t i = 0; i < t.size(); ++i) out += std::string(i ? ", " : "") + t[i].second;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The schema as rows, for --list-config-keys, the resume fingerprint and the docs check.
+
+struct KeyRow {
+  std::string path;           ///< "training.batch_size"
+  std::string type;           ///< "integer", "number", "bool", "string", "list of integers"
+  std::string default_value;  ///< as --print-config writes it
+  std::string allowed;        ///< "cpu, cuda, auto", ">= 1", "> 0", ... or ""
+  std::string format;         ///< the owning data.format, or ""
+  bool resume = false;        ///< a resume must keep the value
+  std::string doc;
+};
+
+/// Every key, in the order of the config file.
+std::vector<KeyRow> config_schema();
+
+/// The rows as an aligned text table with a header line (ddp-train --list-config-keys).
+std::string config_schema_table();
+
+}  // namespace ddp
