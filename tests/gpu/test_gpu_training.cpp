@@ -273,7 +273,7 @@ TEST_CASE("GPU training: a bad label is reported with its step on every rank", "
 
 #if defined(DDP_CUDA_EMULATION)
 // The emulated NCCL fails rank 1's third allreduce asynchronously (DDP_NCCL_EMU_FAIL, see
-// tests/emu/nccl_emu.h); rank 0, waiting for it, gives up after the emulation's timeout. Both
+// emu/nccl_emu.h); rank 0, waiting for it, gives up after the emulation's timeout. Both
 // must stop with an error naming NCCL, the bucket and the step: no rank may hang or go on.
 TEST_CASE("GPU training: a NCCL failure on one rank stops every rank", "[gpu][nccl][errors]") {
   if (world_size() < 2 || !gpu_per_rank()) {

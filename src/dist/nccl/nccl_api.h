@@ -1,5 +1,5 @@
 // The one door to NCCL for our sources: the real library, or the test-only emulation
-// (tests/emu/nccl_emu.h) when DDP_CUDA_EMULATION is defined. Also the check macro.
+// (emu/nccl_emu.h) when DDP_CUDA_EMULATION is defined. Also the check macro.
 #pragma once
 
 #if defined(DDP_CUDA_EMULATION)

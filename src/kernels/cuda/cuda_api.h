@@ -1,5 +1,5 @@
 // The one door to CUDA for our sources: the real runtime under nvcc, or the test-only CPU
-// emulation (tests/emu/cuda_emu.h) when DDP_CUDA_EMULATION is defined, so the same kernel bodies
+// emulation (emu/cuda_emu.h) when DDP_CUDA_EMULATION is defined, so the same kernel bodies
 // and launch code run in CI without a GPU. Also the check macro and the launch helper that
 // every CUDA call and kernel launch goes through.
 #pragma once

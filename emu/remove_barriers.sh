@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Proves the emulation's serial schedules catch a missing barrier: for every __syncthreads() and
 # __syncwarp() in the kernel headers, in turn, builds the emulated kernel tests without it and
-# runs them under each thread schedule (tests/emu/cuda_emu.h). Prints one row per barrier:
+# runs them under each thread schedule (emu/cuda_emu.h). Prints one row per barrier:
 # "caught" where a test failed, "passed" where the removal went unnoticed. Exits 1 if some
 # removal passes every serial schedule.
-#   tests/emu/remove_barriers.sh [WORK_DIR]
+#   emu/remove_barriers.sh [WORK_DIR]
 # SCHEDULES="forward rotate" picks the schedules (default: all of them, parallel first).
 # Works on a copy of the source tree (WORK_DIR, default a new temporary directory), so the
 # checkout is never modified; needs only a C++ compiler (the emulation, no CUDA).
 set -uo pipefail
-src="$(cd "$(dirname "$0")/../.." && pwd)"
+src="$(cd "$(dirname "$0")/.." && pwd)"
 work="${1:-$(mktemp -d "${TMPDIR:-/tmp}/remove_barriers.XXXXXX")}"
 read -r -a schedules <<<"${SCHEDULES:-parallel forward reverse random rotate}"
 limit_s=900

@@ -2,7 +2,7 @@
 # Compiler launcher for nvcc (CMAKE_CUDA_COMPILER_LAUNCHER): runs the compile with
 # --resource-usage and keeps ptxas's per-kernel report (registers, shared memory, stack for each
 # kernel and architecture) in <object>.resources, where the launch audit and the emulation read
-# it (tests/emu/launch_limits.h). Everything else the compiler says passes through.
+# it (emu/launch_limits.h). Everything else the compiler says passes through.
 set -uo pipefail
 out=""
 prev=""

@@ -32,7 +32,8 @@ struct ArchLimits {
   unsigned max_blocks_per_sm = 0;
 };
 
-/// The architectures CMakeLists.txt compiles machine code for: sm_75, 80, 86, 89, 90.
+/// The architectures whose limits the emulation knows: sm_75, 80, 86, 89, 90 (what the root
+/// CMakeLists.txt compiles machine code for unless CMAKE_CUDA_ARCHITECTURES says otherwise).
 const std::vector<ArchLimits>& target_archs();
 /// The limits of sm_`sm`, or nullptr when it is not a target.
 const ArchLimits* find_arch(int sm);
