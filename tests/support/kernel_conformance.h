@@ -85,11 +85,12 @@ class KernelTarget {
   std::vector<Allocation> buffers_;
 };
 
-/// Sizes that are multiples of no vector width or tile edge, batch 1, sizes whose every GEMM
-/// extent is a multiple of 4 (16-byte paths), and `random` more up to `limit` in each extent.
+/// Sizes that are multiples of no vector width or tile edge, sizes whose every GEMM extent is a
+/// multiple of 4 (16-byte paths), batch 1 (the first four one of each kind), and `random` more
+/// up to `limit` in each extent.
 inline std::vector<LinearShape> conformance_linear_shapes(int random, uint64_t limit) {
-  std::vector<LinearShape> shapes = {{1, 1, 1},   {1, 5, 3},    {1, 64, 12}, {3, 7, 5},
-                                     {17, 33, 9}, {13, 70, 45}, {8, 16, 12}, {20, 132, 36},
+  std::vector<LinearShape> shapes = {{3, 7, 5},   {8, 16, 12},  {1, 64, 12}, {17, 33, 9},
+                                     {1, 1, 1},   {1, 5, 3},    {13, 70, 45}, {20, 132, 36},
                                      {37, 4, 4},  {6, 130, 129}, {65, 1, 130}};
   ddp::Rng rng(77);
   for (int i = 0; i < random; ++i) {
