@@ -35,25 +35,15 @@ using Weights = std::vector<ddp::NamedTensor>;
 // Small enough for the emulation (every GPU thread a CPU thread), big enough for several
 // buckets, momentum and two epochs.
 ddp::TrainConfig small_config(const std::string& name, ddp::DeviceChoice device) {
-  ddp::TrainConfig cfg;
+  ddp::TrainConfig cfg = ddp_test::small_training_config(scratch_dir(name));
   cfg.device = device;
-  cfg.model.layers = {12, 24, 16, 5};
-  cfg.data.format = ddp::DataFormat::Synthetic;
   cfg.data.train.samples = 96;
   cfg.data.test.samples = 40;
   cfg.data.seed = 7;
-  cfg.optimizer.lr = 0.05;
-  cfg.optimizer.momentum = 0.9;
-  cfg.optimizer.weight_decay = 0.01;
   cfg.training.seed = 3;
   cfg.training.batch_size = 8;
   cfg.training.epochs = 2;
-  cfg.training.log_every = 0;
-  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
-  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
   cfg.distributed.timeout_s = 60;
-  cfg.output.dir = scratch_dir(name);
-  cfg.output.save_model = false;
   return cfg;
 }
 

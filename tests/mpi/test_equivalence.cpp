@@ -25,21 +25,10 @@ std::string scratch_dir(const std::string& name) {
 }
 
 ddp::TrainConfig small_config(const std::string& name) {
-  ddp::TrainConfig cfg;
-  cfg.model.layers = {12, 24, 16, 5};
-  cfg.data.format = ddp::DataFormat::Synthetic;
+  ddp::TrainConfig cfg = ddp_test::small_training_config(scratch_dir(name));
   cfg.data.train.samples = 192;  // divisible by every N*B*A used below: no padding, same order
   cfg.data.seed = 7;
-  cfg.optimizer.lr = 0.05;
-  cfg.optimizer.momentum = 0.9;
-  cfg.optimizer.weight_decay = 0.01;
   cfg.training.seed = 3;
-  cfg.training.log_every = 0;
-  // ~26 and ~52 floats: the 5 Linear layers' parameters spread over many buckets.
-  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
-  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
-  cfg.output.dir = scratch_dir(name);
-  cfg.output.save_model = false;
   return cfg;
 }
 

@@ -37,23 +37,13 @@ std::string shared_scratch(const std::string& name) {
 // 190 samples: not a multiple of any N*B used here, so the last batch of an epoch is padded or
 // partial and a resumed epoch must reproduce that too.
 ddp::TrainConfig resume_config(const std::string& name) {
-  ddp::TrainConfig cfg;
-  cfg.model.layers = {12, 24, 16, 5};
-  cfg.data.format = ddp::DataFormat::Synthetic;
+  ddp::TrainConfig cfg = ddp_test::small_training_config(shared_scratch(name));
   cfg.data.train.samples = 190;
   cfg.data.seed = 11;
-  cfg.optimizer.lr = 0.05;
-  cfg.optimizer.momentum = 0.9;
-  cfg.optimizer.weight_decay = 0.01;
   cfg.training.seed = 5;
   cfg.training.batch_size = 7;
   cfg.training.accumulate_steps = 2;
   cfg.training.epochs = 3;
-  cfg.training.log_every = 0;
-  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
-  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
-  cfg.output.dir = shared_scratch(name);
-  cfg.output.save_model = false;
   return cfg;
 }
 

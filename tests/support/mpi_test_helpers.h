@@ -61,6 +61,24 @@ inline std::string shared_scratch_dir(const std::string& prefix, const std::stri
   return dir;
 }
 
+/// The training tests' model and optimizer: a 12-24-16-5 MLP on synthetic data with momentum
+/// and weight decay, parameters spread over many small buckets (~26 and ~52 floats), no
+/// progress lines, no saved model, output in `dir`. Each test sets its data size and seeds.
+inline ddp::TrainConfig small_training_config(const std::string& dir) {
+  ddp::TrainConfig cfg;
+  cfg.model.layers = {12, 24, 16, 5};
+  cfg.data.format = ddp::DataFormat::Synthetic;
+  cfg.optimizer.lr = 0.05;
+  cfg.optimizer.momentum = 0.9;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.training.log_every = 0;
+  cfg.distributed.first_bucket_mb = 100.0 / (1 << 20);
+  cfg.distributed.bucket_cap_mb = 200.0 / (1 << 20);
+  cfg.output.dir = dir;
+  cfg.output.save_model = false;
+  return cfg;
+}
+
 /// Every rank must hold bitwise the same weights as rank 0.
 inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
