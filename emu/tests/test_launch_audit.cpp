@@ -8,7 +8,6 @@
 // the kernel headers, so it is a program of its own (ddp_launch_audit_tests).
 #include <dlfcn.h>
 
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <climits>

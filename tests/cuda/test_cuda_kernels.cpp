@@ -1,7 +1,9 @@
 // The CUDA kernels: the kernel conformance suite (tests/support/kernel_conformance.h: every
 // kernel against double-precision references, bitwise where the result is exact, NaN-poisoned
 // outputs in guarded, aligned and misaligned views), every GEMM plan, plan choice, determinism,
-// the deferred loss totals and argument errors.
+// the deferred loss totals and argument errors. The sweeps over shapes and plans are tagged
+// [conformance]: one stream, read back through synchronous copies, so the emulation's
+// deferred streams (ctest cuda_emu_deferred) leave them out.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -87,26 +89,26 @@ std::vector<LinearShape> linear_shapes() {
   return shapes;
 }
 
-TEST_CASE("cuda backend conforms: linear_forward, with and without fused relu", DDP_CUDA_TAGS) {
+TEST_CASE("cuda backend conforms: linear_forward, with and without fused relu", DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool misaligned) {
     kt::conform_linear_forward(t, cases_for(linear_shapes(), misaligned), 1000);
   });
 }
 
-TEST_CASE("cuda backend conforms: linear_backward_input, with the relu mask", DDP_CUDA_TAGS) {
+TEST_CASE("cuda backend conforms: linear_backward_input, with the relu mask", DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool misaligned) {
     kt::conform_linear_backward_input(t, cases_for(linear_shapes(), misaligned), 2000);
   });
 }
 
 TEST_CASE("cuda backend conforms: linear_backward_params overwrites or accumulates",
-          DDP_CUDA_TAGS) {
+          DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool misaligned) {
     kt::conform_linear_backward_params(t, cases_for(linear_shapes(), misaligned), 3000);
   });
 }
 
-TEST_CASE("cuda backend conforms: softmax_xent", DDP_CUDA_TAGS) {
+TEST_CASE("cuda backend conforms: softmax_xent", DDP_CUDA_TAGS "[conformance]") {
   // Every register-cached width (1 to 32 values per lane) and the generic path (> 1024).
   std::vector<kt::XentCase> cases;
   for (int64_t classes : {1, 2, 10, 33, 100, 200, 500, 1024, 1500}) {
@@ -126,14 +128,14 @@ TEST_CASE("cuda backend conforms: softmax_xent", DDP_CUDA_TAGS) {
 }
 
 TEST_CASE("cuda backend conforms: sgd_step is torch.optim.SGD for every option combination",
-          DDP_CUDA_TAGS) {
+          DDP_CUDA_TAGS "[conformance]") {
   const int64_t big = kEmulated ? 1027 : (1 << 20) + 3;
   on_cuda([&](kt::KernelTarget& t, bool) {
     for (int64_t n : {big, int64_t{3}, int64_t{4}, int64_t{9}}) kt::conform_sgd_step(t, n, 8000);
   });
 }
 
-TEST_CASE("cuda backend conforms: relu, fill, scale, copy, count_nonfinite", DDP_CUDA_TAGS) {
+TEST_CASE("cuda backend conforms: relu, fill, scale, copy, count_nonfinite", DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool) {
     uint64_t seed = 9000;
     for (const auto& [rows, cols] : kt::conformance_elementwise_shapes(!kEmulated)) {
@@ -190,7 +192,7 @@ LinearShape shape_for(Product p, int64_t m, int64_t n, int64_t k) {
   }
 }
 
-TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer", DDP_CUDA_TAGS) {
+TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer", DDP_CUDA_TAGS "[conformance]") {
   auto be = make_cuda();
   for (Product product : {Product::kForward, Product::kBackwardInput, Product::kBackwardParams}) {
     // K above 128, so a 3-way split really makes three K slices (a slice is a multiple of 64

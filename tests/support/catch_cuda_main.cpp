@@ -1,10 +1,9 @@
 // Catch2 main for the CUDA kernel tests, real or emulated: without a usable device it says why
 // and exits 77, which ctest reports as skipped (never as passed).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <string>
 
+#include "catch_session.h"
 #include "kernels/cuda/cuda.h"
 
 int main(int argc, char** argv) {
@@ -17,5 +16,5 @@ int main(int argc, char** argv) {
   const ddp::CudaDeviceInfo info = ddp::cuda_device_info(0);
   std::printf("CUDA device 0: %s, compute %d.%d, %d SMs\n", info.name.c_str(), info.compute_major,
               info.compute_minor, info.sm_count);
-  return Catch::Session().run(argc, argv);
+  return ddp_test::run_catch_session(argc, argv);
 }

@@ -1,15 +1,14 @@
-// Catch2 main for every test program: initialises MPI (a singleton world without mpiexec), runs
-// the tests, and makes all ranks exit with the same code (any rank's failure fails every rank),
-// so mpiexec never reports success for a test that failed on one rank only. Built with
-// DDP_TEST_NEEDS_GPU (the GPU trainer tests against real CUDA) it exits 77 ("skipped") on every
-// rank when no CUDA device is visible.
-#define CATCH_CONFIG_RUNNER
+// Catch2 main for the MPI test programs (unit, mpi, gpu): initialises MPI (a singleton world
+// without mpiexec), runs the tests, and makes all ranks exit with the same code (any rank's
+// failure fails every rank), so mpiexec never reports success for a test that failed on one rank
+// only. Built with DDP_TEST_NEEDS_GPU (the GPU trainer tests against real CUDA) it exits 77
+// ("skipped") on every rank when no CUDA device is visible.
 #include <mpi.h>
 
-#include <catch2/catch.hpp>
 #include <iostream>
 #include <string>
 
+#include "catch_session.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda.h"
 
@@ -28,13 +27,8 @@ int main(int argc, char** argv) {
   }
 #endif
 
-  Catch::Session session;
-  int rc = session.applyCommandLine(argc, argv);
-  if (rc == 0) {
-    // Only rank 0 reports to the terminal; other ranks' failures still count below.
-    if (rank != 0) session.configData().reporterName = "compact";
-    rc = session.run();
-  }
+  // Only rank 0 reports to the terminal; other ranks' failures still count below.
+  const int rc = ddp_test::run_catch_session(argc, argv, rank == 0 ? nullptr : "compact");
   int worst = 0;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
