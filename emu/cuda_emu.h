@@ -177,6 +177,24 @@ inline float __logf(float x) { return logf(x); }
 inline float __powf(float x, float y) { return powf(x, y); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __saturatef(float x) { return fminf(fmaxf(x, 0.0f), 1.0f); }
+// Correctly rounded operations nvcc never contracts into a fused multiply-add. The host
+// compiler may (GCC fuses a * b + c by default): the result passes through an empty asm the
+// optimiser cannot see into, so it is rounded on its own here too.
+inline float ddp_emu_opaque(float x) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+x"(x));
+#elif defined(__aarch64__)
+  asm("" : "+w"(x));
+#else
+  volatile float v = x;
+  x = v;
+#endif
+  return x;
+}
+inline float __fmul_rn(float x, float y) { return ddp_emu_opaque(x * y); }
+inline float __fadd_rn(float x, float y) { return ddp_emu_opaque(x + y); }
+inline float __fdiv_rn(float x, float y) { return ddp_emu_opaque(x / y); }
+inline float __fsqrt_rn(float x) { return ddp_emu_opaque(sqrtf(x)); }
 inline int __float_as_int(float x) {
   int r;
   std::memcpy(&r, &x, sizeof r);

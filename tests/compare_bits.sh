@@ -14,7 +14,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 ref="HEAD" baseline="" current="${DDP_TRAIN:-$root/build/ddp-train}" keep=0
 all_cases="fashion_n1 fashion_n2 fashion_n4 fashion_accum_n2 fashion_nesterov_n4 seed_n2 \
-csv_n2 synthetic_skip_n2 resume_n2 resume_n2_to_n4"
+csv_n2 synthetic_skip_n2 resume_n2 resume_n2_to_n4 resume_baseline_n2"
 cases="$all_cases"
 while (($#)); do
   case "$1" in
@@ -98,12 +98,15 @@ run() {
 
 # A resume case: stop after half the steps with a checkpoint, resume (on another world size in
 # the _to_n4 case, with the same global batch) to the end.
+# resume_baseline_n2: the first part always runs the baseline, so the current binary
+# resumes a checkpoint the baseline wrote (a file format change must keep reading old ones).
 run_resume() {  # BINARY OUTDIR CASE
-  local bin="$1" out="$2" second=2 batch2=64
+  local bin="$1" out="$2" second=2 batch2=64 first_bin="$1"
   [[ "$3" == resume_n2_to_n4 ]] && second=4 batch2=32
+  [[ "$3" == resume_baseline_n2 ]] && first_bin="$baseline"
   local common=("$root/configs/fashion_mnist.yaml" "${fashion_args[@]}"
                 --set checkpoint.every_steps=40 --set checkpoint.keep_last=0)
-  run "$bin" "$out" 2 "${common[@]}" --set training.max_steps=80 || return 1
+  run "$first_bin" "$out" 2 "${common[@]}" --set training.max_steps=80 || return 1
   mv "$out.log" "$out.first.log"
   run "$bin" "$out" "$second" "${common[@]}" --set training.batch_size="$batch2" \
     --set training.resume=auto || return 1

@@ -98,6 +98,7 @@ void launch_every_elementwise() {
   launch_both_ways(ddp::cuda::FillOp{});
   launch_both_ways(ddp::cuda::ScaleOp{});
   launch_both_ways(ddp::cuda::SgdOp{});
+  launch_both_ways(ddp::cuda::AdamOp{});
   ddp::cuda::launch_count_nonfinite(nullptr, int64_t{kMaxDim} * 64, nullptr, kMaxSms, nullptr);
 }
 
@@ -157,10 +158,10 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
     FAIL("a device would refuse a launch the backend can make: " << e.what());
   }
   // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
-  // 7 cross-entropy row kernels and its reduction, 5 elementwise ops x 2, count_nonfinite.
+  // 7 cross-entropy row kernels and its reduction, 6 elementwise ops x 2, count_nonfinite.
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 39);
+  CHECK(kernels.size() == 41);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);

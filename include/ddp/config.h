@@ -24,6 +24,8 @@ enum class NanPolicy { Abort, SkipStep };
 enum class DataFormat { Idx, Synthetic, Csv };
 /// `distributed.nccl_algo`.
 enum class NcclAlgo { Ring, Auto };
+/// `optimizer.name`.
+enum class OptimizerName { Sgd, Adam, AdamW };
 
 /// The names of an enum's values, in the order messages list them.
 template <typename E>
@@ -54,12 +56,19 @@ struct EnumNames<NcclAlgo> {
       {{NcclAlgo::Ring, "ring"}, {NcclAlgo::Auto, "auto"}}};
 };
 
+template <>
+struct EnumNames<OptimizerName> {
+  static constexpr std::array<std::pair<OptimizerName, const char*>, 3> table{
+      {{OptimizerName::Sgd, "sgd"}, {OptimizerName::Adam, "adam"}, {OptimizerName::AdamW, "adamw"}}};
+};
+
 /// The value's name from its table ("skip_step" for NanPolicy::SkipStep).
 const char* to_string(DeviceChoice v);
 const char* to_string(BackendChoice v);
 const char* to_string(NanPolicy v);
 const char* to_string(DataFormat v);
 const char* to_string(NcclAlgo v);
+const char* to_string(OptimizerName v);
 
 struct ModelConfig {
   std::vector<int64_t> layers;      ///< widths, input first: [784, 256, 256, 10]; >= 2 entries
@@ -91,13 +100,19 @@ struct DataConfig {
   int64_t prefetch = 2;     ///< batches assembled ahead by the loader thread
 };
 
+/// torch.optim.SGD, Adam or AdamW; the keys of the others keep their defaults.
 struct OptimizerConfig {
-  std::string name = "sgd";
+  OptimizerName name = OptimizerName::Sgd;
   double lr = 0.01;
+  // sgd
   double momentum = 0.0;
   double dampening = 0.0;
-  double weight_decay = 0.0;
+  double weight_decay = 0.0;  ///< sgd, adam: L2 added to the gradient; adamw: decoupled decay
   bool nesterov = false;
+  // adam, adamw
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  bool amsgrad = false;
 };
 
 struct TrainingConfig {

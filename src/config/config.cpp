@@ -158,6 +158,17 @@ void read_value(const YAML::Node& node, const std::string& path, const Origin& o
   out = values;
 }
 
+template <size_t N>
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                std::array<double, N>& out) {
+  const std::string expected = "expected a list of " + std::to_string(N) + " numbers";
+  if (!node.IsSequence()) fail(origin, path, expected + ", got " + describe(node));
+  if (node.size() != N)
+    fail(origin, path,
+         expected + ", got " + std::to_string(node.size()) + (node.size() == 1 ? " entry" : " entries"));
+  for (size_t i = 0; i < N; ++i) read_value(node[i], path + "[" + std::to_string(i) + "]", origin, out[i]);
+}
+
 /// An enum by its name table; an empty value reads as the name "" (and is refused by name).
 template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
 void read_value(const YAML::Node& node, const std::string& path, const Origin& origin, E& out) {
@@ -290,6 +301,13 @@ std::string format_value(const std::vector<int64_t>& v) {
   return out + "]";
 }
 
+template <size_t N>
+std::string format_value(const std::array<double, N>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < N; ++i) out += (i ? ", " : "") + format_double(v[i]);
+  return out + "]";
+}
+
 template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
 std::string format_value(E v) {
   return quote(to_string(v));
@@ -352,6 +370,10 @@ class RowLister {
   static std::string type_name(bool) { return "bool"; }
   static std::string type_name(const std::string&) { return "string"; }
   static std::string type_name(const std::vector<int64_t>&) { return "list of integers"; }
+  template <size_t N>
+  static std::string type_name(const std::array<double, N>&) {
+    return "list of " + std::to_string(N) + " numbers";
+  }
   template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
   static std::string type_name(E) {
     return "string";
@@ -365,7 +387,9 @@ class RowLister {
         out += (out.empty() ? "" : ", ") + std::string(entry.second);
       return out;
     }
-    const std::string each = std::is_same_v<T, std::vector<int64_t>> ? "each " : "";
+    const std::string each = std::is_same_v<T, std::vector<int64_t>> || IsNumberList<T>::value
+                                 ? "each "
+                                 : "";
     switch (k.rule) {
       case Key::Rule::AtLeast:
         return each + ">= " + std::to_string(k.min);
@@ -373,6 +397,8 @@ class RowLister {
         return "> 0";
       case Key::Rule::NonNegative:
         return ">= 0";
+      case Key::Rule::Fraction:
+        return each + "in [0, 1)";
       case Key::Rule::NonEmpty:
         return "non-empty";
       case Key::Rule::Equals:
@@ -525,6 +551,8 @@ void check_rule(const Origin& o, const std::string& path, double v, const Key& k
     if (!(v > 0) || !finite) fail(o, path, "must be > 0, got " + format_double(v));
   } else if (k.rule == Key::Rule::NonNegative) {
     if (!(v >= 0) || !finite) fail(o, path, "must be >= 0, got " + format_double(v));
+  } else if (k.rule == Key::Rule::Fraction) {
+    if (!(v >= 0 && v < 1)) fail(o, path, "must be in [0, 1), got " + format_double(v));
   } else if (k.rule != Key::Rule::None) {
     misdeclared(path);
   }
@@ -545,6 +573,12 @@ void check_rule(const Origin& o, const std::string& path, const std::vector<int6
   for (size_t i = 0; i < v.size(); ++i) {
     check_rule(o, path + "[" + std::to_string(i) + "]", v[i], k);
   }
+}
+
+template <size_t N>
+void check_rule(const Origin& o, const std::string& path, const std::array<double, N>& v,
+                const Key& k) {
+  for (size_t i = 0; i < N; ++i) check_rule(o, path + "[" + std::to_string(i) + "]", v[i], k);
 }
 
 /// bool, uint64_t (the reader refuses negatives) and enums (the reader refuses other names).
@@ -648,11 +682,33 @@ void validate_nccl(const Origin& o, const TrainConfig& c) {
   }
 }
 
+/// A key of one optimizer set for another is refused (torch.optim.Adam has no momentum): the
+/// user who set it expects it to act.
+void validate_optimizer_keys(const Origin& o, const OptimizerConfig& opt) {
+  const OptimizerConfig defaults;
+  auto refuse_if = [&](bool set, const char* key, const char* owners) {
+    if (!set) return;
+    fail(o, std::string("optimizer.") + key,
+         std::string("applies to ") + owners + " only, not to optimizer.name " +
+             to_string(opt.name));
+  };
+  if (opt.name == OptimizerName::Sgd) {
+    refuse_if(opt.betas != defaults.betas, "betas", "adam and adamw");
+    refuse_if(opt.eps != defaults.eps, "eps", "adam and adamw");
+    refuse_if(opt.amsgrad != defaults.amsgrad, "amsgrad", "adam and adamw");
+  } else {
+    refuse_if(opt.momentum != defaults.momentum, "momentum", "sgd");
+    refuse_if(opt.dampening != defaults.dampening, "dampening", "sgd");
+    refuse_if(opt.nesterov != defaults.nesterov, "nesterov", "sgd");
+  }
+}
+
 /// The rules that relate keys to each other or to files.
 void validate_across_keys(const Origin& o, const TrainConfig& c) {
   if (!c.model.init_from.empty()) require_file(o, "model.init_from", c.model.init_from);
   validate_data_files(o, c.data);
   const OptimizerConfig& opt = c.optimizer;
+  validate_optimizer_keys(o, opt);
   if (opt.nesterov && !(opt.momentum > 0 && opt.dampening == 0)) {
     fail(o, "optimizer.nesterov",
          "requires momentum > 0 and dampening == 0 (as in PyTorch), got momentum " +
@@ -728,6 +784,7 @@ const char* to_string(BackendChoice v) { return enum_name(v); }
 const char* to_string(NanPolicy v) { return enum_name(v); }
 const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
+const char* to_string(OptimizerName v) { return enum_name(v); }
 
 std::vector<KeyRow> config_schema() {
   TrainConfig defaults;

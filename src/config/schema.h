@@ -3,6 +3,8 @@
 // the validator, the resume fingerprint, --list-config-keys and the docs check all walk it.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,7 +18,7 @@ namespace ddp {
 /// What the schema says of a key besides its name, member and type; the default is the
 /// struct's. Built in a chain: Key().at_least(1).resume().doc("...").
 struct Key {
-  enum class Rule { None, AtLeast, Positive, NonNegative, NonEmpty, Equals };
+  enum class Rule { None, AtLeast, Positive, NonNegative, Fraction, NonEmpty, Equals };
   Rule rule = Rule::None;
   int64_t min = 0;                  ///< AtLeast: the smallest integer (each entry of a list)
   const char* only = "";            ///< Equals: the one accepted string
@@ -31,6 +33,8 @@ struct Key {
   }
   Key& positive() { return set(Rule::Positive); }
   Key& non_negative() { return set(Rule::NonNegative); }
+  /// In [0, 1) (each entry of a list).
+  Key& fraction() { return set(Rule::Fraction); }
   Key& non_empty() { return set(Rule::NonEmpty); }
   Key& equals(const char* value) {
     only = value;
@@ -106,14 +110,21 @@ void visit_model(ModelConfig& m, V& v) {
 
 template <typename V>
 void visit_optimizer(OptimizerConfig& o, V& v) {
-  v.field("name", o.name, Key().equals("sgd").resume().doc("the optimizer (torch.optim.SGD)"));
+  v.field("name", o.name, Key().resume().doc("torch.optim.SGD, Adam or AdamW"));
   v.field("lr", o.lr, Key().positive().resume().doc("learning rate"));
-  v.field("momentum", o.momentum, Key().non_negative().resume().doc("momentum factor"));
-  v.field("dampening", o.dampening, Key().non_negative().resume().doc("dampening for momentum"));
+  v.field("momentum", o.momentum, Key().non_negative().resume().doc("sgd: momentum factor"));
+  v.field("dampening", o.dampening,
+          Key().non_negative().resume().doc("sgd: dampening for momentum"));
   v.field("weight_decay", o.weight_decay,
-          Key().non_negative().resume().doc("L2 penalty added to the gradient"));
+          Key().non_negative().resume().doc(
+              "sgd, adam: L2 penalty added to the gradient; adamw: decoupled decay"));
   v.field("nesterov", o.nesterov,
-          Key().resume().doc("Nesterov momentum; needs momentum > 0, dampening 0"));
+          Key().resume().doc("sgd: Nesterov momentum; needs momentum > 0, dampening 0"));
+  v.field("betas", o.betas,
+          Key().fraction().resume().doc("adam, adamw: decay of the gradient's moments"));
+  v.field("eps", o.eps, Key().non_negative().resume().doc("adam, adamw: added to the denominator"));
+  v.field("amsgrad", o.amsgrad,
+          Key().resume().doc("adam, adamw: divide by the largest second moment so far"));
 }
 
 template <typename V>
@@ -176,6 +187,12 @@ template <typename T, typename = void>
 struct IsConfigEnum : std::false_type {};
 template <typename T>
 struct IsConfigEnum<T, std::void_t<decltype(EnumNames<T>::table)>> : std::true_type {};
+
+/// Fixed-length lists of numbers (optimizer.betas).
+template <typename T>
+struct IsNumberList : std::false_type {};
+template <size_t N>
+struct IsNumberList<std::array<double, N>> : std::true_type {};
 
 /// The name of `v` in its table.
 template <typename E>

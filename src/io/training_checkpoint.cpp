@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 constexpr const char* kFormatKey = "ddp.checkpoint";
 constexpr const char* kFormatVersion = "1";
 constexpr const char* kCrcKey = "ddp.crc32";
-constexpr const char* kMomentumPrefix = "optimizer.momentum.";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+// Written before the optimizer_steps key had its name.
+constexpr const char* kOldStepsKey = "ddp.sgd_steps";
 constexpr const char* kFilePrefix = "step-";
 constexpr const char* kFileSuffix = ".safetensors";
 
@@ -128,7 +130,9 @@ class MetadataReader {
   const std::string& where_;
 };
 
-TrainingState decode_state(const Metadata& m, const std::string& where) {
+TrainingState decode_state(Metadata m, const std::string& where) {
+  const std::string steps_key = "ddp.optimizer_steps";
+  if (m.count(steps_key) == 0 && m.count(kOldStepsKey) != 0) m[steps_key] = m[kOldStepsKey];
   MetadataReader r(m, where);
   TrainingState s;
   visit_training_state(s, [&](const char* name, auto& value) { r.read(std::string("ddp.") + name, value); });
@@ -138,9 +142,10 @@ TrainingState decode_state(const Metadata& m, const std::string& where) {
   DDP_CHECK(s.epoch_position < s.train_samples,
             where << ": metadata 'ddp.epoch_position' " << s.epoch_position
                   << " is not inside the training set of " << s.train_samples << " samples");
-  DDP_CHECK(s.step_in_epoch <= s.global_step && s.sgd_steps + s.skipped_steps <= s.global_step,
+  DDP_CHECK(s.step_in_epoch <= s.global_step &&
+                s.optimizer_steps + s.skipped_steps <= s.global_step,
             where << ": step counters disagree (global " << s.global_step << ", in epoch "
-                  << s.step_in_epoch << ", applied " << s.sgd_steps << ", skipped "
+                  << s.step_in_epoch << ", applied " << s.optimizer_steps << ", skipped "
                   << s.skipped_steps << ")");
   return s;
 }
@@ -177,6 +182,23 @@ std::string value_of(const std::string& line) {
   return eq == std::string::npos ? "" : line.substr(eq + 3);
 }
 
+// Every tensor of `state` has a weight's name and shape, and every weight has one.
+void check_matches_weights(const OptimizerState& state, const TrainingCheckpoint& ckpt,
+                           const std::string& where) {
+  for (const NamedTensor& m : state.tensors) {
+    auto w = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
+                          [&](const NamedTensor& t) { return t.name == m.name; });
+    DDP_CHECK(w != ckpt.weights.end(), where << ": optimizer " << state.name << " tensor '"
+                                             << m.name << "' has no weight of that name");
+    DDP_CHECK(w->shape == m.shape, where << ": optimizer " << state.name << " tensor '" << m.name
+                                         << "' has shape " << shape_string(m.shape)
+                                         << ", its weight " << shape_string(w->shape));
+  }
+  DDP_CHECK(state.tensors.size() == ckpt.weights.size(),
+            where << ": optimizer " << state.name << " is stored for " << state.tensors.size()
+                  << " of " << ckpt.weights.size() << " tensors");
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir, int64_t global_step) {
@@ -187,8 +209,12 @@ std::string checkpoint_path(const std::string& dir, int64_t global_step) {
 
 void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
   std::vector<NamedTensor> tensors = ckpt.weights;
-  for (const NamedTensor& m : ckpt.momentum)
-    tensors.push_back(NamedTensor{kMomentumPrefix + m.name, m.shape, m.data});
+  for (const OptimizerState& state : ckpt.optimizer) {
+    DDP_CHECK(!state.name.empty() && state.name.find('.') == std::string::npos,
+              "checkpoint: optimizer state name '" << state.name << "' is empty or has a dot");
+    for (const NamedTensor& t : state.tensors)
+      tensors.push_back(NamedTensor{kOptimizerPrefix + state.name + "." + t.name, t.shape, t.data});
+  }
   Metadata metadata = encode_state(ckpt.state);
   metadata[kCrcKey] = hex32(checkpoint_crc(tensors, metadata));
   save_safetensors(path, tensors, metadata);
@@ -218,25 +244,22 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
   TrainingCheckpoint ckpt;
   ckpt.state = decode_state(metadata, where);
   for (NamedTensor& t : tensors) {
-    if (starts_with(t.name, kMomentumPrefix)) {
-      t.name = t.name.substr(std::strlen(kMomentumPrefix));
-      ckpt.momentum.push_back(std::move(t));
-    } else {
+    if (!starts_with(t.name, kOptimizerPrefix)) {
       ckpt.weights.push_back(std::move(t));
+      continue;
     }
+    const std::string rest = t.name.substr(std::strlen(kOptimizerPrefix));
+    const size_t dot = rest.find('.');
+    DDP_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < rest.size(),
+              where << ": tensor '" << t.name << "' is not optimizer.<state>.<weight>");
+    const std::string state = rest.substr(0, dot);
+    auto it = std::find_if(ckpt.optimizer.begin(), ckpt.optimizer.end(),
+                           [&](const OptimizerState& o) { return o.name == state; });
+    if (it == ckpt.optimizer.end()) it = ckpt.optimizer.insert(it, OptimizerState{state, {}});
+    t.name = rest.substr(dot + 1);
+    it->tensors.push_back(std::move(t));
   }
-  for (const NamedTensor& m : ckpt.momentum) {
-    auto w = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
-                          [&](const NamedTensor& t) { return t.name == m.name; });
-    DDP_CHECK(w != ckpt.weights.end(),
-              where << ": momentum tensor '" << m.name << "' has no weight of that name");
-    DDP_CHECK(w->shape == m.shape, where << ": momentum tensor '" << m.name << "' has shape "
-                                         << shape_string(m.shape) << ", its weight "
-                                         << shape_string(w->shape));
-  }
-  DDP_CHECK(ckpt.momentum.empty() || ckpt.momentum.size() == ckpt.weights.size(),
-            where << ": momentum is stored for " << ckpt.momentum.size() << " of "
-                  << ckpt.weights.size() << " tensors");
+  for (const OptimizerState& state : ckpt.optimizer) check_matches_weights(state, ckpt, where);
   return ckpt;
 }
 
@@ -284,9 +307,10 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
   return removed;
 }
 
-void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
-                     const ResumeExpectation& expected) {
-  const std::string where = "checkpoint '" + path + "'";
+namespace {
+
+void check_parameters(const TrainingCheckpoint& ckpt, const std::string& where,
+                      const ResumeExpectation& expected) {
   for (const auto& [name, shape] : expected.parameters) {
     // (a structured binding cannot be captured in C++17: bind a reference to it)
     auto it = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
@@ -303,17 +327,18 @@ void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
         [&](const std::pair<std::string, std::vector<int64_t>>& p) { return p.first == t.name; });
     DDP_CHECK(known, where << ": tensor '" << t.name << "' is not a parameter of the model");
   }
-  DDP_CHECK(expected.momentum || ckpt.momentum.empty(),
-            where << ": holds a momentum buffer but optimizer.momentum is 0");
-  DDP_CHECK(!expected.momentum || !ckpt.momentum.empty() || ckpt.state.sgd_steps == 0,
-            where << ": has no momentum buffer but optimizer.momentum is set");
-  DDP_CHECK(ckpt.state.train_samples == expected.train_samples,
-            where << ": was written for a training set of " << ckpt.state.train_samples
-                  << " samples, this run's has " << expected.train_samples);
+}
+
+void check_config_lines(const TrainingCheckpoint& ckpt, const std::string& where,
+                        const ResumeExpectation& expected) {
   const auto theirs = split_lines(ckpt.state.config), mine = split_lines(expected.config);
+  const auto defaults = split_lines(expected.defaults);
   for (const std::string& line : mine) {
     auto it = std::find_if(theirs.begin(), theirs.end(),
                            [&](const std::string& t) { return key_of(t) == key_of(line); });
+    // A key newer than the checkpoint: it ran as the key's default does.
+    const bool is_default = std::find(defaults.begin(), defaults.end(), line) != defaults.end();
+    if (it == theirs.end() && is_default) continue;
     DDP_CHECK(it != theirs.end(), where << ": " << key_of(line)
                                         << ": not recorded in the checkpoint (this run has "
                                         << value_of(line) << ")");
@@ -327,6 +352,38 @@ void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
     DDP_CHECK(known, where << ": " << key_of(line) << ": set to " << value_of(line)
                            << " in the checkpoint, unknown to this run");
   }
+}
+
+void check_optimizer_state(const TrainingCheckpoint& ckpt, const std::string& where,
+                           const ResumeExpectation& expected) {
+  const auto& kept = expected.optimizer_state;
+  for (const OptimizerState& state : ckpt.optimizer) {
+    DDP_CHECK(std::find(kept.begin(), kept.end(), state.name) != kept.end(),
+              where << ": holds optimizer state '" << state.name
+                    << "', which this run's optimizer does not keep");
+  }
+  for (const std::string& name : kept) {
+    const bool stored =
+        std::any_of(ckpt.optimizer.begin(), ckpt.optimizer.end(),
+                    [&](const OptimizerState& o) { return o.name == name; });
+    DDP_CHECK(stored || ckpt.state.optimizer_steps == 0,
+              where << ": has no optimizer state '" << name << "', which this run's optimizer "
+                    << "keeps (after " << ckpt.state.optimizer_steps << " updates)");
+  }
+}
+
+}  // namespace
+
+void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
+                     const ResumeExpectation& expected) {
+  const std::string where = "checkpoint '" + path + "'";
+  check_parameters(ckpt, where, expected);
+  DDP_CHECK(ckpt.state.train_samples == expected.train_samples,
+            where << ": was written for a training set of " << ckpt.state.train_samples
+                  << " samples, this run's has " << expected.train_samples);
+  // The config lines first: a different optimizer setting is named by its key.
+  check_config_lines(ckpt, where, expected);
+  check_optimizer_state(ckpt, where, expected);
 }
 
 }  // namespace ddp

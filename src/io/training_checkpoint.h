@@ -1,8 +1,9 @@
-// Training checkpoints: the model, the optimizer's momentum and where training stands, in one
+// Training checkpoints: the model, the optimizer's state and where training stands, in one
 // safetensors file per checkpoint (<dir>/step-<global step>.safetensors). The model tensors
-// carry the final weights' names, so PyTorch loads a checkpoint like model.safetensors; the
-// momentum is stored as "optimizer.momentum.<name>" and the state as "ddp.*" metadata, with a
-// CRC-32 over every tensor and metadata value so a flipped bit is found, not trained on.
+// carry the final weights' names, so PyTorch loads a checkpoint like model.safetensors; each
+// optimizer state array is stored as "optimizer.<state>.<name>" (optimizer.momentum.*,
+// optimizer.exp_avg.*, ...) and where training stands as "ddp.*" metadata, with a CRC-32 over
+// every tensor and metadata value so a flipped bit is found, not trained on.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@ struct TrainingState {
   int64_t step_in_epoch = 0;   ///< optimizer steps already taken in it
   int64_t epoch_position = 0;  ///< positions of the epoch's global sample order consumed
   int64_t global_step = 0;     ///< optimizer steps taken in total (skipped ones included)
-  int64_t sgd_steps = 0;       ///< updates the optimizer applied (> 0: momentum is initialised)
+  int64_t optimizer_steps = 0;  ///< updates the optimizer applied (> 0: its state is in use)
   int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
   int64_t world_size = 0;      ///< ranks of the run that wrote it
   int64_t global_batch = 0;    ///< samples per optimizer step over all ranks
@@ -42,7 +43,7 @@ void visit_training_state(State& s, Visit&& visit) {
   visit("step_in_epoch", s.step_in_epoch);
   visit("epoch_position", s.epoch_position);
   visit("global_step", s.global_step);
-  visit("sgd_steps", s.sgd_steps);
+  visit("optimizer_steps", s.optimizer_steps);
   visit("skipped_steps", s.skipped_steps);
   visit("world_size", s.world_size);
   visit("global_batch", s.global_batch);
@@ -53,10 +54,17 @@ void visit_training_state(State& s, Visit&& visit) {
   visit("config", s.config);
 }
 
+/// One state array of the optimizer ("momentum", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+/// as tensors with the weights' names and shapes.
+struct OptimizerState {
+  std::string name;
+  std::vector<NamedTensor> tensors;
+};
+
 struct TrainingCheckpoint {
   TrainingState state;
-  std::vector<NamedTensor> weights;   ///< layers.{i}.weight [out,in], layers.{i}.bias [out]
-  std::vector<NamedTensor> momentum;  ///< the same names and shapes; empty without momentum
+  std::vector<NamedTensor> weights;  ///< layers.{i}.weight [out,in], layers.{i}.bias [out]
+  std::vector<OptimizerState> optimizer;  ///< in the optimizer's order; empty for plain SGD
 };
 
 /// "<dir>/step-<global_step, 9 digits>.safetensors".
@@ -68,8 +76,8 @@ std::string checkpoint_path(const std::string& dir, int64_t global_step);
 void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt);
 
 /// Reads and validates a checkpoint: safetensors structure (header, dtypes, shapes, sizes,
-/// truncation), the checksum, every state field, and that each momentum tensor matches a
-/// weight. Throws ddp::Error naming the file and what is wrong.
+/// truncation), the checksum, every state field, and that each optimizer state holds exactly
+/// the weights' names and shapes. Throws ddp::Error naming the file and what is wrong.
 TrainingCheckpoint read_checkpoint(const std::string& path);
 
 /// The complete checkpoints in `dir` (names step-N.safetensors; temporary files are not
@@ -86,14 +94,17 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
 /// What a run about to resume expects of a checkpoint.
 struct ResumeExpectation {
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;  ///< names and shapes
-  bool momentum = false;  ///< the optimizer keeps a momentum buffer
+  std::vector<std::string> optimizer_state;  ///< the state arrays this run's optimizer keeps
   int64_t train_samples = 0;
-  std::string config;  ///< as TrainingState::config
+  std::string config;    ///< as TrainingState::config
+  std::string defaults;  ///< the same lines for the default config
 };
 
 /// Throws ddp::Error (prefixed with `path`) when `ckpt` cannot continue this run: a parameter
-/// missing, extra or of another shape, momentum missing or unexpected, another training-set
-/// size, or a config line that differs (named: "optimizer.lr: checkpoint 0.1, this run 0.01").
+/// missing, extra or of another shape, optimizer state missing or unexpected, another
+/// training-set size, or a config line that differs (named: "optimizer.lr: checkpoint 0.1, this
+/// run 0.01"). A line missing from the checkpoint is accepted when this run has the key's
+/// default (`expected.defaults`): the key was added after the checkpoint was written.
 /// A different world size is allowed (the caller warns: the global batch changes).
 void check_resumable(const TrainingCheckpoint& ckpt, const std::string& path,
                      const ResumeExpectation& expected);

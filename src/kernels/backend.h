@@ -25,6 +25,20 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
+/// The scalars of one torch.optim.Adam or AdamW step, formed on the host in double as torch
+/// forms them in Python, each rounded to float once (nn/adam.cpp makes them).
+struct AdamStep {
+  float beta1 = 0.9f, one_minus_beta1 = 0.1f;
+  float beta2 = 0.999f, one_minus_beta2 = 0.001f;
+  float bias_correction2_sqrt = 1.0f;  ///< sqrt(1 - beta2^step)
+  float neg_step_size = 0.0f;          ///< -lr / (1 - beta1^step)
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  ///< Adam: the L2 term added to the gradient; ignored by AdamW
+  float decay = 1.0f;         ///< AdamW: the parameters' factor 1 - lr·weight_decay
+  bool decoupled = false;     ///< AdamW (decay) rather than Adam (weight_decay)
+  bool amsgrad = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -64,6 +78,15 @@ class Backend {
   /// momentum_buf is only touched when momentum != 0.
   virtual void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
                         const SgdOptions& opt, bool first_step) = 0;
+
+  /// One torch.optim.Adam (or AdamW, when s.decoupled) step over flat arrays of equal size, in
+  /// torch 1.13's operation order, elementwise:
+  ///   AdamW: p = p·decay.  Adam: g = grad + weight_decay·p (fused).
+  ///   m = beta1·m + (1-beta1)·g (fused);  v = beta2·v + ((1-beta2)·g)·g (fused);
+  ///   amsgrad: vmax = max(vmax, v), used for v;  p = p + (neg_step_size·m) / (sqrt(v)/bc2 + eps).
+  /// max_exp_avg_sq is only touched with amsgrad. Every backend gives bitwise the same result.
+  virtual void adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                         Tensor& max_exp_avg_sq, const AdamStep& s) = 0;
 
   /// softmax_xent without making the host wait for the result: the batch's loss and correct
   /// count are added to totals slot `slot` (0 or 1), read later by take_xent_totals(slot), so

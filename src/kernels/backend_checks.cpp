@@ -124,5 +124,15 @@ void sgd_step(const Tensor& params, const Tensor& grads, const Tensor& momentum_
                << ", dampening " << opt.dampening << ")");
 }
 
+void adam_step(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+               const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamStep& s,
+               Device device) {
+  const char* op = "adam_step";
+  same_size(op, "params", params, "grads", grads, device);
+  same_size(op, "params", params, "exp_avg", exp_avg, device);
+  same_size(op, "params", params, "exp_avg_sq", exp_avg_sq, device);
+  if (s.amsgrad) same_size(op, "params", params, "max_exp_avg_sq", max_exp_avg_sq, device);
+}
+
 }  // namespace checks
 }  // namespace ddp

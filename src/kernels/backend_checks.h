@@ -17,7 +17,7 @@ std::string describe(const char* name, const Tensor& t);
 void tensor(const char* op, const char* name, const Tensor& t, Device device);
 void same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
                 const Tensor& b, Device device);
-/// For kernels over flat arrays (sgd_step): only the element counts must agree.
+/// For kernels over flat arrays (sgd_step, adam_step): only the element counts must agree.
 void same_size(const char* op, const char* a_name, const Tensor& a, const char* b_name,
                const Tensor& b, Device device);
 /// Products write their output while reading their inputs: overlap is rejected.
@@ -36,6 +36,11 @@ void softmax_xent(const Tensor& logits, const int32_t* labels, const Tensor* dlo
 /// Sizes, and the option combinations torch.optim.SGD refuses.
 void sgd_step(const Tensor& params, const Tensor& grads, const Tensor& momentum_buf,
               const SgdOptions& opt, Device device);
+
+/// Sizes: every state array the step touches has the parameters' size.
+void adam_step(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+               const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamStep& s,
+               Device device);
 
 }  // namespace checks
 }  // namespace ddp

@@ -1,33 +1,26 @@
-// SGD over the flat parameter arena: one fused kernel call per step, the same on every rank,
-// so replicas that start identical and see identical averaged gradients stay identical.
+// torch.optim.SGD over the flat parameter arena (Backend::sgd_step): momentum, dampening,
+// weight decay, Nesterov.
 #pragma once
 
 #include <cstddef>
 
-#include "kernels/backend.h"
+#include "nn/optimizer.h"
 
 namespace ddp {
 
-class Sgd {
+class Sgd : public Optimizer {
  public:
-  /// numel: size of the flat parameter/gradient arenas the steps will see.
+  /// numel: size of the flat parameter/gradient arenas the steps will see. Keeps a "momentum"
+  /// state array when options.momentum != 0.
   Sgd(const SgdOptions& options, size_t numel, Device device);
 
   /// params -= lr · update(grads), torch.optim.SGD semantics (see Backend::sgd_step).
-  void step(Backend& be, Tensor params, const Tensor& grads);
+  void step(Backend& be, Tensor params, const Tensor& grads, double lr) override;
 
   const SgdOptions& options() const { return options_; }
-  /// The momentum buffer (empty when momentum == 0), for checkpoints.
-  Tensor momentum_buffer();
-  long steps_taken() const { return steps_; }
-  /// Continues from a checkpoint that had taken `steps` updates (> 0: the next update uses
-  /// the momentum buffer, which the caller restores through momentum_buffer()).
-  void set_steps_taken(long steps) { steps_ = steps; }
 
  private:
   SgdOptions options_;
-  Buffer momentum_;
-  long steps_ = 0;
 };
 
 }  // namespace ddp

@@ -45,7 +45,7 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
   st.epoch_loss_sum = g.loss_sum;
   st.epoch_correct = g.correct;
   st.epoch_count = g.count;
-  st.sgd_steps = replica_.optimizer().steps_taken();
+  st.optimizer_steps = replica_.optimizer().steps_taken();
   st.world_size = comm_.size();
   st.global_batch = cfg_.global_batch(comm_.size());
   st.train_samples = train_samples_;
@@ -59,7 +59,8 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
     TrainingCheckpoint ck;
     ck.state = st;
     ck.weights = replica_.named(replica_.host_parameters());
-    if (cfg_.optimizer.momentum != 0.0) ck.momentum = replica_.named(replica_.host_momentum());
+    for (const std::string& name : replica_.optimizer().state_names())
+      ck.optimizer.push_back({name, replica_.named(replica_.host_optimizer_state(name))});
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     DDP_CHECK(!ec, "checkpoint.dir: cannot create " << dir_ << ": " << ec.message());

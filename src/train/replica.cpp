@@ -36,13 +36,7 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
   });
   broadcast_parameters(group);
   reducer_ = std::make_unique<Reducer>(plan_, model_->parameter_names(), grads_, gradient_comm());
-  SgdOptions opt;
-  opt.lr = static_cast<float>(cfg.optimizer.lr);
-  opt.momentum = static_cast<float>(cfg.optimizer.momentum);
-  opt.dampening = static_cast<float>(cfg.optimizer.dampening);
-  opt.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
-  opt.nesterov = cfg.optimizer.nesterov;
-  sgd_ = std::make_unique<Sgd>(opt, plan_.total_numel, ctx_.device());
+  optimizer_ = make_optimizer(cfg.optimizer, plan_.total_numel, ctx_.device());
 }
 
 Tensor Replica::parameters() {
@@ -98,8 +92,8 @@ std::vector<float> Replica::host_parameters() {
   return host;
 }
 
-std::vector<float> Replica::host_momentum() {
-  Tensor buf = sgd_->momentum_buffer();
+std::vector<float> Replica::host_optimizer_state(const std::string& name) {
+  Tensor buf = optimizer_->state(name);
   std::vector<float> host(static_cast<size_t>(buf.numel()));
   ctx_.copy_to_host(host.data(), buf.data, host.size());
   return host;
@@ -132,12 +126,19 @@ void Replica::place(const std::vector<NamedTensor>& tensors, std::vector<float>&
   }
 }
 
-void Replica::restore(const std::vector<float>& parameters, const std::vector<float>& momentum,
+void Replica::restore(const std::vector<float>& parameters,
+                      const std::vector<std::vector<float>>& optimizer_state,
                       int64_t optimizer_steps) {
   ctx_.copy_from_host(values_.data(), parameters.data(), parameters.size());
-  if (!momentum.empty())
-    ctx_.copy_from_host(sgd_->momentum_buffer().data, momentum.data(), momentum.size());
-  sgd_->set_steps_taken(static_cast<long>(optimizer_steps));
+  const std::vector<std::string> names = optimizer_->state_names();
+  DDP_CHECK(optimizer_state.size() == names.size(),
+            "restore: " << optimizer_state.size() << " optimizer state arrays for "
+                        << names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::vector<float>& host = optimizer_state[i];
+    ctx_.copy_from_host(optimizer_->state(names[i]).data, host.data(), host.size());
+  }
+  optimizer_->set_steps_taken(static_cast<long>(optimizer_steps));
 }
 
 }  // namespace ddp

@@ -16,7 +16,7 @@
 #include "dist/process_group.h"
 #include "dist/reducer.h"
 #include "nn/sequential.h"
-#include "nn/sgd.h"
+#include "nn/optimizer.h"
 #include "train/device_context.h"
 
 namespace ddp {
@@ -36,7 +36,7 @@ class Replica {
   Sequential& model() { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
-  Sgd& optimizer() { return *sgd_; }
+  Optimizer& optimizer() { return *optimizer_; }
   /// The communicator the buckets travel on (the host one, or NCCL / staged on GPUs).
   GradientCommunicator& gradient_comm() {
     return device_gradients_ ? *device_gradients_ : *host_gradients_;
@@ -48,9 +48,9 @@ class Replica {
   /// Room for the loss gradient of a batch of `rows` rows.
   Tensor dlogits(int64_t rows);
 
-  /// The parameters / the momentum buffer in host memory, arena-shaped.
+  /// The parameters / one of the optimizer's state arrays in host memory, arena-shaped.
   std::vector<float> host_parameters();
-  std::vector<float> host_momentum();
+  std::vector<float> host_optimizer_state(const std::string& name);
   /// The parameters' slices of an arena-shaped array, as named tensors.
   std::vector<NamedTensor> named(const std::vector<float>& arena) const;
   /// Names, and names with shapes, in registration order.
@@ -59,9 +59,10 @@ class Replica {
   /// Places named tensors (from a checkpoint) into an arena-shaped array; every name must be
   /// one of the model's.
   void place(const std::vector<NamedTensor>& tensors, std::vector<float>& arena) const;
-  /// Continues from a checkpoint: parameters, momentum (empty without) and the updates taken.
-  void restore(const std::vector<float>& parameters, const std::vector<float>& momentum,
-               int64_t optimizer_steps);
+  /// Continues from a checkpoint: parameters, the optimizer's state arrays (in the order of
+  /// its state_names()) and the updates taken.
+  void restore(const std::vector<float>& parameters,
+               const std::vector<std::vector<float>>& optimizer_state, int64_t optimizer_steps);
 
  private:
   void init_parameters(Sequential& target) const;
@@ -77,7 +78,7 @@ class Replica {
   std::unique_ptr<GradientCommunicator> device_gradients_;
   float* grads_ = nullptr;  // the gradient arena, owned by the gradient communicator
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<Sgd> sgd_;
+  std::unique_ptr<Optimizer> optimizer_;
 };
 
 }  // namespace ddp

@@ -1,6 +1,7 @@
 // Resuming from a checkpoint (resume.h).
 #include "train/resume.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <type_traits>
@@ -85,9 +86,10 @@ bool resume_training(const TrainConfig& cfg, ProcessGroup& comm, Replica& replic
     return false;
   }
   const size_t numel = replica.plan().total_numel;
-  std::vector<float> weights(numel, 0.0f), momentum;
-  const bool with_momentum = cfg.optimizer.momentum != 0.0;
-  if (with_momentum) momentum.assign(numel, 0.0f);
+  std::vector<float> weights(numel, 0.0f);
+  const std::vector<std::string> state_names = optimizer_state_names(cfg.optimizer);
+  // Zero where the checkpoint has no state yet (no update taken): as the optimizer starts.
+  std::vector<std::vector<float>> state(state_names.size(), std::vector<float>(numel, 0.0f));
   TrainingState start;
   run_agreed(comm, [&] {
     if (comm.rank() != 0) return;
@@ -97,18 +99,23 @@ bool resume_training(const TrainConfig& cfg, ProcessGroup& comm, Replica& replic
     TrainingCheckpoint ck = read_checkpoint(path);
     ResumeExpectation expected;
     expected.parameters = replica.shapes();
-    expected.momentum = with_momentum;
+    expected.optimizer_state = state_names;
     expected.train_samples = train_samples;
     expected.config = resume_fingerprint(cfg);
+    expected.defaults = resume_fingerprint(TrainConfig{});
     check_resumable(ck, path, expected);
     replica.place(ck.weights, weights);
-    replica.place(ck.momentum, momentum);
+    for (const OptimizerState& stored : ck.optimizer) {
+      const auto at = std::find(state_names.begin(), state_names.end(), stored.name);
+      replica.place(stored.tensors, state[static_cast<size_t>(at - state_names.begin())]);
+    }
     start = ck.state;
   });
   comm.broadcast(weights.data(), weights.size() * sizeof(float), 0);
-  if (with_momentum) comm.broadcast(momentum.data(), momentum.size() * sizeof(float), 0);
+  for (std::vector<float>& array : state)
+    comm.broadcast(array.data(), array.size() * sizeof(float), 0);
   broadcast_state(comm, start);
-  replica.restore(weights, momentum, start.sgd_steps);
+  replica.restore(weights, state, start.optimizer_steps);
   report_resume(cfg, comm, report, path, start);
   at = start;
   return true;

@@ -40,7 +40,8 @@ void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord&
   rec.works = replica_.reducer().works();  // finalized: the gradients are averaged
   rec.skipped = !gradients_usable(rec);
   const Mark update_begin = rec.traced ? ctx_.mark() : Mark{};
-  if (!rec.skipped) replica_.optimizer().step(be_, replica_.parameters(), replica_.gradients());
+  if (!rec.skipped)
+    replica_.optimizer().step(be_, replica_.parameters(), replica_.gradients(), cfg_.optimizer.lr);
   if (rec.traced) trace_update(update_begin, rec);
 }
 

@@ -135,6 +135,14 @@ TEST_CASE("cuda backend conforms: sgd_step is torch.optim.SGD for every option c
   });
 }
 
+TEST_CASE("cuda backend conforms: adam_step is torch.optim.Adam and AdamW for every option",
+          DDP_CUDA_TAGS "[conformance]") {
+  const int64_t big = kEmulated ? 1027 : (1 << 20) + 3;
+  on_cuda([&](kt::KernelTarget& t, bool) {
+    for (int64_t n : {big, int64_t{3}, int64_t{4}, int64_t{9}}) kt::conform_adam_step(t, n, 9000);
+  });
+}
+
 TEST_CASE("cuda backend conforms: relu, fill, scale, copy, count_nonfinite", DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool) {
     uint64_t seed = 9000;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "core/check.h"
 #include "ddp/trainer.h"
@@ -58,6 +59,33 @@ TEST_CASE("N ranks x batch B equal 1 rank x batch N*B (momentum, weight decay, m
   ddp::TrainConfig untrained = single;
   untrained.training.max_steps = 1;
   REQUIRE(max_abs_diff(train(untrained, MPI_COMM_SELF), reference) > 1e-3);
+}
+
+TEST_CASE("N ranks x batch B equal 1 rank x batch N*B with Adam, AdamW and AMSGrad",
+          "[mpi][equivalence][adam]") {
+  const int n = world_size();
+  for (const auto& [decoupled, amsgrad] : {std::pair{false, false}, std::pair{true, false},
+                                           std::pair{true, true}}) {
+    INFO((decoupled ? "adamw" : "adam") << (amsgrad ? ", amsgrad" : ""));
+    ddp::TrainConfig cfg = ddp_test::with_adam(small_config("eq_adam"), decoupled, amsgrad);
+    cfg.training.batch_size = 8;
+    cfg.training.epochs = 2;
+    ddp::TrainSummary summary;
+    const auto distributed = train(cfg, MPI_COMM_WORLD, &summary);
+    REQUIRE(summary.steps >= 5);
+    require_identical_replicas(distributed);
+
+    ddp::TrainConfig single = cfg;
+    single.training.batch_size = 8 * n;
+    single.output.dir = scratch_dir("eq_adam_single");
+    const auto reference = train(single, MPI_COMM_SELF);
+    const double diff = max_abs_diff(distributed, reference);
+    INFO("max |w_N - w_1| = " << diff);
+    REQUIRE(diff <= 1e-5);
+    ddp::TrainConfig untrained = single;
+    untrained.training.max_steps = 1;
+    REQUIRE(max_abs_diff(train(untrained, MPI_COMM_SELF), reference) > 1e-3);
+  }
 }
 
 TEST_CASE("gradient accumulation: N ranks x B x A micro-batches equal 1 rank x batch N*B*A",

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <utility>
 
 #include "core/check.h"
 #include "ddp/trainer.h"
@@ -90,6 +91,34 @@ TEST_CASE("stopped at any step and resumed: bitwise the uninterrupted run's weig
       const auto resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
       CHECK(rest_summary.resumed);
       CHECK(rest_summary.steps == whole_summary.steps);
+      require_identical_replicas(resumed);
+      REQUIRE(bitwise_equal(resumed, whole));
+    }
+  }
+}
+
+TEST_CASE("Adam and AdamW (AMSGrad) stopped and resumed: bitwise the uninterrupted run",
+          "[mpi][resume][adam]") {
+  for (const auto& [decoupled, amsgrad] : {std::pair{false, false}, std::pair{true, true}}) {
+    const std::string name = decoupled ? "adamw" : "adam";
+    ddp::TrainConfig cfg = ddp_test::with_adam(resume_config(name + "_whole"), decoupled, amsgrad);
+    ddp::TrainSummary whole_summary;
+    const auto whole = train(cfg, MPI_COMM_WORLD, &whole_summary);
+    // The first update (bias correction's largest step) and one inside the second epoch.
+    const int64_t per_epoch = whole_summary.steps / cfg.training.epochs;
+    for (int64_t stop_at : {int64_t{1}, per_epoch + 2}) {
+      INFO(name << (amsgrad ? ", amsgrad" : "") << ", stopped after step " << stop_at);
+      ddp::TrainConfig first = cfg;
+      first.output.dir = shared_scratch(name + "_part" + std::to_string(stop_at));
+      first.training.max_steps = stop_at;
+      first.checkpoint.every_steps = 1000;
+      train(first, MPI_COMM_WORLD);
+      ddp::TrainConfig rest = first;
+      rest.training.max_steps = 0;
+      rest.training.resume = "auto";
+      ddp::TrainSummary rest_summary;
+      const auto resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
+      CHECK(rest_summary.resumed);
       require_identical_replicas(resumed);
       REQUIRE(bitwise_equal(resumed, whole));
     }
@@ -213,6 +242,9 @@ TEST_CASE("a mismatched checkpoint is refused on every rank naming the differenc
   CHECK_THAT(
       refusal([](auto& c) { c.optimizer.lr = 0.5; }),
       Catch::Contains("optimizer.lr: the checkpoint was written with 0.05, this run has 0.5"));
+  CHECK_THAT(refusal([](auto& c) { c = ddp_test::with_adam(c, true, false); }),
+             Catch::Contains("optimizer.name: the checkpoint was written with sgd, this run has "
+                             "adamw"));
   CHECK_THAT(refusal([](auto& c) {
                c.model.layers = {12, 24, 17, 5};
              }),

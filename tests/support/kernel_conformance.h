@@ -302,6 +302,52 @@ inline void conform_sgd_step(KernelTarget& t, int64_t n, uint64_t seed) {
   }
 }
 
+// ---- Adam / AdamW -------------------------------------------------------------------------
+
+/// Every case of adam_cases() over `n` values, three updates from fresh (zero) state and three
+/// more from state left by earlier updates (steps 5 to 7): parameters and state bitwise the
+/// float32 transcription of torch 1.13, parameters within 1e-6 of the algorithm in double;
+/// grads are only read; without amsgrad max_exp_avg_sq is never touched.
+inline void conform_adam_step(KernelTarget& t, int64_t n, uint64_t seed) {
+  const size_t count = static_cast<size_t>(n);
+  for (const AdamCase& c : adam_cases()) {
+    for (long first : {1L, 5L}) {
+      INFO(t.backend().name() << " adam_step, n " << n << ", " << describe(c) << ", steps "
+                              << first << " to " << first + 2);
+      std::vector<float> p = random_floats(count, seed += 10);
+      std::vector<float> m(count, 0.0f), v(count, 0.0f), vmax(count, 0.0f);
+      if (first > 1) {  // state of earlier updates: m of either sign, v >= 0, vmax >= v
+        m = random_floats(count, seed + 1, -0.1, 0.1);
+        v = random_floats(count, seed + 2, 0.0, 0.01);
+        vmax = v;
+        for (size_t i = 0; i < count; i += 2) vmax[i] *= 1.5f;
+      }
+      if (!c.amsgrad) vmax.assign(count, kNaN);  // must not be read or written
+      std::vector<double> dp(p.begin(), p.end()), dm(m.begin(), m.end()), dv(v.begin(), v.end()),
+          dvmax(vmax.begin(), vmax.end());
+      ddp::Tensor pt = t.make(p, 1, n), mt = t.make(m, 1, n), vt = t.make(v, 1, n),
+                  xt = t.make(vmax, 1, n);
+      for (long step = first; step < first + 3; ++step) {
+        INFO("step " << step);
+        const std::vector<float> g = random_floats(count, seed + 3 + step, -2, 2);
+        ddp::Tensor gt = t.make(g, 1, n);
+        const ddp::AdamStep s = torch_adam_scalars(c, step);
+        t.backend().adam_step(pt, gt, mt, vt, xt, s);
+        torch_adam_reference(p, g, m, v, vmax, s);
+        adam_reference_double(dp, g, dm, dv, dvmax, c, step);
+        require_bitwise_equal(t.read(pt), p, "params vs torch.optim.Adam in float32");
+        ddp_test::require_close(p, dp, 1e-6);  // params vs the algorithm in double
+        require_bitwise_equal(t.read(mt), m, "exp_avg");
+        require_bitwise_equal(t.read(vt), v, "exp_avg_sq");
+        require_bitwise_equal(t.read(xt), vmax, "max_exp_avg_sq");
+        require_bitwise_equal(t.read(gt), g, "grads are input");
+      }
+      t.require_guards_intact("adam_step");
+      t.clear();
+    }
+  }
+}
+
 // ---- elementwise -------------------------------------------------------------------------
 
 inline float quiet_nan_with_payload(uint32_t payload) {

@@ -277,6 +277,117 @@ inline std::string describe(const ddp::SgdOptions& o) {
   return oss.str();
 }
 
+// ---- Adam / AdamW -------------------------------------------------------------------------
+
+/// torch.optim.Adam's / AdamW's hyper-parameters as Python holds them (doubles).
+struct AdamCase {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool amsgrad = false, decoupled = false;  ///< decoupled: AdamW
+};
+
+/// The kernel's scalars for update number `step`, formed as torch 1.13's Python code forms
+/// them (_single_tensor_adam, capturable=False): doubles, each rounded to float where a tensor
+/// op takes it.
+inline ddp::AdamStep torch_adam_scalars(const AdamCase& c, long step) {
+  const double t = static_cast<double>(static_cast<float>(step));  // state['step'].item()
+  const double bias_correction1 = 1 - std::pow(c.beta1, t);
+  const double bias_correction2 = 1 - std::pow(c.beta2, t);
+  const double step_size = c.lr / bias_correction1;
+  ddp::AdamStep s;
+  s.beta1 = static_cast<float>(c.beta1);
+  s.one_minus_beta1 = static_cast<float>(1 - c.beta1);
+  s.beta2 = static_cast<float>(c.beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - c.beta2);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.neg_step_size = static_cast<float>(-step_size);
+  s.eps = static_cast<float>(c.eps);
+  s.decoupled = c.decoupled;
+  s.amsgrad = c.amsgrad;
+  if (c.decoupled) {
+    s.decay = static_cast<float>(1 - c.lr * c.weight_decay);
+  } else {
+    s.weight_decay = static_cast<float>(c.weight_decay);
+  }
+  return s;
+}
+
+/// ATen's `self.addcmul(a, b, value=v)` on float: `self + v * a * b`, which the CPU kernel's
+/// compiler contracts into one fused multiply-add of (v·a) and b (checked against torch 1.13).
+inline float aten_addcmul(float self, float a, float b, float value) {
+  return std::fma(value * a, b, self);
+}
+
+/// torch.maximum on float: NaN when either is NaN.
+inline float aten_maximum(float a, float b) { return (a != a || b != b) ? a + b : std::max(a, b); }
+
+/// torch 1.13's _single_tensor_adam / _single_tensor_adamw, transcribed op for op in float32.
+inline void torch_adam_reference(std::vector<float>& p, const std::vector<float>& grad,
+                                 std::vector<float>& m, std::vector<float>& v,
+                                 std::vector<float>& vmax, const ddp::AdamStep& s) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    float g = grad[i];
+    if (s.decoupled) {
+      p[i] = p[i] * s.decay;                                      // param.mul_(1 - lr * wd)
+    } else if (s.weight_decay != 0.0f) {
+      g = aten_add(g, p[i], s.weight_decay);                      // grad.add(param, alpha=wd)
+    }
+    m[i] = aten_add(m[i] * s.beta1, g, s.one_minus_beta1);        // mul_(beta1).add_(g, 1-beta1)
+    v[i] = aten_addcmul(v[i] * s.beta2, g, g, s.one_minus_beta2);  // mul_(beta2).addcmul_
+    float second = v[i];
+    if (s.amsgrad) second = vmax[i] = aten_maximum(vmax[i], v[i]);
+    const float denom = std::sqrt(second) / s.bias_correction2_sqrt + s.eps;
+    p[i] = p[i] + s.neg_step_size * m[i] / denom;  // addcdiv_: self + value * t1 / t2
+  }
+}
+
+/// The textbook algorithm in double (Kingma & Ba; Loshchilov & Hutter for AdamW): an
+/// independent check of the float transcription.
+inline void adam_reference_double(std::vector<double>& p, const std::vector<float>& grad,
+                                  std::vector<double>& m, std::vector<double>& v,
+                                  std::vector<double>& vmax, const AdamCase& c, long step) {
+  const double bc1 = 1 - std::pow(c.beta1, double(step)), bc2 = 1 - std::pow(c.beta2, double(step));
+  for (size_t i = 0; i < p.size(); ++i) {
+    double g = grad[i];
+    if (c.decoupled) {
+      p[i] -= c.lr * c.weight_decay * p[i];
+    } else {
+      g += c.weight_decay * p[i];
+    }
+    m[i] = c.beta1 * m[i] + (1 - c.beta1) * g;
+    v[i] = c.beta2 * v[i] + (1 - c.beta2) * g * g;
+    double second = v[i];
+    if (c.amsgrad) second = vmax[i] = std::max(vmax[i], v[i]);
+    p[i] -= c.lr * (m[i] / bc1) / (std::sqrt(second / bc2) + c.eps);
+  }
+}
+
+/// Adam and AdamW, with and without weight decay and AMSGrad, at PyTorch's defaults otherwise
+/// (one case with other betas and eps).
+inline std::vector<AdamCase> adam_cases() {
+  std::vector<AdamCase> all;
+  for (bool decoupled : {false, true})
+    for (double weight_decay : {0.0, 0.01})
+      for (bool amsgrad : {false, true}) {
+        AdamCase c;
+        c.decoupled = decoupled;
+        c.weight_decay = weight_decay;
+        c.amsgrad = amsgrad;
+        all.push_back(c);
+      }
+  AdamCase other;
+  other.lr = 0.05, other.beta1 = 0.5, other.beta2 = 0.9, other.eps = 1e-3;
+  all.push_back(other);
+  return all;
+}
+
+inline std::string describe(const AdamCase& c) {
+  std::ostringstream oss;
+  oss << (c.decoupled ? "adamw" : "adam") << ", lr " << c.lr << ", betas (" << c.beta1 << ", "
+      << c.beta2 << "), eps " << c.eps << ", weight_decay " << c.weight_decay << ", amsgrad "
+      << c.amsgrad;
+  return oss.str();
+}
+
 // ---- comparisons -------------------------------------------------------------------------
 
 /// The accuracy check of every float kernel result: each value finite,

@@ -79,6 +79,19 @@ inline ddp::TrainConfig small_training_config(const std::string& dir) {
   return cfg;
 }
 
+/// `cfg` switched to torch.optim.Adam (AdamW when `decoupled`, AMSGrad when `amsgrad`): the
+/// SGD-only keys back at their defaults, weight decay kept.
+inline ddp::TrainConfig with_adam(ddp::TrainConfig cfg, bool decoupled, bool amsgrad) {
+  const ddp::OptimizerConfig defaults;
+  cfg.optimizer.name = decoupled ? ddp::OptimizerName::AdamW : ddp::OptimizerName::Adam;
+  cfg.optimizer.lr = 0.01;
+  cfg.optimizer.momentum = defaults.momentum;
+  cfg.optimizer.dampening = defaults.dampening;
+  cfg.optimizer.nesterov = defaults.nesterov;
+  cfg.optimizer.amsgrad = amsgrad;
+  return cfg;
+}
+
 /// Every rank must hold bitwise the same weights as rank 0.
 inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);

@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
+#include "kernels/cpu/cpu_optimizers.h"
 
 namespace ddp {
 
@@ -88,7 +89,16 @@ class CpuBackend final : public Backend {
                           Tensor* dlogits) override;
 
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdOptions& opt,
-                bool first_step) override;
+                bool first_step) override {
+    checks::sgd_step(params, grads, momentum_buf, opt, kCpu);
+    cpu::sgd_step(params, grads, momentum_buf, opt, first_step);
+  }
+
+  void adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                 Tensor& max_exp_avg_sq, const AdamStep& s) override {
+    checks::adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, s, kCpu);
+    cpu::adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, s);
+  }
 
   void fill(Tensor& t, float value) override {
     checks::tensor("fill", "t", t, kCpu);
@@ -184,31 +194,6 @@ XentResult CpuBackend::softmax_xent(const Tensor& logits, const int32_t* labels,
     result.correct += correct ? 1 : 0;
   }
   return result;
-}
-
-// torch.optim.SGD, element for element. Every torch `a.add(b, alpha=s)` is one fused
-// multiply-add in ATen's vectorised CPU kernel (vec::fmadd(b, s, a)) and under nvcc's default
-// contraction, so it is std::fma here too; buf.mul_(momentum) is a plain multiply. Scalars are
-// rounded to float as torch does (1 - dampening is formed in double first, as in Python).
-void CpuBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf,
-                          const SgdOptions& opt, bool first_step) {
-  const bool use_momentum = opt.momentum != 0.0f;
-  checks::sgd_step(params, grads, momentum_buf, opt, kCpu);
-  const float lr = opt.lr, wd = opt.weight_decay, momentum = opt.momentum;
-  const float keep = static_cast<float>(1.0 - static_cast<double>(opt.dampening));
-  float* p = params.data;
-  const float* grad = grads.data;
-  float* buf = momentum_buf.data;
-  const int64_t n = params.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i];
-    if (wd != 0.0f) g = std::fma(p[i], wd, g);
-    if (use_momentum) {
-      buf[i] = first_step ? g : std::fma(g, keep, buf[i] * momentum);
-      g = opt.nesterov ? std::fma(buf[i], momentum, g) : buf[i];
-    }
-    p[i] = std::fma(g, -lr, p[i]);
-  }
 }
 
 }  // namespace

@@ -243,6 +243,20 @@ void CudaBackend::sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum
   launch_elementwise(op, params.numel(), all_aligned16({op.p, op.g, op.buf}), sm_count_, stream_);
 }
 
+void CudaBackend::adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg,
+                            Tensor& exp_avg_sq, Tensor& max_exp_avg_sq, const AdamStep& s) {
+  checks::adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, s, kCuda);
+  AdamOp op;
+  op.p = params.data;
+  op.g = grads.data;
+  op.m = exp_avg.data;
+  op.v = exp_avg_sq.data;
+  op.vmax = s.amsgrad ? max_exp_avg_sq.data : nullptr;
+  op.s = s;
+  launch_elementwise(op, params.numel(), all_aligned16({op.p, op.g, op.m, op.v, op.vmax}),
+                     sm_count_, stream_);
+}
+
 int64_t CudaBackend::count_nonfinite(const Tensor& t) {
   checks::tensor("count_nonfinite", "t", t, kCuda);
   DDP_CUDA_CHECK(cudaMemsetAsync(nonfinite_.data(), 0, sizeof(unsigned long long), stream_));

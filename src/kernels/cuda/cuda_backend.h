@@ -35,6 +35,8 @@ class CudaBackend final : public Backend {
                           Tensor* dlogits) override;
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdOptions& opt,
                 bool first_step) override;
+  void adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
+                 Tensor& max_exp_avg_sq, const AdamStep& s) override;
   void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
                              Tensor* dlogits, int slot) override;
   XentResult take_xent_totals(int slot) override;

@@ -1,12 +1,13 @@
-// Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale, the fused SGD step
-// over the whole parameter arena in one launch, and the count of non-finite values (the NaN
-// check). Grid-stride loops over float4s when every pointer is 16-byte aligned (then the tail
+// Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale, the fused SGD and
+// Adam steps over the whole parameter arena in one launch each, and the count of non-finite
+// values (the NaN check). Grid-stride loops over float4s when every pointer is 16-byte aligned (then the tail
 // of n % 4 elements goes one by one), sized to fill the device once. Compiled by nvcc and by
 // the CPU emulation.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_api.h"
 
 namespace ddp {
@@ -109,6 +110,58 @@ struct SgdOp {
     update(pv.w, gv.w, bv.w);
     *reinterpret_cast<float4*>(p + i) = pv;
     if (use_momentum) *reinterpret_cast<float4*>(buf + i) = bv;
+  }
+};
+
+/// torch.optim.Adam / AdamW element for element (Backend::adam_step), with the CPU backend's
+/// exact roundings (kernels/cpu/cpu_optimizers.cpp): the fused steps are fmaf, every other
+/// product, quotient and sum a correctly rounded intrinsic nvcc does not contract, so the GPU
+/// step is bitwise the CPU step.
+struct AdamOp {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  float* vmax;  // null without amsgrad
+  AdamStep s;
+
+  __device__ __forceinline__ void update(float& param, float grad, float& exp_avg,
+                                         float& exp_avg_sq, float& max_exp_avg_sq) const {
+    if (s.decoupled) {
+      param = __fmul_rn(param, s.decay);
+    } else if (s.weight_decay != 0.0f) {
+      grad = fmaf(param, s.weight_decay, grad);
+    }
+    exp_avg = fmaf(grad, s.one_minus_beta1, __fmul_rn(exp_avg, s.beta1));
+    exp_avg_sq = fmaf(__fmul_rn(s.one_minus_beta2, grad), grad, __fmul_rn(exp_avg_sq, s.beta2));
+    float second = exp_avg_sq;
+    if (s.amsgrad) {
+      // torch.maximum: NaN when either is NaN.
+      const bool keep = max_exp_avg_sq > exp_avg_sq || max_exp_avg_sq != max_exp_avg_sq;
+      second = max_exp_avg_sq = keep ? max_exp_avg_sq : exp_avg_sq;
+    }
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(second), s.bias_correction2_sqrt), s.eps);
+    param = __fadd_rn(param, __fdiv_rn(__fmul_rn(s.neg_step_size, exp_avg), denom));
+  }
+  __device__ __forceinline__ void one(int64_t i) const {
+    float unused = 0.0f;
+    update(p[i], g[i], m[i], v[i], vmax != nullptr ? vmax[i] : unused);
+  }
+  __device__ __forceinline__ void four(int64_t i) const {
+    float4 pv = *reinterpret_cast<const float4*>(p + i);
+    const float4 gv = *reinterpret_cast<const float4*>(g + i);
+    float4 mv = *reinterpret_cast<const float4*>(m + i);
+    float4 vv = *reinterpret_cast<const float4*>(v + i);
+    float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (vmax != nullptr) xv = *reinterpret_cast<const float4*>(vmax + i);
+    update(pv.x, gv.x, mv.x, vv.x, xv.x);
+    update(pv.y, gv.y, mv.y, vv.y, xv.y);
+    update(pv.z, gv.z, mv.z, vv.z, xv.z);
+    update(pv.w, gv.w, mv.w, vv.w, xv.w);
+    *reinterpret_cast<float4*>(p + i) = pv;
+    *reinterpret_cast<float4*>(m + i) = mv;
+    *reinterpret_cast<float4*>(v + i) = vv;
+    if (vmax != nullptr) *reinterpret_cast<float4*>(vmax + i) = xv;
   }
 };
 

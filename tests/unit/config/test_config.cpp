@@ -343,8 +343,42 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.data.train.samples = 0; }, "data.train.samples: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.data.test.samples = -1; }, "data.test.samples: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.data.prefetch = 0; }, "data.prefetch: must be >= 1, got 0"},
-      {[](TrainConfig& c) { c.optimizer.name = "adam"; },
-       "optimizer.name: must be sgd, got 'adam'"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::Adam;
+         c.optimizer.betas = {0.9, 1.0};
+       },
+       "optimizer.betas[1]: must be in [0, 1), got 1.0"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::AdamW;
+         c.optimizer.betas = {-0.1, 0.9};
+       },
+       "optimizer.betas[0]: must be in [0, 1), got -0.1"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::Adam;
+         c.optimizer.eps = -1e-8;
+       },
+       "optimizer.eps: must be >= 0, got -1e-08"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::Adam;
+         c.optimizer.momentum = 0.9;
+       },
+       "optimizer.momentum: applies to sgd only, not to optimizer.name adam"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::AdamW;
+         c.optimizer.nesterov = true;
+       },
+       "optimizer.nesterov: applies to sgd only, not to optimizer.name adamw"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::AdamW;
+         c.optimizer.dampening = 0.5;
+       },
+       "optimizer.dampening: applies to sgd only, not to optimizer.name adamw"},
+      {[](TrainConfig& c) { c.optimizer.betas = {0.8, 0.999}; },
+       "optimizer.betas: applies to adam and adamw only, not to optimizer.name sgd"},
+      {[](TrainConfig& c) { c.optimizer.eps = 1e-6; },
+       "optimizer.eps: applies to adam and adamw only, not to optimizer.name sgd"},
+      {[](TrainConfig& c) { c.optimizer.amsgrad = true; },
+       "optimizer.amsgrad: applies to adam and adamw only, not to optimizer.name sgd"},
       {[](TrainConfig& c) { c.optimizer.lr = 0; }, "optimizer.lr: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.optimizer.lr = -0.5; }, "optimizer.lr: must be > 0, got -0.5"},
       {[](TrainConfig& c) { c.optimizer.lr = std::nan(""); }, "optimizer.lr: must be > 0, got nan"},
@@ -414,6 +448,13 @@ TEST_CASE("config: enumerated keys take only their names, read once", "[config]"
        "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
       {"distributed: {nccl_algo: tree}\n",
        "distributed.nccl_algo: must be ring or auto; got 'tree'"},
+      {"optimizer: {name: lion}\n", "optimizer.name: must be one of sgd, adam, adamw; got 'lion'"},
+      {"optimizer: {name: adam, betas: [0.9]}\n",
+       "optimizer.betas: expected a list of 2 numbers, got 1 entry"},
+      {"optimizer: {name: adam, betas: 0.9}\n",
+       "optimizer.betas: expected a list of 2 numbers, got '0.9'"},
+      {"optimizer: {name: adam, betas: [0.9, x]}\n",
+       "optimizer.betas[1]: expected a finite number, got 'x'"},
       {"training: {nan_policy: ignore}\n",
        "training.nan_policy: must be abort or skip_step; got 'ignore'"},
       {"training: {nan_policy: [abort]}\n", "training.nan_policy: expected a string, got a list"},

@@ -104,8 +104,9 @@ TEST_CASE("config_schema_table prints one row per schema key, in the schema's or
   CHECK(text.find("cpu, cuda, auto") != std::string::npos);
 }
 
-// The keys a checkpoint records and a resume must keep: old checkpoints carry exactly these, so
-// changing the set breaks resuming them.
+// The keys a checkpoint records and a resume must keep. A key added later is missing from older
+// checkpoints, which resume only while this run keeps the key's default (check_resumable); a
+// key removed would make every older checkpoint unresumable.
 TEST_CASE("the resume fingerprint's key set is pinned", "[config]") {
   std::vector<std::string> keys;
   for (const ddp::KeyRow& row : ddp::config_schema()) {
@@ -115,5 +116,6 @@ TEST_CASE("the resume fingerprint's key set is pinned", "[config]") {
                     "model.layers", "model.activation", "data.format", "data.train.samples",
                     "data.shuffle", "data.drop_last", "data.csv_header", "data.seed",
                     "optimizer.name", "optimizer.lr", "optimizer.momentum", "optimizer.dampening",
-                    "optimizer.weight_decay", "optimizer.nesterov", "training.seed"});
+                    "optimizer.weight_decay", "optimizer.nesterov", "optimizer.betas",
+                    "optimizer.eps", "optimizer.amsgrad", "training.seed"});
 }

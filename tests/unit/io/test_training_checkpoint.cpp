@@ -2,6 +2,7 @@
 // flip and every truncation of a checkpoint refused; mismatched models and configs refused
 // naming what differs; listing, pruning (keep_last) and a full disk that leaves the previous
 // checkpoint intact.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -22,24 +23,29 @@ using ddp_test::TempDir;
 
 namespace {
 
-TrainingCheckpoint sample_checkpoint(bool momentum = true) {
+// state: the optimizer's arrays ({"momentum"}, {"exp_avg", "exp_avg_sq"}, or none).
+TrainingCheckpoint sample_checkpoint(std::vector<std::string> state = {"momentum"}) {
   TrainingCheckpoint c;
   c.weights = {{"layers.0.weight", {3, 2}, {0.1f, -0.2f, 0.3f, 1e-30f, -4.5f, 6.0f}},
                {"layers.0.bias", {3}, {0.5f, -0.5f, 0.0f}},
                {"layers.1.weight", {2, 3}, {1, 2, 3, 4, 5, 6}},
                {"layers.1.bias", {2}, {-1.0f, 1.0f}}};
-  if (momentum) {
+  float offset = 1e-3f;
+  for (const std::string& name : state) {
+    ddp::OptimizerState array{name, {}};
     for (const NamedTensor& w : c.weights) {
       NamedTensor m = w;
-      for (float& v : m.data) v = v * 0.25f + 1e-3f;
-      c.momentum.push_back(m);
+      for (float& v : m.data) v = v * 0.25f + offset;
+      array.tensors.push_back(m);
     }
+    c.optimizer.push_back(array);
+    offset *= 2.0f;
   }
   c.state.epoch = 2;
   c.state.step_in_epoch = 7;
   c.state.epoch_position = 56;
   c.state.global_step = 31;
-  c.state.sgd_steps = 30;
+  c.state.optimizer_steps = 30;
   c.state.skipped_steps = 1;
   c.state.world_size = 4;
   c.state.global_batch = 8;
@@ -54,7 +60,7 @@ TrainingCheckpoint sample_checkpoint(bool momentum = true) {
 ddp::ResumeExpectation expectation_of(const TrainingCheckpoint& c) {
   ddp::ResumeExpectation e;
   for (const NamedTensor& w : c.weights) e.parameters.emplace_back(w.name, w.shape);
-  e.momentum = !c.momentum.empty();
+  for (const ddp::OptimizerState& o : c.optimizer) e.optimizer_state.push_back(o.name);
   e.train_samples = c.state.train_samples;
   e.config = c.state.config;
   return e;
@@ -70,25 +76,38 @@ void require_same_tensors(const std::vector<NamedTensor>& a, const std::vector<N
   }
 }
 
+// The same arrays, whatever order the file lists them in.
+void require_same_state(const std::vector<ddp::OptimizerState>& a,
+                        const std::vector<ddp::OptimizerState>& b) {
+  REQUIRE(a.size() == b.size());
+  for (const ddp::OptimizerState& x : b) {
+    const auto it = std::find_if(a.begin(), a.end(), [&](const auto& y) { return y.name == x.name; });
+    REQUIRE(it != a.end());
+    require_same_tensors(it->tensors, x.tensors);
+  }
+}
+
 using ddp_test::error_of;
 
 }  // namespace
 
 TEST_CASE("checkpoint round trip is exact", "[checkpoint]") {
   TempDir dir("ddp_ckpt");
-  for (bool momentum : {true, false}) {
-    const TrainingCheckpoint c = sample_checkpoint(momentum);
+  const std::vector<std::vector<std::string>> optimizers = {
+      {"momentum"}, {}, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}};
+  for (const auto& state : optimizers) {
+    const TrainingCheckpoint c = sample_checkpoint(state);
     const std::string path = ddp::checkpoint_path(dir.path().string(), c.state.global_step);
     CHECK(path == dir.path().string() + "/step-000000031.safetensors");
     ddp::write_checkpoint(path, c);
     const TrainingCheckpoint r = ddp::read_checkpoint(path);
     require_same_tensors(r.weights, c.weights);
-    require_same_tensors(r.momentum, c.momentum);
+    require_same_state(r.optimizer, c.optimizer);
     CHECK(r.state.epoch == 2);
     CHECK(r.state.step_in_epoch == 7);
     CHECK(r.state.epoch_position == 56);
     CHECK(r.state.global_step == 31);
-    CHECK(r.state.sgd_steps == 30);
+    CHECK(r.state.optimizer_steps == 30);
     CHECK(r.state.skipped_steps == 1);
     CHECK(r.state.world_size == 4);
     CHECK(r.state.global_batch == 8);
@@ -159,19 +178,34 @@ TEST_CASE("checkpoint: a model file and malformed state are refused", "[checkpoi
   CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
              Contains("'ddp.epoch_position' 100 is not inside the training set of 100"));
   c = sample_checkpoint();
-  c.state.sgd_steps = 40;
+  c.state.optimizer_steps = 40;
   ddp::write_checkpoint(path, c);
   CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }), Contains("step counters disagree"));
   c = sample_checkpoint();
-  c.momentum[1].shape = {1, 3};
+  c.optimizer[0].tensors[1].shape = {1, 3};
   ddp::write_checkpoint(path, c);
   CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
-             Contains("momentum tensor 'layers.0.bias' has shape [1, 3], its weight [3]"));
+             Contains("optimizer momentum tensor 'layers.0.bias' has shape [1, 3], its weight [3]"));
+  c = sample_checkpoint({"exp_avg", "exp_avg_sq"});
+  c.optimizer[1].tensors.pop_back();
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("optimizer exp_avg_sq is stored for 3 of 4 tensors"));
   c = sample_checkpoint();
-  c.momentum.pop_back();
+  c.optimizer[0].tensors[0].name = "layers.9.weight";
   ddp::write_checkpoint(path, c);
   CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
-             Contains("momentum is stored for 3 of 4 tensors"));
+             Contains("optimizer momentum tensor 'layers.9.weight' has no weight of that name"));
+  c = sample_checkpoint();
+  c.optimizer[0].name = "bad.name";
+  CHECK_THAT(error_of([&] { ddp::write_checkpoint(path, c); }),
+             Contains("optimizer state name 'bad.name' is empty or has a dot"));
+  // A tensor under optimizer. that names no state.
+  c = sample_checkpoint({});
+  c.weights.push_back({"optimizer.stray", {1}, {0.0f}});
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("tensor 'optimizer.stray' is not optimizer.<state>.<weight>"));
 }
 
 TEST_CASE("checkpoint: a different model, data or config is refused naming it", "[checkpoint]") {
@@ -195,8 +229,13 @@ TEST_CASE("checkpoint: a different model, data or config is refused naming it", 
              Contains("has no tensor 'layers.2.weight' (the model differs)"));
   CHECK_THAT(refusal([](auto& e) { e.parameters.pop_back(); }),
              Contains("tensor 'layers.1.bias' is not a parameter of the model"));
-  CHECK_THAT(refusal([](auto& e) { e.momentum = false; }),
-             Contains("holds a momentum buffer but optimizer.momentum is 0"));
+  CHECK_THAT(refusal([](auto& e) { e.optimizer_state.clear(); }),
+             Contains("holds optimizer state 'momentum', which this run's optimizer does not keep"));
+  CHECK_THAT(refusal([](auto& e) { e.optimizer_state = {"momentum", "exp_avg"}; }),
+             Contains("has no optimizer state 'exp_avg', which this run's optimizer keeps (after "
+                      "30 updates)"));
+  CHECK_THAT(refusal([](auto& e) { e.optimizer_state = {"exp_avg", "exp_avg_sq"}; }),
+             Contains("holds optimizer state 'momentum', which this run's optimizer does not keep"));
   CHECK_THAT(refusal([](auto& e) { e.train_samples = 99; }),
              Contains("training set of 100 samples, this run's has 99"));
   CHECK_THAT(refusal([](auto& e) {
@@ -206,6 +245,17 @@ TEST_CASE("checkpoint: a different model, data or config is refused naming it", 
              Contains("optimizer.lr: the checkpoint was written with 0.1, this run has 0.01"));
   CHECK_THAT(refusal([](auto& e) { e.config += "training.seed = 3\n"; }),
              Contains("training.seed: not recorded in the checkpoint (this run has 3)"));
+  // A key added after the checkpoint was written: accepted at its default only.
+  CHECK_THAT(refusal([](auto& e) {
+               e.config += "optimizer.eps = 1e-08\n";
+               e.defaults = "optimizer.eps = 1e-08\n";
+             }),
+             Contains("(no error)"));
+  CHECK_THAT(refusal([](auto& e) {
+               e.config += "optimizer.eps = 0.001\n";
+               e.defaults = "optimizer.eps = 1e-08\n";
+             }),
+             Contains("optimizer.eps: not recorded in the checkpoint (this run has 0.001)"));
   CHECK_THAT(refusal([](auto& e) { e.config = "model.layers = [2, 3, 2]\noptimizer.lr = 0.1\n"; }),
              Contains("training.batch_size: set to 2 in the checkpoint, unknown to this run"));
   CHECK_THAT(refusal([](auto&) {}), Contains("(no error)"));
@@ -220,7 +270,7 @@ TEST_CASE("checkpoint listing, keep_last and interrupted writes", "[checkpoint]"
   for (int64_t step : {5, 40, 10, 1000000000}) {
     c.state.global_step = step;
     c.state.step_in_epoch = 0;
-    c.state.sgd_steps = 0;
+    c.state.optimizer_steps = 0;
     c.state.skipped_steps = 0;
     ddp::write_checkpoint(ddp::checkpoint_path(d, step), c);
   }

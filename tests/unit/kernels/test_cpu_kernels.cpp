@@ -116,6 +116,14 @@ TEST_CASE("cpu backend conforms: sgd_step is torch.optim.SGD for every option co
   });
 }
 
+TEST_CASE("cpu backend conforms: adam_step is torch.optim.Adam and AdamW for every option",
+          "[kernels]") {
+  REQUIRE(kt::adam_cases().size() == 9);
+  on_cpu([](kt::KernelTarget& t, bool) {
+    for (int64_t n : {1, 3, 4, 9, 37, 1027}) kt::conform_adam_step(t, n, 9000);
+  });
+}
+
 TEST_CASE("cpu backend conforms: relu, fill, scale, copy, count_nonfinite", "[kernels]") {
   on_cpu([](kt::KernelTarget& t, bool) {
     uint64_t seed = 9000;
