@@ -3,7 +3,9 @@
 // outputs in guarded, aligned and misaligned views), every GEMM plan, plan choice, determinism,
 // the deferred loss totals and argument errors. The sweeps over shapes and plans are tagged
 // [conformance]: one stream, read back through synchronous copies, so the emulation's
-// deferred streams (ctest cuda_emu_deferred) leave them out.
+// deferred streams (ctest cuda_emu_deferred) leave them out. The optimizer steps are tagged
+// [elementwise] too: one thread per element and no barrier, so the serial thread schedules
+// (ctest cuda_emu_serial) have nothing to find in them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -128,7 +130,7 @@ TEST_CASE("cuda backend conforms: softmax_xent", DDP_CUDA_TAGS "[conformance]") 
 }
 
 TEST_CASE("cuda backend conforms: sgd_step is torch.optim.SGD for every option combination",
-          DDP_CUDA_TAGS "[conformance]") {
+          DDP_CUDA_TAGS "[conformance][elementwise]") {
   const int64_t big = kEmulated ? 1027 : (1 << 20) + 3;
   on_cuda([&](kt::KernelTarget& t, bool) {
     for (int64_t n : {big, int64_t{3}, int64_t{4}, int64_t{9}}) kt::conform_sgd_step(t, n, 8000);
@@ -136,7 +138,7 @@ TEST_CASE("cuda backend conforms: sgd_step is torch.optim.SGD for every option c
 }
 
 TEST_CASE("cuda backend conforms: adam_step is torch.optim.Adam and AdamW for every option",
-          DDP_CUDA_TAGS "[conformance]") {
+          DDP_CUDA_TAGS "[conformance][elementwise]") {
   const int64_t big = kEmulated ? 1027 : (1 << 20) + 3;
   on_cuda([&](kt::KernelTarget& t, bool) {
     for (int64_t n : {big, int64_t{3}, int64_t{4}, int64_t{9}}) kt::conform_adam_step(t, n, 9000);

@@ -101,6 +101,24 @@ TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][stage
   REQUIRE(max_rel_diff(w_gpu, reference) <= 1e-4);
 }
 
+TEST_CASE("GPU training with AdamW and AMSGrad matches CPU training", "[gpu][staged][adam]") {
+  ddp::TrainConfig cpu = ddp_test::with_adam(small_config("adam_cpu", ddp::DeviceChoice::Cpu),
+                                             true, true);
+  ddp::TrainConfig gpu = cpu;
+  gpu.device = ddp::DeviceChoice::Cuda;
+  gpu.distributed.backend = ddp::BackendChoice::Mpi;
+  gpu.output.dir = scratch_dir("adam_gpu");
+  ddp::TrainSummary s_cpu, s_gpu;
+  const Weights w_cpu = train(cpu, MPI_COMM_WORLD, &s_cpu);
+  const Weights w_gpu = train(gpu, MPI_COMM_WORLD, &s_gpu);
+  REQUIRE(s_gpu.steps == s_cpu.steps);
+  require_identical_replicas(w_gpu);
+  const double diff = max_rel_diff(w_gpu, w_cpu);
+  INFO("max relative |w_gpu - w_cpu| = " << diff);
+  REQUIRE(diff <= 1e-4);
+  CHECK(s_gpu.train_loss == Approx(s_cpu.train_loss).epsilon(1e-4));
+}
+
 // nccl-tests' check: rank r contributes r + 1 (+ the element index), so every sum is an exact
 // float and the result must be == on every element, for both GPU communicators.
 TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][staged]") {

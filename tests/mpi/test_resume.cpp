@@ -60,6 +60,32 @@ bool bitwise_equal(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp
   return ddp_test::max_over_ranks(*comm, static_cast<double>(differ)) == 0.0;
 }
 
+
+// Trains `cfg` for `stop_at` steps (checkpointed at the end, in scratch dir `part`), resumes it
+// to the end, and requires bitwise the weights of the uninterrupted run (`whole`, `steps`).
+void require_resumes_bitwise(const ddp::TrainConfig& cfg, const std::string& part,
+                             int64_t stop_at, const std::vector<ddp::NamedTensor>& whole,
+                             int64_t steps) {
+  ddp::TrainConfig first = cfg;
+  first.output.dir = shared_scratch(part);
+  first.training.max_steps = stop_at;
+  first.checkpoint.every_steps = 1000;  // periodic: the last step is checkpointed at the end
+  ddp::TrainSummary first_summary;
+  train(first, MPI_COMM_WORLD, &first_summary);
+  REQUIRE(first_summary.steps == stop_at);
+  REQUIRE_FALSE(first_summary.last_checkpoint.empty());
+
+  ddp::TrainConfig rest = first;
+  rest.training.max_steps = 0;
+  rest.training.resume = "auto";
+  ddp::TrainSummary rest_summary;
+  const auto resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
+  CHECK(rest_summary.resumed);
+  CHECK(rest_summary.steps == steps);
+  require_identical_replicas(resumed);
+  REQUIRE(bitwise_equal(resumed, whole));
+}
+
 }  // namespace
 
 TEST_CASE("stopped at any step and resumed: bitwise the uninterrupted run's weights",
@@ -75,24 +101,8 @@ TEST_CASE("stopped at any step and resumed: bitwise the uninterrupted run's weig
     for (int64_t stop_at : {int64_t{1}, per_epoch, 2 * per_epoch + 1}) {
       INFO("drop_last " << drop_last << ", stopped after step " << stop_at << " of "
                         << whole_summary.steps);
-      ddp::TrainConfig first = cfg;
-      first.output.dir = shared_scratch("part" + std::to_string(stop_at) + (drop_last ? "d" : ""));
-      first.training.max_steps = stop_at;
-      first.checkpoint.every_steps = 1000;  // periodic: the last step is checkpointed at the end
-      ddp::TrainSummary first_summary;
-      train(first, MPI_COMM_WORLD, &first_summary);
-      REQUIRE(first_summary.steps == stop_at);
-      REQUIRE_FALSE(first_summary.last_checkpoint.empty());
-
-      ddp::TrainConfig rest = first;
-      rest.training.max_steps = 0;
-      rest.training.resume = "auto";
-      ddp::TrainSummary rest_summary;
-      const auto resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
-      CHECK(rest_summary.resumed);
-      CHECK(rest_summary.steps == whole_summary.steps);
-      require_identical_replicas(resumed);
-      REQUIRE(bitwise_equal(resumed, whole));
+      require_resumes_bitwise(cfg, "part" + std::to_string(stop_at) + (drop_last ? "d" : ""),
+                              stop_at, whole, whole_summary.steps);
     }
   }
 }
@@ -108,19 +118,8 @@ TEST_CASE("Adam and AdamW (AMSGrad) stopped and resumed: bitwise the uninterrupt
     const int64_t per_epoch = whole_summary.steps / cfg.training.epochs;
     for (int64_t stop_at : {int64_t{1}, per_epoch + 2}) {
       INFO(name << (amsgrad ? ", amsgrad" : "") << ", stopped after step " << stop_at);
-      ddp::TrainConfig first = cfg;
-      first.output.dir = shared_scratch(name + "_part" + std::to_string(stop_at));
-      first.training.max_steps = stop_at;
-      first.checkpoint.every_steps = 1000;
-      train(first, MPI_COMM_WORLD);
-      ddp::TrainConfig rest = first;
-      rest.training.max_steps = 0;
-      rest.training.resume = "auto";
-      ddp::TrainSummary rest_summary;
-      const auto resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
-      CHECK(rest_summary.resumed);
-      require_identical_replicas(resumed);
-      REQUIRE(bitwise_equal(resumed, whole));
+      require_resumes_bitwise(cfg, name + "_part" + std::to_string(stop_at), stop_at, whole,
+                              whole_summary.steps);
     }
   }
 }
