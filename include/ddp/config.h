@@ -59,7 +59,9 @@ struct EnumNames<NcclAlgo> {
 template <>
 struct EnumNames<OptimizerName> {
   static constexpr std::array<std::pair<OptimizerName, const char*>, 3> table{
-      {{OptimizerName::Sgd, "sgd"}, {OptimizerName::Adam, "adam"}, {OptimizerName::AdamW, "adamw"}}};
+      {{OptimizerName::Sgd, "sgd"},
+       {OptimizerName::Adam, "adam"},
+       {OptimizerName::AdamW, "adamw"}}};
 };
 
 /// The value's name from its table ("skip_step" for NanPolicy::SkipStep).

@@ -165,8 +165,10 @@ void read_value(const YAML::Node& node, const std::string& path, const Origin& o
   if (!node.IsSequence()) fail(origin, path, expected + ", got " + describe(node));
   if (node.size() != N)
     fail(origin, path,
-         expected + ", got " + std::to_string(node.size()) + (node.size() == 1 ? " entry" : " entries"));
-  for (size_t i = 0; i < N; ++i) read_value(node[i], path + "[" + std::to_string(i) + "]", origin, out[i]);
+         expected + ", got " + std::to_string(node.size()) +
+             (node.size() == 1 ? " entry" : " entries"));
+  for (size_t i = 0; i < N; ++i)
+    read_value(node[i], path + "[" + std::to_string(i) + "]", origin, out[i]);
 }
 
 /// An enum by its name table; an empty value reads as the name "" (and is refused by name).
@@ -387,9 +389,8 @@ class RowLister {
         out += (out.empty() ? "" : ", ") + std::string(entry.second);
       return out;
     }
-    const std::string each = std::is_same_v<T, std::vector<int64_t>> || IsNumberList<T>::value
-                                 ? "each "
-                                 : "";
+    const std::string each =
+        std::is_same_v<T, std::vector<int64_t>> || IsNumberList<T>::value ? "each " : "";
     switch (k.rule) {
       case Key::Rule::AtLeast:
         return each + ">= " + std::to_string(k.min);

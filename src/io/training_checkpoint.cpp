@@ -142,11 +142,11 @@ TrainingState decode_state(Metadata m, const std::string& where) {
   DDP_CHECK(s.epoch_position < s.train_samples,
             where << ": metadata 'ddp.epoch_position' " << s.epoch_position
                   << " is not inside the training set of " << s.train_samples << " samples");
-  DDP_CHECK(s.step_in_epoch <= s.global_step &&
-                s.optimizer_steps + s.skipped_steps <= s.global_step,
-            where << ": step counters disagree (global " << s.global_step << ", in epoch "
-                  << s.step_in_epoch << ", applied " << s.optimizer_steps << ", skipped "
-                  << s.skipped_steps << ")");
+  DDP_CHECK(
+      s.step_in_epoch <= s.global_step && s.optimizer_steps + s.skipped_steps <= s.global_step,
+      where << ": step counters disagree (global " << s.global_step << ", in epoch "
+            << s.step_in_epoch << ", applied " << s.optimizer_steps << ", skipped "
+            << s.skipped_steps << ")");
   return s;
 }
 
@@ -363,9 +363,8 @@ void check_optimizer_state(const TrainingCheckpoint& ckpt, const std::string& wh
                     << "', which this run's optimizer does not keep");
   }
   for (const std::string& name : kept) {
-    const bool stored =
-        std::any_of(ckpt.optimizer.begin(), ckpt.optimizer.end(),
-                    [&](const OptimizerState& o) { return o.name == name; });
+    const bool stored = std::any_of(ckpt.optimizer.begin(), ckpt.optimizer.end(),
+                                    [&](const OptimizerState& o) { return o.name == name; });
     DDP_CHECK(stored || ckpt.state.optimizer_steps == 0,
               where << ": has no optimizer state '" << name << "', which this run's optimizer "
                     << "keeps (after " << ckpt.state.optimizer_steps << " updates)");

@@ -63,7 +63,7 @@ struct OptimizerState {
 
 struct TrainingCheckpoint {
   TrainingState state;
-  std::vector<NamedTensor> weights;  ///< layers.{i}.weight [out,in], layers.{i}.bias [out]
+  std::vector<NamedTensor> weights;       ///< layers.{i}.weight [out,in], layers.{i}.bias [out]
   std::vector<OptimizerState> optimizer;  ///< in the optimizer's order; empty for plain SGD
 };
 

@@ -45,9 +45,8 @@ AdamStep Adam::scalars(long step, double lr) const {
 }
 
 void Adam::step(Backend& be, Tensor params, const Tensor& grads, double lr) {
-  DDP_CHECK(params.numel() == grads.numel(), "Adam::step: " << params.numel()
-                                                            << " parameters but " << grads.numel()
-                                                            << " gradients");
+  DDP_CHECK(params.numel() == grads.numel(), "Adam::step: " << params.numel() << " parameters but "
+                                                            << grads.numel() << " gradients");
   Tensor exp_avg = state_at(0), exp_avg_sq = state_at(1);
   Tensor max_exp_avg_sq = options_.amsgrad ? state_at(2) : Tensor{};
   be.adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars(steps_ + 1, lr));

@@ -131,9 +131,9 @@ void Replica::restore(const std::vector<float>& parameters,
                       int64_t optimizer_steps) {
   ctx_.copy_from_host(values_.data(), parameters.data(), parameters.size());
   const std::vector<std::string> names = optimizer_->state_names();
-  DDP_CHECK(optimizer_state.size() == names.size(),
-            "restore: " << optimizer_state.size() << " optimizer state arrays for "
-                        << names.size());
+  DDP_CHECK(optimizer_state.size() == names.size(), "restore: " << optimizer_state.size()
+                                                                << " optimizer state arrays for "
+                                                                << names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     const std::vector<float>& host = optimizer_state[i];
     ctx_.copy_from_host(optimizer_->state(names[i]).data, host.data(), host.size());

@@ -15,8 +15,8 @@
 #include "dist/gradient_communicator.h"
 #include "dist/process_group.h"
 #include "dist/reducer.h"
-#include "nn/sequential.h"
 #include "nn/optimizer.h"
+#include "nn/sequential.h"
 #include "train/device_context.h"
 
 namespace ddp {

@@ -91,13 +91,15 @@ std::vector<LinearShape> linear_shapes() {
   return shapes;
 }
 
-TEST_CASE("cuda backend conforms: linear_forward, with and without fused relu", DDP_CUDA_TAGS "[conformance]") {
+TEST_CASE("cuda backend conforms: linear_forward, with and without fused relu",
+          DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool misaligned) {
     kt::conform_linear_forward(t, cases_for(linear_shapes(), misaligned), 1000);
   });
 }
 
-TEST_CASE("cuda backend conforms: linear_backward_input, with the relu mask", DDP_CUDA_TAGS "[conformance]") {
+TEST_CASE("cuda backend conforms: linear_backward_input, with the relu mask",
+          DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool misaligned) {
     kt::conform_linear_backward_input(t, cases_for(linear_shapes(), misaligned), 2000);
   });
@@ -145,7 +147,8 @@ TEST_CASE("cuda backend conforms: adam_step is torch.optim.Adam and AdamW for ev
   });
 }
 
-TEST_CASE("cuda backend conforms: relu, fill, scale, copy, count_nonfinite", DDP_CUDA_TAGS "[conformance]") {
+TEST_CASE("cuda backend conforms: relu, fill, scale, copy, count_nonfinite",
+          DDP_CUDA_TAGS "[conformance]") {
   on_cuda([](kt::KernelTarget& t, bool) {
     uint64_t seed = 9000;
     for (const auto& [rows, cols] : kt::conformance_elementwise_shapes(!kEmulated)) {
@@ -202,7 +205,8 @@ LinearShape shape_for(Product p, int64_t m, int64_t n, int64_t k) {
   }
 }
 
-TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer", DDP_CUDA_TAGS "[conformance]") {
+TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer",
+          DDP_CUDA_TAGS "[conformance]") {
   auto be = make_cuda();
   for (Product product : {Product::kForward, Product::kBackwardInput, Product::kBackwardParams}) {
     // K above 128, so a 3-way split really makes three K slices (a slice is a multiple of 64

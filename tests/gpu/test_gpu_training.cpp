@@ -102,8 +102,8 @@ TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][stage
 }
 
 TEST_CASE("GPU training with AdamW and AMSGrad matches CPU training", "[gpu][staged][adam]") {
-  ddp::TrainConfig cpu = ddp_test::with_adam(small_config("adam_cpu", ddp::DeviceChoice::Cpu),
-                                             true, true);
+  ddp::TrainConfig cpu =
+      ddp_test::with_adam(small_config("adam_cpu", ddp::DeviceChoice::Cpu), true, true);
   ddp::TrainConfig gpu = cpu;
   gpu.device = ddp::DeviceChoice::Cuda;
   gpu.distributed.backend = ddp::BackendChoice::Mpi;

@@ -68,8 +68,8 @@ TEST_CASE("N ranks x batch B equal 1 rank x batch N*B (momentum, weight decay, m
 
 TEST_CASE("N ranks x batch B equal 1 rank x batch N*B with Adam, AdamW and AMSGrad",
           "[mpi][equivalence][adam]") {
-  for (const auto& [decoupled, amsgrad] : {std::pair{false, false}, std::pair{true, false},
-                                           std::pair{true, true}}) {
+  for (const auto& [decoupled, amsgrad] :
+       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     INFO((decoupled ? "adamw" : "adam") << (amsgrad ? ", amsgrad" : ""));
     require_equal_to_one_rank(ddp_test::with_adam(small_config("eq_adam"), decoupled, amsgrad),
                               "eq_adam");

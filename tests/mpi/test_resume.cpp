@@ -60,12 +60,10 @@ bool bitwise_equal(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp
   return ddp_test::max_over_ranks(*comm, static_cast<double>(differ)) == 0.0;
 }
 
-
 // Trains `cfg` for `stop_at` steps (checkpointed at the end, in scratch dir `part`), resumes it
 // to the end, and requires bitwise the weights of the uninterrupted run (`whole`, `steps`).
-void require_resumes_bitwise(const ddp::TrainConfig& cfg, const std::string& part,
-                             int64_t stop_at, const std::vector<ddp::NamedTensor>& whole,
-                             int64_t steps) {
+void require_resumes_bitwise(const ddp::TrainConfig& cfg, const std::string& part, int64_t stop_at,
+                             const std::vector<ddp::NamedTensor>& whole, int64_t steps) {
   ddp::TrainConfig first = cfg;
   first.output.dir = shared_scratch(part);
   first.training.max_steps = stop_at;

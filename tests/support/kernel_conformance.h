@@ -312,8 +312,8 @@ inline void conform_adam_step(KernelTarget& t, int64_t n, uint64_t seed) {
   const size_t count = static_cast<size_t>(n);
   for (const AdamCase& c : adam_cases()) {
     for (long first : {1L, 5L}) {
-      INFO(t.backend().name() << " adam_step, n " << n << ", " << describe(c) << ", steps "
-                              << first << " to " << first + 2);
+      INFO(t.backend().name() << " adam_step, n " << n << ", " << describe(c) << ", steps " << first
+                              << " to " << first + 2);
       std::vector<float> p = random_floats(count, seed += 10);
       std::vector<float> m(count, 0.0f), v(count, 0.0f), vmax(count, 0.0f);
       if (first > 1) {  // state of earlier updates: m of either sign, v >= 0, vmax >= v

@@ -327,11 +327,11 @@ inline void torch_adam_reference(std::vector<float>& p, const std::vector<float>
   for (size_t i = 0; i < p.size(); ++i) {
     float g = grad[i];
     if (s.decoupled) {
-      p[i] = p[i] * s.decay;                                      // param.mul_(1 - lr * wd)
+      p[i] = p[i] * s.decay;  // param.mul_(1 - lr * wd)
     } else if (s.weight_decay != 0.0f) {
-      g = aten_add(g, p[i], s.weight_decay);                      // grad.add(param, alpha=wd)
+      g = aten_add(g, p[i], s.weight_decay);  // grad.add(param, alpha=wd)
     }
-    m[i] = aten_add(m[i] * s.beta1, g, s.one_minus_beta1);        // mul_(beta1).add_(g, 1-beta1)
+    m[i] = aten_add(m[i] * s.beta1, g, s.one_minus_beta1);         // mul_(beta1).add_(g, 1-beta1)
     v[i] = aten_addcmul(v[i] * s.beta2, g, g, s.one_minus_beta2);  // mul_(beta2).addcmul_
     float second = v[i];
     if (s.amsgrad) second = vmax[i] = aten_maximum(vmax[i], v[i]);

@@ -46,8 +46,7 @@ inline float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 //   amsgrad: torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
 //   denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
 //   param.addcdiv_(exp_avg, denom, value=-step_size)        (param + (value * exp_avg) / denom)
-inline void adam_element(const AdamStep& s, float& p, float grad, float& m, float& v,
-                         float* vmax) {
+inline void adam_element(const AdamStep& s, float& p, float grad, float& m, float& v, float* vmax) {
   if (s.decoupled) {
     p = p * s.decay;
   } else if (s.weight_decay != 0.0f) {

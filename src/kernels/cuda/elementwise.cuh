@@ -1,8 +1,8 @@
 // Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale, the fused SGD and
 // Adam steps over the whole parameter arena in one launch each, and the count of non-finite
-// values (the NaN check). Grid-stride loops over float4s when every pointer is 16-byte aligned (then the tail
-// of n % 4 elements goes one by one), sized to fill the device once. Compiled by nvcc and by
-// the CPU emulation.
+// values (the NaN check). Grid-stride loops over float4s when every pointer is 16-byte aligned
+// (then the tail of n % 4 elements goes one by one), sized to fill the device once. Compiled by
+// nvcc and by the CPU emulation.
 #pragma once
 
 #include <cstdint>

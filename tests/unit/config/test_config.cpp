@@ -373,7 +373,9 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
          c.optimizer.dampening = 0.5;
        },
        "optimizer.dampening: applies to sgd only, not to optimizer.name adamw"},
-      {[](TrainConfig& c) { c.optimizer.betas = {0.8, 0.999}; },
+      {[](TrainConfig& c) {
+         c.optimizer.betas = {0.8, 0.999};
+       },
        "optimizer.betas: applies to adam and adamw only, not to optimizer.name sgd"},
       {[](TrainConfig& c) { c.optimizer.eps = 1e-6; },
        "optimizer.eps: applies to adam and adamw only, not to optimizer.name sgd"},

@@ -81,7 +81,8 @@ void require_same_state(const std::vector<ddp::OptimizerState>& a,
                         const std::vector<ddp::OptimizerState>& b) {
   REQUIRE(a.size() == b.size());
   for (const ddp::OptimizerState& x : b) {
-    const auto it = std::find_if(a.begin(), a.end(), [&](const auto& y) { return y.name == x.name; });
+    const auto it =
+        std::find_if(a.begin(), a.end(), [&](const auto& y) { return y.name == x.name; });
     REQUIRE(it != a.end());
     require_same_tensors(it->tensors, x.tensors);
   }
@@ -184,8 +185,9 @@ TEST_CASE("checkpoint: a model file and malformed state are refused", "[checkpoi
   c = sample_checkpoint();
   c.optimizer[0].tensors[1].shape = {1, 3};
   ddp::write_checkpoint(path, c);
-  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
-             Contains("optimizer momentum tensor 'layers.0.bias' has shape [1, 3], its weight [3]"));
+  CHECK_THAT(
+      error_of([&] { ddp::read_checkpoint(path); }),
+      Contains("optimizer momentum tensor 'layers.0.bias' has shape [1, 3], its weight [3]"));
   c = sample_checkpoint({"exp_avg", "exp_avg_sq"});
   c.optimizer[1].tensors.pop_back();
   ddp::write_checkpoint(path, c);
@@ -229,13 +231,19 @@ TEST_CASE("checkpoint: a different model, data or config is refused naming it", 
              Contains("has no tensor 'layers.2.weight' (the model differs)"));
   CHECK_THAT(refusal([](auto& e) { e.parameters.pop_back(); }),
              Contains("tensor 'layers.1.bias' is not a parameter of the model"));
-  CHECK_THAT(refusal([](auto& e) { e.optimizer_state.clear(); }),
-             Contains("holds optimizer state 'momentum', which this run's optimizer does not keep"));
-  CHECK_THAT(refusal([](auto& e) { e.optimizer_state = {"momentum", "exp_avg"}; }),
+  CHECK_THAT(
+      refusal([](auto& e) { e.optimizer_state.clear(); }),
+      Contains("holds optimizer state 'momentum', which this run's optimizer does not keep"));
+  CHECK_THAT(refusal([](auto& e) {
+               e.optimizer_state = {"momentum", "exp_avg"};
+             }),
              Contains("has no optimizer state 'exp_avg', which this run's optimizer keeps (after "
                       "30 updates)"));
-  CHECK_THAT(refusal([](auto& e) { e.optimizer_state = {"exp_avg", "exp_avg_sq"}; }),
-             Contains("holds optimizer state 'momentum', which this run's optimizer does not keep"));
+  CHECK_THAT(
+      refusal([](auto& e) {
+        e.optimizer_state = {"exp_avg", "exp_avg_sq"};
+      }),
+      Contains("holds optimizer state 'momentum', which this run's optimizer does not keep"));
   CHECK_THAT(refusal([](auto& e) { e.train_samples = 99; }),
              Contains("training set of 100 samples, this run's has 99"));
   CHECK_THAT(refusal([](auto& e) {
