@@ -328,6 +328,17 @@ TEST_CASE("config: values of the wrong type name the key", "[config]") {
         "run.yaml: data.train: expected a map of keys, got a list");
 }
 
+// Each change to a valid config is refused with exactly its message.
+void require_each_refused(
+    const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>>& cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("case " << i << ": " << cases[i].second);
+    TrainConfig c = valid_config();
+    cases[i].first(c);
+    CHECK(error_of([&] { ddp::validate_config(c); }) == "<config>: " + cases[i].second);
+  }
+}
+
 TEST_CASE("config: each range rule rejects its first bad value and names the key", "[config]") {
   REQUIRE_NOTHROW(ddp::validate_config(valid_config()));
   using Mutate = std::function<void(TrainConfig&)>;
@@ -343,44 +354,6 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.data.train.samples = 0; }, "data.train.samples: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.data.test.samples = -1; }, "data.test.samples: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.data.prefetch = 0; }, "data.prefetch: must be >= 1, got 0"},
-      {[](TrainConfig& c) {
-         c.optimizer.name = ddp::OptimizerName::Adam;
-         c.optimizer.betas = {0.9, 1.0};
-       },
-       "optimizer.betas[1]: must be in [0, 1), got 1.0"},
-      {[](TrainConfig& c) {
-         c.optimizer.name = ddp::OptimizerName::AdamW;
-         c.optimizer.betas = {-0.1, 0.9};
-       },
-       "optimizer.betas[0]: must be in [0, 1), got -0.1"},
-      {[](TrainConfig& c) {
-         c.optimizer.name = ddp::OptimizerName::Adam;
-         c.optimizer.eps = -1e-8;
-       },
-       "optimizer.eps: must be >= 0, got -1e-08"},
-      {[](TrainConfig& c) {
-         c.optimizer.name = ddp::OptimizerName::Adam;
-         c.optimizer.momentum = 0.9;
-       },
-       "optimizer.momentum: applies to sgd only, not to optimizer.name adam"},
-      {[](TrainConfig& c) {
-         c.optimizer.name = ddp::OptimizerName::AdamW;
-         c.optimizer.nesterov = true;
-       },
-       "optimizer.nesterov: applies to sgd only, not to optimizer.name adamw"},
-      {[](TrainConfig& c) {
-         c.optimizer.name = ddp::OptimizerName::AdamW;
-         c.optimizer.dampening = 0.5;
-       },
-       "optimizer.dampening: applies to sgd only, not to optimizer.name adamw"},
-      {[](TrainConfig& c) {
-         c.optimizer.betas = {0.8, 0.999};
-       },
-       "optimizer.betas: applies to adam and adamw only, not to optimizer.name sgd"},
-      {[](TrainConfig& c) { c.optimizer.eps = 1e-6; },
-       "optimizer.eps: applies to adam and adamw only, not to optimizer.name sgd"},
-      {[](TrainConfig& c) { c.optimizer.amsgrad = true; },
-       "optimizer.amsgrad: applies to adam and adamw only, not to optimizer.name sgd"},
       {[](TrainConfig& c) { c.optimizer.lr = 0; }, "optimizer.lr: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.optimizer.lr = -0.5; }, "optimizer.lr: must be > 0, got -0.5"},
       {[](TrainConfig& c) { c.optimizer.lr = std::nan(""); }, "optimizer.lr: must be > 0, got nan"},
@@ -433,12 +406,51 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "checkpoint.every_epochs: set either checkpoint.every_steps or checkpoint.every_epochs, "
        "not both"},
   };
-  for (size_t i = 0; i < cases.size(); ++i) {
-    INFO("case " << i << ": " << cases[i].second);
-    TrainConfig c = valid_config();
-    cases[i].first(c);
-    CHECK(error_of([&] { ddp::validate_config(c); }) == "<config>: " + cases[i].second);
-  }
+  require_each_refused(cases);
+}
+
+TEST_CASE("config: optimizer keys: ranges, and a key of one optimizer set for another",
+          "[config][adam]") {
+  require_each_refused({
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::Adam;
+         c.optimizer.betas = {0.9, 1.0};
+       },
+       "optimizer.betas[1]: must be in [0, 1), got 1.0"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::AdamW;
+         c.optimizer.betas = {-0.1, 0.9};
+       },
+       "optimizer.betas[0]: must be in [0, 1), got -0.1"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::Adam;
+         c.optimizer.eps = -1e-8;
+       },
+       "optimizer.eps: must be >= 0, got -1e-08"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::Adam;
+         c.optimizer.momentum = 0.9;
+       },
+       "optimizer.momentum: applies to sgd only, not to optimizer.name adam"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::AdamW;
+         c.optimizer.nesterov = true;
+       },
+       "optimizer.nesterov: applies to sgd only, not to optimizer.name adamw"},
+      {[](TrainConfig& c) {
+         c.optimizer.name = ddp::OptimizerName::AdamW;
+         c.optimizer.dampening = 0.5;
+       },
+       "optimizer.dampening: applies to sgd only, not to optimizer.name adamw"},
+      {[](TrainConfig& c) {
+         c.optimizer.betas = {0.8, 0.999};
+       },
+       "optimizer.betas: applies to adam and adamw only, not to optimizer.name sgd"},
+      {[](TrainConfig& c) { c.optimizer.eps = 1e-6; },
+       "optimizer.eps: applies to adam and adamw only, not to optimizer.name sgd"},
+      {[](TrainConfig& c) { c.optimizer.amsgrad = true; },
+       "optimizer.amsgrad: applies to adam and adamw only, not to optimizer.name sgd"},
+  });
 }
 
 TEST_CASE("config: enumerated keys take only their names, read once", "[config]") {
