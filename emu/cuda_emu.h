@@ -195,6 +195,8 @@ inline float __fmul_rn(float x, float y) { return ddp_emu_opaque(x * y); }
 inline float __fadd_rn(float x, float y) { return ddp_emu_opaque(x + y); }
 inline float __fdiv_rn(float x, float y) { return ddp_emu_opaque(x / y); }
 inline float __fsqrt_rn(float x) { return ddp_emu_opaque(sqrtf(x)); }
+// The host's conversion rounds to nearest even, as __double2float_rn does.
+inline float __double2float_rn(double x) { return ddp_emu_opaque(static_cast<float>(x)); }
 inline int __float_as_int(float x) {
   int r;
   std::memcpy(&r, &x, sizeof r);

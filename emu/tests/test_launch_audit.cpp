@@ -83,6 +83,13 @@ void launch_every_reduction() {
                                    ddp::cuda::XentRowOut{nullptr, nullptr}, false, nullptr,
                                    nullptr);
   }
+  // The norm's first pass at its capped grid and at one block (an empty tensor too), with and
+  // without the clip factor; its grid does not depend on the SM count.
+  for (int64_t n : {int64_t{kMaxDim} * 64, int64_t{0}}) {
+    for (bool clip : {false, true}) {
+      ddp::cuda::launch_l2_norm(nullptr, n, clip, nullptr, clip, 1.0f, nullptr, nullptr);
+    }
+  }
 }
 
 template <typename Op>
@@ -99,6 +106,10 @@ void launch_every_elementwise() {
   launch_both_ways(ddp::cuda::ScaleOp{});
   launch_both_ways(ddp::cuda::SgdOp{});
   launch_both_ways(ddp::cuda::AdamOp{});
+  for (bool vec : {false, true}) {
+    ddp::cuda::launch_scale_by_device(nullptr, nullptr, int64_t{kMaxDim} * 64, vec, kMaxSms,
+                                      nullptr);
+  }
   ddp::cuda::launch_count_nonfinite(nullptr, int64_t{kMaxDim} * 64, nullptr, kMaxSms, nullptr);
 }
 
@@ -158,10 +169,11 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
     FAIL("a device would refuse a launch the backend can make: " << e.what());
   }
   // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
-  // 7 cross-entropy row kernels and its reduction, 6 elementwise ops x 2, count_nonfinite.
+  // 7 cross-entropy row kernels and its reduction, the norm's two passes, 6 elementwise ops x 2,
+  // the scale by a device factor x 2, count_nonfinite.
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 41);
+  CHECK(kernels.size() == 45);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);
@@ -318,7 +330,8 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
       if (next) CHECK(r[1].str() == name);
     }
   }
-  CHECK(arrays == 6);  // the GEMM's two tiles, column sums, the cross-entropy total's three
+  // The GEMM's two tiles, column sums, the cross-entropy total's three, the norm's two passes.
+  CHECK(arrays == 8);
 }
 
 TEST_CASE("a GEMM with more tiles than a grid holds is refused with a clear error",

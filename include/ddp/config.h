@@ -26,6 +26,8 @@ enum class DataFormat { Idx, Synthetic, Csv };
 enum class NcclAlgo { Ring, Auto };
 /// `optimizer.name`.
 enum class OptimizerName { Sgd, Adam, AdamW };
+/// `scheduler.name`.
+enum class SchedulerName { Constant, Step, Cosine, Linear };
 
 /// The names of an enum's values, in the order messages list them.
 template <typename E>
@@ -64,6 +66,15 @@ struct EnumNames<OptimizerName> {
        {OptimizerName::AdamW, "adamw"}}};
 };
 
+template <>
+struct EnumNames<SchedulerName> {
+  static constexpr std::array<std::pair<SchedulerName, const char*>, 4> table{
+      {{SchedulerName::Constant, "constant"},
+       {SchedulerName::Step, "step"},
+       {SchedulerName::Cosine, "cosine"},
+       {SchedulerName::Linear, "linear"}}};
+};
+
 /// The value's name from its table ("skip_step" for NanPolicy::SkipStep).
 const char* to_string(DeviceChoice v);
 const char* to_string(BackendChoice v);
@@ -71,6 +82,7 @@ const char* to_string(NanPolicy v);
 const char* to_string(DataFormat v);
 const char* to_string(NcclAlgo v);
 const char* to_string(OptimizerName v);
+const char* to_string(SchedulerName v);
 
 struct ModelConfig {
   std::vector<int64_t> layers;      ///< widths, input first: [784, 256, 256, 10]; >= 2 entries
@@ -90,6 +102,22 @@ struct SplitSource {
   }
 };
 
+/// `data.normalize`: the transform every feature gets before the model sees it (training,
+/// evaluation and prediction alike): x' = (x - mean) / std.
+struct Normalization {
+  enum class Mode {
+    None,         ///< features as read
+    Standardize,  ///< each feature's mean and std over the training split
+    Fixed         ///< one mean and std for every feature (torchvision's Normalize)
+  };
+  Mode mode = Mode::None;
+  double mean = 0.0, std = 1.0;  ///< Fixed only
+  bool operator==(const Normalization& o) const {
+    return mode == o.mode && (mode != Mode::Fixed || (mean == o.mean && std == o.std));
+  }
+  bool operator!=(const Normalization& o) const { return !(*this == o); }
+};
+
 struct DataConfig {
   DataFormat format = DataFormat::Synthetic;
   std::string dir;  ///< base directory for relative data paths
@@ -100,6 +128,7 @@ struct DataConfig {
   bool csv_header = false;  ///< csv: first line is a header
   uint64_t seed = 0;        ///< synthetic: generator seed
   int64_t prefetch = 2;     ///< batches assembled ahead by the loader thread
+  Normalization normalize;  ///< none | standardize | [mean, std]
 };
 
 /// torch.optim.SGD, Adam or AdamW; the keys of the others keep their defaults.
@@ -117,6 +146,18 @@ struct OptimizerConfig {
   bool amsgrad = false;
 };
 
+/// The learning rate of each optimizer step, as torch.optim.lr_scheduler gives it: an optional
+/// linear warmup (LinearLR), then constant, StepLR, CosineAnnealingLR or a linear decay.
+struct SchedulerConfig {
+  SchedulerName name = SchedulerName::Constant;
+  int64_t warmup_steps = 0;                ///< steps of linear warmup; 0 = none
+  double warmup_start_factor = 1.0 / 3.0;  ///< warmup starts at this fraction of optimizer.lr
+  double min_lr = 0.0;                     ///< cosine, linear: the lr the decay ends at
+  int64_t total_steps = 0;                 ///< cosine, linear: warmup + decay; 0 = the run's
+  int64_t step_size = 0;                   ///< step: steps between decays
+  double gamma = 0.1;                      ///< step: the factor of each decay
+};
+
 struct TrainingConfig {
   int64_t epochs = 1;
   int64_t batch_size = 64;       ///< per rank, per micro-batch
@@ -131,6 +172,8 @@ struct TrainingConfig {
   /// A non-finite loss or gradient: abort (stop the job naming the step and rank) or
   /// skip_step (every rank skips that optimizer step and training goes on).
   NanPolicy nan_policy = NanPolicy::Abort;
+  /// Clip the averaged gradient to this global L2 norm (torch.nn.utils.clip_grad_norm_); 0 = off.
+  double clip_grad_norm = 0.0;
 };
 
 struct DistributedConfig {
@@ -175,6 +218,7 @@ struct TrainConfig {
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   TrainingConfig training;
   DistributedConfig distributed;
   OutputConfig output;

@@ -1,5 +1,7 @@
-// ddp-train: one MPI rank of a data-parallel training job.
+// ddp-train: one MPI rank of a data-parallel training job, or of the evaluation of a saved model.
 //   mpirun -n 2 ddp-train --config configs/fashion_mnist.yaml [--set key.path=value ...]
+//   mpirun -n 2 ddp-train evaluate --config C --model runs/x/model.safetensors
+//   ddp-train predict --model runs/x/model.safetensors --data FILE --out predictions.csv
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT/SIGUSR1
 // end it at the next step with a checkpoint and exit code 75 (resume with --resume auto). Every
@@ -15,16 +17,50 @@
 #include "dist/agreement.h"
 #include "dist/environment.h"
 #include "dist/mpi/mpi_communicator.h"
+#include "infer/evaluate.h"
+#include "infer/predict.h"
 #include "train/stop_request.h"
 
 namespace {
 
+enum class Command { Train, Evaluate, Predict };
+
 struct Options {
+  Command command = Command::Train;
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;
   bool print_config = false;
+  std::string model;            // evaluate, predict
+  ddp::PredictRequest predict;  // predict
 };
+
+// Collective: the saved model on the config's test split; rank 0 prints the report.
+int evaluate(const Options& opt) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp::TrainConfig cfg;
+  ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, opt.overrides); });
+  const ddp::Evaluation e = ddp::evaluate_model(cfg, *comm, opt.model);
+  if (comm->rank() == 0) ddp::print_evaluation(e, std::cout);
+  return 0;
+}
+
+// One process: every rank but the first has nothing to do.
+int predict(const Options& opt, int world) {
+  if (world != 1) {  // every rank knows: a clean exit on all of them
+    throw ddp::CollectiveError("predict runs in one process (it was launched on " +
+                               std::to_string(world) + " ranks)");
+  }
+  int64_t rows = 0;
+  try {
+    rows = ddp::predict_to_csv(opt.predict);
+  } catch (const ddp::Error& e) {
+    throw ddp::CollectiveError(e.message());  // the one process: a clean exit, no MPI_Abort
+  }
+  std::cout << "predict: " << rows << " predictions of " << opt.predict.model << " for "
+            << opt.predict.data << " in " << opt.predict.out << "\n";
+  return 0;
+}
 
 int train(const Options& opt) {
   ddp::Environment env = ddp::discover_environment(MPI_COMM_WORLD);
@@ -58,8 +94,10 @@ int train(const Options& opt) {
 
 // train() with its errors turned into the exit code every rank agrees on; an error on some
 // ranks only aborts the job here (MPI_Abort does not return).
-int run_rank(const Options& opt, int rank) {
+int run_rank(const Options& opt, int rank, int world) {
   try {
+    if (opt.command == Command::Evaluate) return evaluate(opt);
+    if (opt.command == Command::Predict) return predict(opt, world);
     return train(opt);
   } catch (const ddp::CollectiveError& e) {
     // Every rank has this error: one message, clean exit with a failure code everywhere.
@@ -79,7 +117,7 @@ int main(int argc, char** argv) {
       "ddp-train: data-parallel MLP training, one process per MPI rank.\n"
       "Launch with mpirun/srun (or launch/ddp-run -n N CONFIG)."};
   Options opt;
-  app.add_option("-c,--config", opt.config, "YAML config file (see docs/config.md)")->required();
+  app.add_option("-c,--config", opt.config, "YAML config file (see docs/config.md)");
   app.add_option("-s,--set", opt.overrides, "override a config key: key.path=value (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
@@ -97,7 +135,37 @@ int main(int argc, char** argv) {
       },
       "print every config key (type, default, allowed values, whether a resume must keep it, "
       "what it does) and exit; needs no --config");
+  app.require_subcommand(0, 1);
+  CLI::App* eval = app.add_subcommand(
+      "evaluate",
+      "loss, accuracy and confusion matrix of a saved model on the config's test "
+      "split (data-parallel over the ranks it is launched with)");
+  eval->add_option("-c,--config", opt.config, "the YAML config the model was trained with")
+      ->required();
+  eval->add_option("-m,--model", opt.model, "model.safetensors written by training")->required();
+  eval->add_option("-s,--set", opt.overrides, "override a config key: key.path=value")
+      ->take_all()
+      ->allow_extra_args(false);
+  CLI::App* pred = app.add_subcommand(
+      "predict",
+      "a saved model's predicted class and class probabilities for each sample of a "
+      "data file, as CSV (one process, CPU)");
+  pred->add_option("-m,--model", opt.predict.model, "model.safetensors written by training")
+      ->required();
+  pred->add_option("-d,--data", opt.predict.data,
+                   "an IDX images file (.gz or raw) or a CSV file (features, optionally a label)")
+      ->required();
+  pred->add_option("-f,--format", opt.predict.format, "idx or csv (default: csv for *.csv)")
+      ->check(CLI::IsMember({"idx", "csv"}));
+  pred->add_flag("--csv-header", opt.predict.csv_header, "csv: the first line is a header");
+  pred->add_option("-o,--out", opt.predict.out, "the CSV file to write")->required();
   CLI11_PARSE(app, argc, argv);
+  if (*eval) opt.command = Command::Evaluate;
+  if (*pred) opt.command = Command::Predict;
+  if (opt.command == Command::Train && opt.config.empty()) {
+    std::cerr << "--config is required\nRun with --help for more information.\n";
+    return 2;
+  }
 
   std::unique_ptr<ddp::MpiSession> mpi;
   try {
@@ -106,12 +174,13 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: " << e.what() << std::endl;
     return 1;
   }
-  int rank = 0;
+  int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
   // After MPI_Init, which may install handlers of its own: SIGTERM/SIGINT/SIGUSR1 then ask training
   // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank.
   ddp::install_stop_handlers();
-  const int code = run_rank(opt, rank);
+  const int code = run_rank(opt, rank, world);
   // Every rank agreed on this outcome. Once the first rank exits non-zero, mpirun ends the
   // others with SIGTERM, possibly while they are still in MPI_Finalize: they exit with this
   // code all the same.

@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -171,6 +172,30 @@ void read_value(const YAML::Node& node, const std::string& path, const Origin& o
     read_value(node[i], path + "[" + std::to_string(i) + "]", origin, out[i]);
 }
 
+/// none, standardize or a list [mean, std].
+void read_value(const YAML::Node& node, const std::string& path, const Origin& origin,
+                Normalization& out) {
+  const std::string expected = "must be none, standardize or [mean, std]";
+  if (node.IsSequence()) {
+    std::array<double, 2> v{};
+    read_value(node, path, origin, v);
+    out.mode = Normalization::Mode::Fixed;
+    out.mean = v[0];
+    out.std = v[1];
+    return;
+  }
+  if (!node.IsScalar()) fail(origin, path, expected + ", got " + describe(node));
+  const std::string& s = node.Scalar();
+  if (s == "none") {
+    out = Normalization{};
+  } else if (s == "standardize") {
+    out = Normalization{};
+    out.mode = Normalization::Mode::Standardize;
+  } else {
+    fail(origin, path, expected + "; got '" + s + "'");
+  }
+}
+
 /// An enum by its name table; an empty value reads as the name "" (and is refused by name).
 template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
 void read_value(const YAML::Node& node, const std::string& path, const Origin& origin, E& out) {
@@ -310,6 +335,12 @@ std::string format_value(const std::array<double, N>& v) {
   return out + "]";
 }
 
+std::string format_value(const Normalization& v) {
+  if (v.mode == Normalization::Mode::Fixed)
+    return format_value(std::array<double, 2>{v.mean, v.std});
+  return v.mode == Normalization::Mode::Standardize ? "standardize" : "none";
+}
+
 template <typename E, typename = std::enable_if_t<IsConfigEnum<E>::value>>
 std::string format_value(E v) {
   return quote(to_string(v));
@@ -372,6 +403,7 @@ class RowLister {
   static std::string type_name(bool) { return "bool"; }
   static std::string type_name(const std::string&) { return "string"; }
   static std::string type_name(const std::vector<int64_t>&) { return "list of integers"; }
+  static std::string type_name(const Normalization&) { return "string or list of 2 numbers"; }
   template <size_t N>
   static std::string type_name(const std::array<double, N>&) {
     return "list of " + std::to_string(N) + " numbers";
@@ -383,6 +415,7 @@ class RowLister {
 
   template <typename T>
   static std::string allowed(const T&, const Key& k) {
+    if constexpr (std::is_same_v<T, Normalization>) return "none, standardize, [mean, std > 0]";
     if constexpr (IsConfigEnum<T>::value) {
       std::string out;
       for (const auto& entry : EnumNames<T>::table)
@@ -400,6 +433,8 @@ class RowLister {
         return ">= 0";
       case Key::Rule::Fraction:
         return each + "in [0, 1)";
+      case Key::Rule::UnitInterval:
+        return "in (0, 1]";
       case Key::Rule::NonEmpty:
         return "non-empty";
       case Key::Rule::Equals:
@@ -554,6 +589,8 @@ void check_rule(const Origin& o, const std::string& path, double v, const Key& k
     if (!(v >= 0) || !finite) fail(o, path, "must be >= 0, got " + format_double(v));
   } else if (k.rule == Key::Rule::Fraction) {
     if (!(v >= 0 && v < 1)) fail(o, path, "must be in [0, 1), got " + format_double(v));
+  } else if (k.rule == Key::Rule::UnitInterval) {
+    if (!(v > 0 && v <= 1)) fail(o, path, "must be in (0, 1], got " + format_double(v));
   } else if (k.rule != Key::Rule::None) {
     misdeclared(path);
   }
@@ -580,6 +617,14 @@ template <size_t N>
 void check_rule(const Origin& o, const std::string& path, const std::array<double, N>& v,
                 const Key& k) {
   for (size_t i = 0; i < N; ++i) check_rule(o, path + "[" + std::to_string(i) + "]", v[i], k);
+}
+
+void check_rule(const Origin& o, const std::string& path, const Normalization& v, const Key& k) {
+  if (k.rule != Key::Rule::None) misdeclared(path);
+  if (v.mode != Normalization::Mode::Fixed) return;
+  if (!std::isfinite(v.mean)) fail(o, path + "[0]", "mean must be finite");
+  if (!(v.std > 0) || !std::isfinite(v.std))
+    fail(o, path + "[1]", "std must be > 0, got " + format_double(v.std));
 }
 
 /// bool, uint64_t (the reader refuses negatives) and enums (the reader refuses other names).
@@ -704,12 +749,44 @@ void validate_optimizer_keys(const Origin& o, const OptimizerConfig& opt) {
   }
 }
 
+/// Like the optimizer's keys: a schedule's key set for another schedule is refused; a step
+/// schedule needs its step_size; an explicit decay has steps after the warmup.
+void validate_scheduler_keys(const Origin& o, const TrainConfig& c) {
+  const SchedulerConfig& s = c.scheduler;
+  const SchedulerConfig defaults;
+  const bool step = s.name == SchedulerName::Step;
+  const bool decays = s.name == SchedulerName::Cosine || s.name == SchedulerName::Linear;
+  auto refuse_if = [&](bool set, const char* key, const char* owners) {
+    if (!set) return;
+    fail(o, std::string("scheduler.") + key,
+         std::string("applies to ") + owners + " only, not to scheduler.name " + to_string(s.name));
+  };
+  refuse_if(!step && s.step_size != defaults.step_size, "step_size", "step");
+  refuse_if(!step && s.gamma != defaults.gamma, "gamma", "step");
+  refuse_if(!decays && s.min_lr != defaults.min_lr, "min_lr", "cosine and linear");
+  refuse_if(!decays && s.total_steps != defaults.total_steps, "total_steps", "cosine and linear");
+  if (s.warmup_steps == 0 && s.warmup_start_factor != defaults.warmup_start_factor)
+    fail(o, "scheduler.warmup_start_factor",
+         "applies to a warmup only; set scheduler.warmup_steps > 0");
+  if (step && s.step_size < 1)
+    fail(o, "scheduler.step_size", "required (>= 1) for scheduler.name step");
+  if (decays && s.min_lr > c.optimizer.lr)
+    fail(o, "scheduler.min_lr",
+         format_double(s.min_lr) + " is above optimizer.lr " + format_double(c.optimizer.lr) +
+             ": the schedule decays from optimizer.lr to min_lr");
+  if (decays && s.total_steps > 0 && s.total_steps <= s.warmup_steps)
+    fail(o, "scheduler.total_steps",
+         std::to_string(s.total_steps) + " leaves no steps to decay after scheduler.warmup_steps " +
+             std::to_string(s.warmup_steps));
+}
+
 /// The rules that relate keys to each other or to files.
 void validate_across_keys(const Origin& o, const TrainConfig& c) {
   if (!c.model.init_from.empty()) require_file(o, "model.init_from", c.model.init_from);
   validate_data_files(o, c.data);
   const OptimizerConfig& opt = c.optimizer;
   validate_optimizer_keys(o, opt);
+  validate_scheduler_keys(o, c);
   if (opt.nesterov && !(opt.momentum > 0 && opt.dampening == 0)) {
     fail(o, "optimizer.nesterov",
          "requires momentum > 0 and dampening == 0 (as in PyTorch), got momentum " +
@@ -786,6 +863,7 @@ const char* to_string(NanPolicy v) { return enum_name(v); }
 const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
 const char* to_string(OptimizerName v) { return enum_name(v); }
+const char* to_string(SchedulerName v) { return enum_name(v); }
 
 std::vector<KeyRow> config_schema() {
   TrainConfig defaults;

@@ -18,7 +18,16 @@ namespace ddp {
 /// What the schema says of a key besides its name, member and type; the default is the
 /// struct's. Built in a chain: Key().at_least(1).resume().doc("...").
 struct Key {
-  enum class Rule { None, AtLeast, Positive, NonNegative, Fraction, NonEmpty, Equals };
+  enum class Rule {
+    None,
+    AtLeast,
+    Positive,
+    NonNegative,
+    Fraction,
+    UnitInterval,
+    NonEmpty,
+    Equals
+  };
   Rule rule = Rule::None;
   int64_t min = 0;                  ///< AtLeast: the smallest integer (each entry of a list)
   const char* only = "";            ///< Equals: the one accepted string
@@ -35,6 +44,8 @@ struct Key {
   Key& non_negative() { return set(Rule::NonNegative); }
   /// In [0, 1) (each entry of a list).
   Key& fraction() { return set(Rule::Fraction); }
+  /// In (0, 1].
+  Key& unit_interval() { return set(Rule::UnitInterval); }
   Key& non_empty() { return set(Rule::NonEmpty); }
   Key& equals(const char* value) {
     only = value;
@@ -97,6 +108,9 @@ void visit_data(DataConfig& d, V& v) {
               .doc("seed of the synthetic data generator"));
   v.field("prefetch", d.prefetch,
           Key().at_least(1).doc("batches the loader thread prepares ahead"));
+  v.field("normalize", d.normalize,
+          Key().resume().doc(
+              "none; standardize (each feature by the training split's mean, std); [mean, std]"));
 }
 
 template <typename V>
@@ -128,6 +142,24 @@ void visit_optimizer(OptimizerConfig& o, V& v) {
 }
 
 template <typename V>
+void visit_scheduler(SchedulerConfig& s, V& v) {
+  v.field("name", s.name,
+          Key().resume().doc("lr after warmup: constant, StepLR, CosineAnnealingLR, linear decay"));
+  v.field("warmup_steps", s.warmup_steps,
+          Key().at_least(0).resume().doc("optimizer steps of linear warmup (LinearLR); 0: none"));
+  v.field("warmup_start_factor", s.warmup_start_factor,
+          Key().unit_interval().resume().doc("warmup starts at this fraction of optimizer.lr"));
+  v.field("min_lr", s.min_lr,
+          Key().non_negative().resume().doc("cosine, linear: the lr at scheduler.total_steps"));
+  v.field("total_steps", s.total_steps,
+          Key().at_least(0).resume().doc(
+              "cosine, linear: steps of warmup and decay; 0: the run's optimizer steps"));
+  v.field("step_size", s.step_size,
+          Key().at_least(0).resume().doc("step: optimizer steps between decays (StepLR)"));
+  v.field("gamma", s.gamma, Key().positive().resume().doc("step: the factor of each decay"));
+}
+
+template <typename V>
 void visit_training(TrainingConfig& t, V& v) {
   v.field("epochs", t.epochs, Key().at_least(1).doc("passes over the training split"));
   v.field("batch_size", t.batch_size, Key().at_least(1).doc("samples per rank per micro-batch"));
@@ -141,6 +173,9 @@ void visit_training(TrainingConfig& t, V& v) {
   v.field("print_shapes", t.print_shapes, Key().doc("each rank prints its replica's shapes"));
   v.field("resume", t.resume, Key().doc("\"\": fresh; auto: newest checkpoint; or a file"));
   v.field("nan_policy", t.nan_policy, Key().doc("what a non-finite loss or gradient does"));
+  v.field("clip_grad_norm", t.clip_grad_norm,
+          Key().non_negative().resume().doc(
+              "clip the averaged gradient to this global L2 norm; 0: off"));
 }
 
 template <typename V>
@@ -161,6 +196,7 @@ void visit_config(TrainConfig& c, V& v) {
   v.section("model", [&](V& s) { visit_model(c.model, s); });
   v.section("data", [&](V& s) { visit_data(c.data, s); });
   v.section("optimizer", [&](V& s) { visit_optimizer(c.optimizer, s); });
+  v.section("scheduler", [&](V& s) { visit_scheduler(c.scheduler, s); });
   v.section("training", [&](V& s) { visit_training(c.training, s); });
   v.section("distributed", [&](V& s) { visit_distributed(c.distributed, s); });
   v.section("output", [&](V& s) {

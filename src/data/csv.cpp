@@ -1,5 +1,6 @@
-// CSV reader for "f1,...,fd,label" rows. Numbers are parsed with std::from_chars, which is
-// locale-independent, and every failure names the file, line and column.
+// CSV reader for "f1,...,fd,label" rows (or "f1,...,fd" for data to predict on). Numbers are parsed
+// with std::from_chars, which is locale-independent, and every failure names the file, line and
+// column.
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -59,25 +60,27 @@ int32_t parse_label(std::string_view f, const Place& at, size_t column) {
   return v;
 }
 
-void parse_row(std::string_view line, const Place& at, Dataset& ds) {
+void parse_row(std::string_view line, const Place& at, bool labeled, Dataset& ds) {
   const auto fields = split_fields(line);
+  const int64_t label_fields = labeled ? 1 : 0;
   if (ds.features == 0) {
-    DDP_CHECK(fields.size() >= 2, at << ": expected at least one feature and a label, got "
-                                     << fields.size() << " field");
-    ds.features = static_cast<int64_t>(fields.size()) - 1;
+    DDP_CHECK(static_cast<int64_t>(fields.size()) >= 1 + label_fields,
+              at << ": expected at least one feature" << (labeled ? " and a label" : "") << ", got "
+                 << fields.size() << " field");
+    ds.features = static_cast<int64_t>(fields.size()) - label_fields;
   }
-  DDP_CHECK(static_cast<int64_t>(fields.size()) == ds.features + 1,
-            at << ": expected " << ds.features + 1 << " fields (as in the first row), got "
-               << fields.size());
-  for (size_t c = 0; c + 1 < fields.size(); ++c)
-    ds.x.push_back(parse_feature(fields[c], at, c + 1));
-  ds.y.push_back(parse_label(fields.back(), at, fields.size()));
+  DDP_CHECK(static_cast<int64_t>(fields.size()) == ds.features + label_fields,
+            at << ": expected " << ds.features + label_fields
+               << " fields (as in the first row), got " << fields.size());
+  for (int64_t c = 0; c < ds.features; ++c)
+    ds.x.push_back(parse_feature(fields[static_cast<size_t>(c)], at, static_cast<size_t>(c) + 1));
+  if (labeled) ds.y.push_back(parse_label(fields.back(), at, fields.size()));
   ++ds.size;
 }
 
 }  // namespace
 
-Dataset load_csv(const std::string& path, bool header) {
+Dataset load_csv(const std::string& path, bool header, bool labeled) {
   errno = 0;
   std::ifstream in(path);
   DDP_CHECK(in.is_open(),
@@ -98,7 +101,7 @@ Dataset load_csv(const std::string& path, bool header) {
     }
     DDP_CHECK(first_blank == 0, path << ":" << first_blank << ": blank line before more data (line "
                                      << line_no << ")");
-    parse_row(line, Place{path, line_no}, ds);
+    parse_row(line, Place{path, line_no}, labeled, ds);
   }
   DDP_CHECK(!in.bad(), path << ": read error after line " << line_no);
   DDP_CHECK(ds.size > 0, path << ": no data rows" << (header ? " after the header" : ""));

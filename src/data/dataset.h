@@ -24,11 +24,15 @@ struct Dataset {
 /// naming the file for: cannot open, wrong magic, truncated header/data, count mismatch, n == 0.
 Dataset load_idx(const std::string& images_path, const std::string& labels_path);
 
+/// The images of an IDX images file alone (no labels: y stays empty), as load_idx reads them.
+Dataset load_idx_images(const std::string& images_path);
+
 /// Loads a CSV with rows "f1,...,fd,label" (label last, a non-negative integer), skipping the
 /// first line when `header`. Trailing blank lines are ignored. Throws ddp::Error naming the file,
 /// line and column for: cannot open, ragged row, non-numeric or non-finite field, bad label,
 /// blank line before more data, zero rows.
-Dataset load_csv(const std::string& path, bool header);
+/// With labeled false every field is a feature and y stays empty (data to predict on).
+Dataset load_csv(const std::string& path, bool header, bool labeled = true);
 
 /// `samples` rows of `features` standard-normal floats, then `samples` labels uniform in
 /// [0, classes), all drawn in that order from one Rng(seed): fully determined by the seed.

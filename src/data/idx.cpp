@@ -111,35 +111,63 @@ std::vector<unsigned char> read_payload(GzReader& in, const std::string& path, s
 
 }  // namespace
 
+namespace {
+
+// Samples and pixels per image from an images header, checked: at least one of each, and few
+// enough to hold as floats. `labels` names the labels file in the message of an empty set.
+std::pair<uint64_t, uint64_t> image_counts(const std::vector<uint32_t>& dims,
+                                           const std::string& images_path,
+                                           const std::string& labels) {
+  // Unsigned 64-bit: rows * cols of two 32-bit fields cannot wrap; n * features is checked below.
+  const uint64_t n = dims[0];
+  const uint64_t features = uint64_t{dims[1]} * dims[2];
+  DDP_CHECK(n > 0, images_path << ": zero samples" << labels);
+  DDP_CHECK(features > 0, images_path << ": images are " << dims[1] << "x" << dims[2]
+                                      << " pixels; need at least one");
+  // The pixels become floats; a header whose product does not fit is corrupt, not just short.
+  DDP_CHECK(features <= kMaxPixels / n,
+            images_path << ": header claims " << n << " images of " << dims[1] << "x" << dims[2]
+                        << " pixels, too many to hold in memory; corrupt header?");
+  return {n, features};
+}
+
+// The images' pixels, scaled to [0, 1] by v / 255.
+void read_pixels(GzReader& images, const std::string& images_path, uint64_t n, uint64_t features,
+                 Dataset& ds) {
+  const auto pixels = read_payload(images, images_path, static_cast<size_t>(n * features), 16);
+  ds.size = static_cast<int64_t>(n);
+  ds.features = static_cast<int64_t>(features);
+  ds.x.resize(pixels.size());
+  for (size_t i = 0; i < pixels.size(); ++i) ds.x[i] = static_cast<float>(pixels[i]) / 255.0f;
+}
+
+}  // namespace
+
 Dataset load_idx(const std::string& images_path, const std::string& labels_path) {
   GzReader images(images_path);
   GzReader labels(labels_path);
   const auto img_dims = read_header(images, images_path, kImagesMagic, "images: ubyte, 3 dims", 3);
   const auto lbl_dims = read_header(labels, labels_path, kLabelsMagic, "labels: ubyte, 1 dim", 1);
-  // Unsigned 64-bit: rows * cols of two 32-bit fields cannot wrap; n * features is checked below.
-  const uint64_t n = img_dims[0];
-  const uint64_t features = uint64_t{img_dims[1]} * img_dims[2];
-  DDP_CHECK(n == lbl_dims[0],
-            "image/label count mismatch: " << images_path << " has " << n << " images but "
-                                           << labels_path << " has " << lbl_dims[0] << " labels");
-  DDP_CHECK(n > 0, images_path << ": zero samples (labels " << labels_path << ")");
-  DDP_CHECK(features > 0, images_path << ": images are " << img_dims[1] << "x" << img_dims[2]
-                                      << " pixels; need at least one");
-  // The pixels become floats; a header whose product does not fit is corrupt, not just short.
-  DDP_CHECK(features <= kMaxPixels / n,
-            images_path << ": header claims " << n << " images of " << img_dims[1] << "x"
-                        << img_dims[2] << " pixels, too many to hold in memory; corrupt header?");
-
-  const auto pixels = read_payload(images, images_path, static_cast<size_t>(n * features), 16);
-  const auto label_bytes = read_payload(labels, labels_path, static_cast<size_t>(n), 8);
-
+  DDP_CHECK(img_dims[0] == lbl_dims[0],
+            "image/label count mismatch: " << images_path << " has " << img_dims[0]
+                                           << " images but " << labels_path << " has "
+                                           << lbl_dims[0] << " labels");
+  const auto [n, features] = image_counts(img_dims, images_path, " (labels " + labels_path + ")");
   Dataset ds;
-  ds.size = static_cast<int64_t>(n);
-  ds.features = static_cast<int64_t>(features);
+  read_pixels(images, images_path, n, features, ds);
+  const auto label_bytes = read_payload(labels, labels_path, static_cast<size_t>(n), 8);
   ds.source = images_path + " (labels " + labels_path + ")";
-  ds.x.resize(pixels.size());
-  for (size_t i = 0; i < pixels.size(); ++i) ds.x[i] = static_cast<float>(pixels[i]) / 255.0f;
   ds.y.assign(label_bytes.begin(), label_bytes.end());
+  return ds;
+}
+
+Dataset load_idx_images(const std::string& images_path) {
+  GzReader images(images_path);
+  const auto dims = read_header(images, images_path, kImagesMagic, "images: ubyte, 3 dims", 3);
+  const auto [n, features] = image_counts(dims, images_path, "");
+  Dataset ds;
+  read_pixels(images, images_path, n, features, ds);
+  ds.source = images_path;
   return ds;
 }
 

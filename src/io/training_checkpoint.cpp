@@ -29,6 +29,7 @@ constexpr const char* kCrcKey = "ddp.crc32";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 // Written before the optimizer_steps key had its name.
 constexpr const char* kOldStepsKey = "ddp.sgd_steps";
+constexpr const char* kScheduleKey = "ddp.schedule_steps";
 constexpr const char* kFilePrefix = "step-";
 constexpr const char* kFileSuffix = ".safetensors";
 
@@ -133,6 +134,7 @@ class MetadataReader {
 TrainingState decode_state(Metadata m, const std::string& where) {
   const std::string steps_key = "ddp.optimizer_steps";
   if (m.count(steps_key) == 0 && m.count(kOldStepsKey) != 0) m[steps_key] = m[kOldStepsKey];
+  if (m.count(kScheduleKey) == 0) m[kScheduleKey] = "0";  // written before schedules
   MetadataReader r(m, where);
   TrainingState s;
   visit_training_state(s, [&](const char* name, auto& value) { r.read(std::string("ddp.") + name, value); });

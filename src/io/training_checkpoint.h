@@ -23,6 +23,9 @@ struct TrainingState {
   int64_t global_step = 0;     ///< optimizer steps taken in total (skipped ones included)
   int64_t optimizer_steps = 0;  ///< updates the optimizer applied (> 0: its state is in use)
   int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
+  /// The length of the run's lr schedule (scheduler.total_steps as resolved when the run
+  /// started): a resumed run keeps it. 0 in checkpoints written before schedules existed.
+  int64_t schedule_steps = 0;
   int64_t world_size = 0;      ///< ranks of the run that wrote it
   int64_t global_batch = 0;    ///< samples per optimizer step over all ranks
   int64_t train_samples = 0;   ///< size of the training set epoch_position refers to
@@ -45,6 +48,7 @@ void visit_training_state(State& s, Visit&& visit) {
   visit("global_step", s.global_step);
   visit("optimizer_steps", s.optimizer_steps);
   visit("skipped_steps", s.skipped_steps);
+  visit("schedule_steps", s.schedule_steps);
   visit("world_size", s.world_size);
   visit("global_batch", s.global_batch);
   visit("train_samples", s.train_samples);

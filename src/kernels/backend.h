@@ -98,6 +98,18 @@ class Backend {
   /// work that produced them. Throws ddp::Error if a label was outside [0, classes).
   virtual XentResult take_xent_totals(int slot);
 
+  /// The L2 norm of t: its squares summed in double, in an order fixed by t's size alone (the
+  /// same value on every run). Waits for the work that produced t.
+  virtual double l2_norm(const Tensor& t) = 0;
+
+  /// torch.nn.utils.clip_grad_norm_ over the flat gradients t, without making the host wait:
+  /// the norm of t (as l2_norm), then with max_norm > 0, t *= clip_coefficient(norm, max_norm)
+  /// when that is below 1. The norm goes to slot `slot` (0 or 1), read by take_grad_norm(slot).
+  /// Backends that compute at once use this form; the CUDA backend keeps it on the device.
+  virtual void clip_grad_norm_deferred(Tensor& t, double max_norm, int slot);
+  /// The norm clip_grad_norm_deferred put in `slot`; waits only for the work that produced it.
+  virtual double take_grad_norm(int slot);
+
   /// How many values of t are NaN or ±Inf. Waits for the work that produced t (the caller
   /// decides on it at once: skip the step or stop).
   virtual int64_t count_nonfinite(const Tensor& t) = 0;
@@ -111,7 +123,17 @@ class Backend {
 
  private:
   XentResult xent_slots_[2];  // the deferred totals of backends that compute at once
+  double norm_slots_[2] = {0.0, 0.0};
 };
+
+/// clip_grad_norm_'s factor, in torch's float32 arithmetic: total_norm is a float32 tensor and
+/// `max_norm / (total_norm + 1e-6)` is reciprocal(total_norm + 1e-6) * max_norm (clamped to 1
+/// by the caller). Every backend forms it exactly so.
+inline float clip_coefficient(double norm, double max_norm) {
+  const float shifted = static_cast<float>(norm) + 1e-6f;
+  const float reciprocal = 1.0f / shifted;
+  return reciprocal * static_cast<float>(max_norm);
+}
 
 /// The Eigen CPU backend (single-threaded per rank: one rank per core is the parallelism).
 std::unique_ptr<Backend> make_cpu_backend();

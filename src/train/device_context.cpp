@@ -3,6 +3,8 @@
 // communicator. A build without CUDA links the CUDA entry points' stubs, which throw.
 #include "train/device_context.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -162,6 +164,21 @@ class CudaContext final : public DeviceContext {
 };
 
 }  // namespace
+
+DevicePlacement place_rank(const TrainConfig& cfg, const ProcessGroup& comm) {
+  std::string why_none;
+  const int visible = cfg.device == DeviceChoice::Cpu ? 0 : cuda_device_count(&why_none);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  Environment env;
+  env.rank = comm.rank();
+  env.world = comm.size();
+  env.local_rank = comm.local_rank();
+  env.local_size = comm.local_size();
+  env.host = host;
+  return choose_device(cfg.device, cfg.distributed.backend, cfg.distributed.gpus, env, visible,
+                       why_none);
+}
 
 std::unique_ptr<DeviceContext> make_device_context(const DevicePlacement& placement) {
   if (placement.device == Device::CUDA) return std::make_unique<CudaContext>(placement);

@@ -98,6 +98,10 @@ class DeviceContext {
   virtual std::string comm_track_name() const = 0;
 };
 
+/// This rank's device and gradient backend, from the config (device, distributed.backend,
+/// distributed.gpus) and the rank's place on its node.
+DevicePlacement place_rank(const TrainConfig& cfg, const ProcessGroup& comm);
+
 /// The context of `placement`: the CPU backend (denormals flushed on the calling thread, the
 /// one that computes) or the CUDA backend on placement.gpu.
 std::unique_ptr<DeviceContext> make_device_context(const DevicePlacement& placement);

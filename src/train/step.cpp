@@ -40,8 +40,15 @@ void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord&
   rec.works = replica_.reducer().works();  // finalized: the gradients are averaged
   rec.skipped = !gradients_usable(rec);
   const Mark update_begin = rec.traced ? ctx_.mark() : Mark{};
-  if (!rec.skipped)
-    replica_.optimizer().step(be_, replica_.parameters(), replica_.gradients(), cfg_.optimizer.lr);
+  if (!rec.skipped) {
+    const double clip = cfg_.training.clip_grad_norm;
+    Tensor grads = replica_.gradients();
+    if (clip > 0 || rec.log) {
+      be_.clip_grad_norm_deferred(grads, clip, rec.slot);
+      rec.has_norm = true;
+    }
+    replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
+  }
   if (rec.traced) trace_update(update_begin, rec);
 }
 

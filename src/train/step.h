@@ -3,6 +3,8 @@
 // full buckets start their allreduce while backward goes on; then finalize (the gradients are
 // averaged over ranks), the non-finite check and the optimizer. What the step leaves to be read
 // once the device has run it (at once on the host, a step later on a GPU) is its StepRecord.
+// The averaged gradient's norm is computed when training.clip_grad_norm clips it, and on
+// logged steps for the progress line.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,9 @@ struct StepRecord {
   bool log = false;           ///< ends a progress-line interval
   bool traced = false;
   bool skipped = false;       ///< non-finite gradients: no update (nan_policy skip_step)
+  double lr = 0.0;            ///< the learning rate of the update (the schedule's)
+  bool has_norm = false;      ///< the gradient norm was computed (clipping, or a logged step)
+  double grad_norm = 0.0;     ///< the averaged gradient's L2 norm before clipping, once read
   double wait_seconds = 0.0;  ///< the training thread's wait for the buckets in finalize
   int64_t first_rows = 0;     ///< rows of the first micro-batch (for the shapes line)
   std::vector<std::shared_ptr<Work>> works;
@@ -64,7 +69,8 @@ class Step {
 
   /// Runs one optimizer step over the next `micro_batches` batches of `feed` (whose current
   /// batch is the step's first; it is left on the step's last), `rows` samples of this rank in
-  /// all. Fills `rec` (epoch, step numbers and slot set by the caller).
+  /// all, with learning rate rec.lr. Fills `rec` (epoch, step numbers, slot, lr and log set by
+  /// the caller).
   void run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord& rec);
 
  private:

@@ -18,6 +18,10 @@ TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool res
       be_(parts.ctx.backend()),
       step_(parts.cfg, parts.ctx, parts.replica, parts.comm, parts.report),
       stop_poll_(parts.comm),
+      schedule_(parts.cfg.scheduler, parts.cfg.optimizer.lr,
+                start.schedule_steps > 0
+                    ? start.schedule_steps
+                    : schedule_total_steps(parts.cfg, parts.data.steps_per_epoch(parts.cfg))),
       start_(start),
       at_(start) {
   const TrainingData& data = parts.data;
@@ -82,6 +86,8 @@ void TrainLoop::train_steps(Epoch& e) {
     rec.global_step = sum_.steps + 1;
     rec.slot = static_cast<int>(sum_.steps % 2);
     rec.traced = traced_;
+    rec.lr = schedule_.lr(sum_.steps);
+    rec.log = logged(rec.global_step);
     step_.run(*train_feed_, last - first, std::min(last * B, e.shard) - first * B, rec);
     e.complete = last == e.batches;
     if (!after_step(e, std::move(rec))) return;
@@ -102,7 +108,6 @@ bool TrainLoop::after_step(Epoch& e, StepRecord rec) {
     shapes_printed_ = true;
   }
   const bool limit = t.max_steps > 0 && sum_.steps >= t.max_steps;
-  rec.log = t.log_every > 0 && (sum_.steps % t.log_every == 0 || limit);
   // Every rank's shard has the same number of rows per step (the sampler pads or drops).
   e.position += rec.rows * p_.comm.size();
   at_.epoch = e.index;
@@ -110,6 +115,7 @@ bool TrainLoop::after_step(Epoch& e, StepRecord rec) {
   at_.epoch_position = e.position;
   at_.global_step = sum_.steps;
   at_.skipped_steps = sum_.skipped_steps;
+  at_.schedule_steps = schedule_.total_steps();
   pending_.push_back(std::move(rec));
   read_steps(p_.ctx.pipeline_depth());
   if (limit) {
@@ -142,6 +148,7 @@ bool TrainLoop::end_epoch(Epoch& e) {
     at_.epoch = e.index + 1;
     at_.global_step = sum_.steps;
     at_.skipped_steps = sum_.skipped_steps;
+    at_.schedule_steps = schedule_.total_steps();
   }
   if (sum_.interrupted) {
     // Preempted: the checkpoint first (the grace period is short), no evaluation.
@@ -245,6 +252,7 @@ void TrainLoop::read_steps(size_t keep) {
 // overlap statistics), its timeline and, at the end of a logging interval, a progress line.
 void TrainLoop::read_step(StepRecord& rec) {
   const XentResult& r = rec.totals(be_);
+  if (rec.has_norm) rec.grad_norm = be_.take_grad_norm(rec.slot);
   if (!std::isfinite(r.loss_sum)) {
     DDP_CHECK(p_.cfg.training.nan_policy == NanPolicy::SkipStep,
               "loss is " << r.loss_sum << " at epoch " << rec.epoch + 1 << " step "
@@ -293,21 +301,29 @@ void TrainLoop::progress_line(const StepRecord& rec) {
   std::ostringstream line;
   line << "epoch " << rec.epoch + 1 << "/" << p_.cfg.training.epochs << " step "
        << rec.step_in_epoch << "/" << steps_in_epoch_ << " loss " << std::fixed
-       << std::setprecision(4) << g.loss() << " acc " << percent(g.accuracy()) << " "
-       << format_rate(rate);
+       << std::setprecision(4) << g.loss() << " acc " << percent(g.accuracy()) << " lr "
+       << std::scientific << std::setprecision(2) << rec.lr;
+  if (rec.has_norm)
+    line << " grad norm " << std::defaultfloat << std::setprecision(3) << rec.grad_norm;
+  line << " " << format_rate(rate);
   p_.report.say(line.str());
-  p_.report.record({{"type", "train"},
-                    {"epoch", rec.epoch + 1},
-                    {"step", rec.step_in_epoch},
-                    {"global_step", rec.global_step},
-                    {"loss", g.loss()},
-                    {"accuracy", g.accuracy()},
-                    {"samples", g.count},
-                    {"samples_per_sec", rate},
-                    {"time", now - run_start_}});
+  nlohmann::json record = {{"type", "train"},           {"epoch", rec.epoch + 1},
+                           {"step", rec.step_in_epoch}, {"global_step", rec.global_step},
+                           {"loss", g.loss()},          {"accuracy", g.accuracy()},
+                           {"samples", g.count},        {"samples_per_sec", rate},
+                           {"time", now - run_start_},  {"lr", rec.lr}};
+  if (rec.has_norm) record["grad_norm"] = rec.grad_norm;
+  p_.report.record(record);
   if (p_.report.tracer().enabled()) p_.report.tracer().counter("samples/s (all ranks)", now, rate);
   log_tally_ = Tally{};
   log_start_ = seconds_now();
+}
+
+// A progress line ends the step: every training.log_every steps and at training.max_steps.
+bool TrainLoop::logged(int64_t global_step) const {
+  const TrainingConfig& t = p_.cfg.training;
+  const bool limit = t.max_steps > 0 && global_step >= t.max_steps;
+  return t.log_every > 0 && (global_step % t.log_every == 0 || limit);
 }
 
 bool TrainLoop::traced_now() const {

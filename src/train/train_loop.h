@@ -12,6 +12,7 @@
 #include "ddp/trainer.h"
 #include "dist/process_group.h"
 #include "io/training_checkpoint.h"
+#include "nn/lr_schedule.h"
 #include "train/checkpoint_policy.h"
 #include "train/device_context.h"
 #include "train/replica.h"
@@ -66,6 +67,7 @@ class TrainLoop {
   void read_step(StepRecord& rec);
   void trace_step(const StepRecord& rec);
   void progress_line(const StepRecord& rec);
+  bool logged(int64_t global_step) const;
   bool traced_now() const;
   const Batch* next_train_batch();
 
@@ -73,6 +75,7 @@ class TrainLoop {
   Backend& be_;
   Step step_;
   StopPoll stop_poll_;
+  const LrSchedule schedule_;
   std::unique_ptr<BatchFeed> train_feed_, test_feed_;
   const TrainingState start_;
   TrainingState at_;  ///< where training stands after the last step: what a checkpoint records

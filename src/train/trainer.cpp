@@ -3,8 +3,6 @@
 // then hands it to the epoch loop (train_loop.h) and saves the final weights.
 #include "ddp/trainer.h"
 
-#include <unistd.h>
-
 #include <sstream>
 
 #include "config/fingerprint.h"
@@ -24,22 +22,6 @@ namespace ddp {
 
 namespace {
 
-// This rank's device and gradient backend, from the config and the rank's place on its node.
-DevicePlacement place_rank(const TrainConfig& cfg, const ProcessGroup& comm) {
-  std::string why_none;
-  const int visible = cfg.device == DeviceChoice::Cpu ? 0 : cuda_device_count(&why_none);
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  Environment env;
-  env.rank = comm.rank();
-  env.world = comm.size();
-  env.local_rank = comm.local_rank();
-  env.local_size = comm.local_size();
-  env.host = host;
-  return choose_device(cfg.device, cfg.distributed.backend, cfg.distributed.gpus, env, visible,
-                       why_none);
-}
-
 // What every rank must share before any collective whose size depends on the model: the
 // config (but where rank 0 writes), the parameters' shapes, the bucket plan, the world size.
 std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Replica& replica,
@@ -51,6 +33,13 @@ std::vector<std::string> startup_fingerprint(const TrainConfig& cfg, const Repli
   for (std::string line; std::getline(plan, line);) lines.push_back(line);
   lines.push_back("world size " + std::to_string(world));
   return lines;
+}
+
+// model.safetensors' metadata: PyTorch's format tag and the input transform training used.
+std::map<std::string, std::string> model_metadata(const TrainingData& data) {
+  std::map<std::string, std::string> metadata = normalization_metadata(data.transform);
+  metadata["format"] = "pt";
+  return metadata;
 }
 
 }  // namespace
@@ -112,6 +101,12 @@ void Trainer::State::describe_run() {
              " per rank per epoch; global batch " + std::to_string(cfg.global_batch(comm.size())) +
              " = " + std::to_string(b) + " per rank x " + std::to_string(comm.size()) +
              " ranks x " + std::to_string(cfg.training.accumulate_steps) + " accumulation step(s)");
+  if (cfg.data.normalize.mode != Normalization::Mode::None)
+    report.say("data: features normalised (data.normalize: " +
+               std::string(cfg.data.normalize.mode == Normalization::Mode::Standardize
+                               ? "standardize, each feature by the training split's mean and std"
+                               : "one mean and std for every feature") +
+               ")");
   const std::string gradients = ctx->describe_gradients();
   if (!gradients.empty()) report.say(gradients);
 }
@@ -137,7 +132,7 @@ TrainSummary Trainer::run() {
   run_agreed(s.comm, [&] {
     const std::vector<NamedTensor> w = weights();
     if (s.comm.rank() == 0 && save)
-      save_safetensors(s.cfg.output.dir + "/model.safetensors", w, {{"format", "pt"}});
+      save_safetensors(s.cfg.output.dir + "/model.safetensors", w, model_metadata(s.data));
   });
   if (save) s.report.say("weights: " + s.cfg.output.dir + "/model.safetensors");
   return sum;

@@ -14,6 +14,9 @@ void TrainingData::load(const TrainConfig& cfg, int world, int rank) {
   train = load_split(cfg.data, cfg.data.train, false, features, classes);
   has_test = cfg.data.test.configured();
   if (has_test) test = load_split(cfg.data, cfg.data.test, true, features, classes);
+  transform = fit_normalization(cfg.data.normalize, train);
+  apply_normalization(transform, train);
+  if (has_test) apply_normalization(transform, test);
   DistributedSampler probe(train.size, world, rank, false, 0, cfg.data.drop_last);
   DDP_CHECK(probe.num_samples() >= 1, "data.train: " << train.source << " has " << train.size
                                                      << " samples, fewer than the " << world
@@ -31,6 +34,13 @@ void TrainingData::start(const TrainConfig& cfg, int world, int rank) {
   train_loader = std::make_unique<Loader>(train, cfg.training.batch_size, cfg.data.drop_last,
                                           cfg.data.prefetch);
   if (has_test) test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch);
+}
+
+int64_t TrainingData::steps_per_epoch(const TrainConfig& cfg) const {
+  const int64_t n = sampler->num_samples(), b = cfg.training.batch_size;
+  const int64_t batches = cfg.data.drop_last ? n / b : (n + b - 1) / b;
+  const int64_t a = cfg.training.accumulate_steps;
+  return (batches + a - 1) / a;
 }
 
 int64_t TrainingData::max_batch(const TrainConfig& cfg) const {

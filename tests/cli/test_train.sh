@@ -15,7 +15,7 @@ out="$(timeout 120 "$ddp_run" -n 2 "$seed" --set "output.dir=$WORK/a" --set trai
 rc=$?
 echo "$out" | tail -12
 check "seed run exits 0" test "$rc" = 0
-check "progress lines with throughput" grep -qE '^epoch 1/2 step [0-9]+/20 loss [0-9.]+ acc [0-9.]+% [0-9]+ samples/s' <<<"$out"
+check "progress lines with lr, gradient norm and throughput" grep -qE '^epoch 1/2 step [0-9]+/20 loss [0-9.]+ acc [0-9.]+% lr 1.00e-03 grad norm [0-9.e+-]+ [0-9]+ samples/s' <<<"$out"
 check "replica shapes: each rank gets half of the global batch" grep -qF 'rank 1 replica: input [50, 20] -> output [50, 3]' <<<"$out"
 check "global batch shape" grep -qF 'global batch: input [100, 20] -> output [100, 3]' <<<"$out"
 check "run summary with overlap" grep -qE '^done: 2 epoch\(s\), 40 steps, 4000 samples .* hidden behind backward' <<<"$out"
@@ -23,6 +23,8 @@ check "metrics.jsonl: train, epoch, summary records" bash -c "
   grep -c '\"type\":\"train\"' '$WORK/a/metrics.jsonl' | grep -qx 4 &&
   grep -c '\"type\":\"epoch\"' '$WORK/a/metrics.jsonl' | grep -qx 2 &&
   grep -q '\"type\":\"summary\".*\"world_size\":2' '$WORK/a/metrics.jsonl'"
+check "metrics.jsonl: each train record has the step's lr and gradient norm" bash -c "
+  grep '\"type\":\"train\"' '$WORK/a/metrics.jsonl' | grep '\"lr\":0.001' | grep -c '\"grad_norm\":' | grep -qx 4"
 check "model.safetensors holds layers.{i}.weight [out,in] and bias [out]" bash -c "
   head -c 600 '$WORK/a/model.safetensors' | grep -a -q '\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":\[10,20\]' &&
   head -c 600 '$WORK/a/model.safetensors' | grep -a -q '\"layers.1.bias\":{\"dtype\":\"F32\",\"shape\":\[3\]'"

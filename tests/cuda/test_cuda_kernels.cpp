@@ -1,8 +1,9 @@
 // The CUDA kernels: the kernel conformance suite (tests/support/kernel_conformance.h: every
 // kernel against double-precision references, bitwise where the result is exact, NaN-poisoned
 // outputs in guarded, aligned and misaligned views), every GEMM plan, plan choice, determinism,
-// the deferred loss totals and argument errors. The sweeps over shapes and plans are tagged
-// [conformance]: one stream, read back through synchronous copies, so the emulation's
+// the deferred loss totals, the gradient norm and its clipping (against the CPU backend, two
+// slots in flight, the clip factor bitwise) and argument errors. The sweeps over shapes and plans
+// are tagged [conformance]: one stream, read back through synchronous copies, so the emulation's
 // deferred streams (ctest cuda_emu_deferred) leave them out. The optimizer steps are tagged
 // [elementwise] too: one thread per element and no barrier, so the serial thread schedules
 // (ctest cuda_emu_serial) have nothing to find in them.
@@ -423,6 +424,170 @@ TEST_CASE("cuda softmax_xent_deferred adds batches into slots read later", DDP_C
   CHECK(be->take_xent_totals(1).correct == 0);  // taken, even though it failed
   require_error([&] { be->take_xent_totals(2); }, "take_xent_totals: slot 2 (0 or 1)");
   require_error([&] { cpu->take_xent_totals(-1); }, "take_xent_totals: slot -1 (0 or 1)");
+}
+
+// ---- gradient norm and clipping ------------------------------------------------------------
+
+// Sizes around the quad width and a thread's least share (8 quads); several blocks whose
+// threads take several turns of the grid-stride loop; more first-pass blocks than the finishing
+// block has threads (n > 2^17); and on a device, past the first pass's grid cap (n > 2^23:
+// threads sum more than their least share). The emulation spends 10 to 50 ms on a block (two
+// cores), so it stops at 33 blocks.
+std::vector<int64_t> norm_sizes() {
+  std::vector<int64_t> sizes = {0, 1, 7, 8, 9, 33, 1000, 1027, 3 * 4096 + 5, (1 << 17) + 5};
+  if (!kEmulated) sizes.insert(sizes.end(), {65536 + 3, (3 << 20) + 5, (1 << 26) + 7});
+  return sizes;
+}
+
+TEST_CASE("cuda backend conforms: l2_norm, and is the CPU backend's within 1e-6",
+          DDP_CUDA_TAGS "[conformance]") {
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  kt::KernelTarget gpu_target(*be), cpu_target(*cpu);
+  uint64_t seed = 7300;
+  for (int64_t n : norm_sizes()) {
+    // Squares that overflow or underflow float32 too (at two sizes in the emulation).
+    const bool all_scales = n == 9 || n == 3 * 4096 + 5 || (!kEmulated && n < (1 << 22));
+    const std::vector<double> scales =
+        all_scales ? std::vector<double>{1.0, 1e25, 1e-25} : std::vector<double>{1.0};
+    for (double scale : scales) {
+      const double gpu = kt::conform_l2_norm(gpu_target, n, seed += 10, scale);
+      const double host = kt::conform_l2_norm(cpu_target, n, seed, scale);
+      INFO("n " << n << ", scale " << scale << std::setprecision(17) << ": cuda " << gpu << ", cpu "
+                << host);
+      CHECK(std::fabs(gpu - host) <= 1e-6 * host);
+    }
+  }
+}
+
+TEST_CASE("cuda backend conforms: clip_grad_norm_deferred, and clips as the CPU backend",
+          DDP_CUDA_TAGS "[conformance]") {
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  kt::KernelTarget gpu_target(*be), cpu_target(*cpu);
+  uint64_t seed = 7500;
+  std::vector<int64_t> sizes = {1, 1027, 4096 + 5};  // one element, one block, two blocks
+  if (!kEmulated) sizes.insert(sizes.end(), {9, 65536 + 3, (3 << 20) + 5});
+  for (int64_t n : sizes) {
+    kt::conform_clip_grad_norm(gpu_target, n, seed += 10);
+    const std::vector<float> g = kt::make_norm_values(n, seed + 1, 1.0);
+    const double max_norm = 0.37 * kt::ref_l2_norm(g);
+    INFO("n " << n << ", max_norm " << max_norm);
+    const auto gpu = kt::run_clip_grad_norm(gpu_target, g, max_norm);
+    const auto host = kt::run_clip_grad_norm(cpu_target, g, max_norm);
+    CHECK(std::fabs(gpu.first - host.first) <= 1e-6 * host.first);
+    size_t worst = 0;
+    double worst_error = 0.0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double error = std::fabs(gpu.second[i] - host.second[i]);
+      const double relative = host.second[i] != 0.0f ? error / std::fabs(host.second[i]) : error;
+      if (!(relative <= worst_error)) {
+        worst = i;
+        worst_error = relative;
+      }
+    }
+    INFO("worst gradient " << worst << ": cuda " << gpu.second[worst] << ", cpu "
+                           << host.second[worst] << ", relative difference " << worst_error);
+    CHECK(worst_error <= 1e-6);
+    gpu_target.clear();
+    cpu_target.clear();
+  }
+}
+
+TEST_CASE("cuda clip_grad_norm_deferred keeps two slots in flight, each taken alone",
+          DDP_CUDA_TAGS) {
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  const std::vector<float> ga = kt::make_norm_values(1000, 7600, 1.0);
+  const std::vector<float> gb = kt::make_norm_values(333, 7601, 4.0);
+  DeviceTensor a(ga, 1, 1000), b(gb, 1, 333), other(kt::make_norm_values(77, 7602, 1.0), 1, 77);
+  const double norm_a = be->l2_norm(a.view()), norm_b = be->l2_norm(b.view());
+  const double max_a = 0.5 * norm_a, max_b = 0.25 * norm_b;
+  // Both queued, then more work behind them, before either is taken.
+  be->clip_grad_norm_deferred(a.view(), max_a, 0);
+  be->clip_grad_norm_deferred(b.view(), max_b, 1);
+  be->scale(other.view(), 2.0f);
+  const double took_a = be->take_grad_norm(0);
+  const double took_b = be->take_grad_norm(1);
+  CHECK(std::memcmp(&took_a, &norm_a, sizeof took_a) == 0);
+  CHECK(std::memcmp(&took_b, &norm_b, sizeof took_b) == 0);
+  CHECK(be->take_grad_norm(1) == took_b);  // taking again gives the same norm
+  require_bitwise_equal(a.download(), kt::clipped_reference(ga, took_a, max_a), "slot 0's");
+  require_bitwise_equal(b.download(), kt::clipped_reference(gb, took_b, max_b), "slot 1's");
+  require_guards_intact(a, "clip_grad_norm_deferred");
+  require_guards_intact(b, "clip_grad_norm_deferred");
+  // Slot 1 queued first and taken last; a synchronous l2_norm in between leaves both alone.
+  a.upload(ga);
+  b.upload(gb);
+  be->clip_grad_norm_deferred(b.view(), 0.0, 1);
+  be->clip_grad_norm_deferred(a.view(), 0.0, 0);
+  CHECK(be->l2_norm(other.view()) > 0.0);
+  CHECK(be->take_grad_norm(0) == norm_a);
+  CHECK(be->take_grad_norm(1) == norm_b);
+  CHECK(a.download() == ga);
+  CHECK(b.download() == gb);
+  // The CPU backend's deferred form keeps its slots apart too.
+  std::vector<float> ha = ga, hb = gb;
+  Tensor host_a = host_view(ha, 1, 1000), host_b = host_view(hb, 1, 333);
+  cpu->clip_grad_norm_deferred(host_a, max_a, 0);
+  cpu->clip_grad_norm_deferred(host_b, max_b, 1);
+  const double cpu_b = cpu->take_grad_norm(1), cpu_a = cpu->take_grad_norm(0);
+  CHECK(cpu_b == Approx(norm_b).epsilon(1e-12));
+  CHECK(cpu_a == Approx(norm_a).epsilon(1e-12));
+  require_bitwise_equal(ha, kt::clipped_reference(ga, cpu_a, max_a), "cpu slot 0's");
+  require_bitwise_equal(hb, kt::clipped_reference(gb, cpu_b, max_b), "cpu slot 1's");
+
+  require_error([&] { be->clip_grad_norm_deferred(a.view(), 1.0, 2); },
+                "clip_grad_norm_deferred: slot 2 (0 or 1)");
+  require_error([&] { be->take_grad_norm(-1); }, "take_grad_norm: slot -1 (0 or 1)");
+  require_error([&] { cpu->take_grad_norm(2); }, "take_grad_norm: slot 2 (0 or 1)");
+  require_error([&] { be->l2_norm(host_a); },
+                "l2_norm: t is a cpu tensor, the cuda backend needs cuda tensors");
+  require_error([&] { be->clip_grad_norm_deferred(host_a, 1.0, 0); },
+                "clip_grad_norm_deferred: t is a cpu tensor, the cuda backend needs cuda tensors");
+}
+
+TEST_CASE("cuda clip factor formed on the device is clip_coefficient bitwise", DDP_CUDA_TAGS) {
+  // Gradients {2^e, a, b} with |a|, |b| < 2^e: the first comes back as 2^e times the device's
+  // factor, exactly, so the factor itself is compared. Norms from 2^-24 (where + 1e-6 is most
+  // of the sum) to 2^31, max_norm below, at and above the norm.
+  auto be = make_cuda();
+  DeviceTensor t(1, 3);
+  ddp::Rng rng(7700);
+  constexpr int kCases = 64;
+  int shift_rounds = 0, float_steps_differ = 0, clipped = 0, unclipped = 0;
+  for (int i = 0; i < kCases; ++i) {
+    const int e = i < kCases / 4 ? -24 + static_cast<int>(rng.below(8))
+                                 : static_cast<int>(rng.below(61)) - 30;
+    const float p = std::ldexp(1.0f, e);
+    const std::vector<float> g = {p, static_cast<float>(p * rng.uniform(-1.0, 1.0)),
+                                  static_cast<float>(p * rng.uniform(-1.0, 1.0))};
+    const double ref = kt::ref_l2_norm(g);
+    const double max_norm = i % 7 == 0 ? ref : ref * rng.uniform(0.001, 1.3);
+    t.upload(g);
+    be->clip_grad_norm_deferred(t.view(), max_norm, i % 2);
+    const double norm = be->take_grad_norm(i % 2);
+    const std::vector<float> got = t.download();
+    const float c = ddp::clip_coefficient(norm, max_norm);
+    const float want = c < 1.0f ? c : 1.0f;
+    const float device_factor = got[0] / p;
+    INFO(std::setprecision(17) << "case " << i << ": norm " << norm << ", max_norm " << max_norm
+                               << ", device factor " << device_factor << ", clip_coefficient "
+                               << c);
+    require_bitwise_equal({device_factor}, {want}, "the device's clip factor");
+    require_bitwise_equal(got, {g[0] * want, g[1] * want, g[2] * want}, "clipped gradients");
+    (c < 1.0f ? clipped : unclipped) += 1;
+    // Cases where float32 steps give another factor than the same formula in double, and
+    // where norm + 1e-6 rounds differently in float32: a device computing in double fails here.
+    if (static_cast<float>(max_norm / (norm + 1e-6)) != c) ++float_steps_differ;
+    if (static_cast<float>(norm) + 1e-6f != static_cast<float>(norm + 1e-6)) ++shift_rounds;
+  }
+  INFO("float steps differ " << float_steps_differ << ", shift rounds " << shift_rounds
+                             << ", clipped " << clipped << ", unclipped " << unclipped);
+  CHECK(float_steps_differ >= 8);
+  CHECK(shift_rounds >= 4);
+  CHECK(clipped >= 20);
+  CHECK(unclipped >= 5);
 }
 
 // ---- argument errors ---------------------------------------------------------------------

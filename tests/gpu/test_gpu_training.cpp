@@ -101,9 +101,12 @@ TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][stage
   REQUIRE(max_rel_diff(w_gpu, reference) <= 1e-4);
 }
 
-TEST_CASE("GPU training with AdamW and AMSGrad matches CPU training", "[gpu][staged][adam]") {
-  ddp::TrainConfig cpu =
-      ddp_test::with_adam(small_config("adam_cpu", ddp::DeviceChoice::Cpu), true, true);
+TEST_CASE("GPU training with AdamW, AMSGrad, warmup + cosine and clipping matches CPU training",
+          "[gpu][staged][adam][schedule]") {
+  // Clipping acts on the GPU's own norm (its fixed-order reduction) and never waits for it.
+  ddp::TrainConfig cpu = ddp_test::with_schedule(
+      ddp_test::with_adam(small_config("adam_cpu", ddp::DeviceChoice::Cpu), true, true),
+      ddp::SchedulerName::Cosine);
   ddp::TrainConfig gpu = cpu;
   gpu.device = ddp::DeviceChoice::Cuda;
   gpu.distributed.backend = ddp::BackendChoice::Mpi;

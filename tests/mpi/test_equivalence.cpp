@@ -76,6 +76,19 @@ TEST_CASE("N ranks x batch B equal 1 rank x batch N*B with Adam, AdamW and AMSGr
   }
 }
 
+TEST_CASE("N ranks x batch B equal 1 rank x batch N*B with lr schedules and gradient clipping",
+          "[mpi][equivalence][schedule]") {
+  using ddp::SchedulerName;
+  INFO("adamw, warmup + cosine, clipped");
+  require_equal_to_one_rank(
+      ddp_test::with_schedule(ddp_test::with_adam(small_config("eq_cos"), true, false),
+                              SchedulerName::Cosine),
+      "eq_cos");
+  INFO("sgd with momentum, warmup + step, clipped");
+  require_equal_to_one_rank(ddp_test::with_schedule(small_config("eq_step"), SchedulerName::Step),
+                            "eq_step");
+}
+
 TEST_CASE("gradient accumulation: N ranks x B x A micro-batches equal 1 rank x batch N*B*A",
           "[mpi][equivalence]") {
   const int n = world_size();

@@ -7,7 +7,9 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "core/check.h"
@@ -16,6 +18,7 @@
 #include "dist/mpi/mpi_communicator.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
+#include "nn/lr_schedule.h"
 #include "train/stop_request.h"
 
 namespace {
@@ -46,6 +49,13 @@ ddp::TrainConfig resume_config(const std::string& name) {
   cfg.training.accumulate_steps = 2;
   cfg.training.epochs = 3;
   return cfg;
+}
+
+// Optimizer steps in an epoch of `cfg` on this world size.
+int64_t steps_per_epoch(const ddp::TrainConfig& cfg) {
+  const int64_t n = world_size(), b = cfg.training.batch_size, a = cfg.training.accumulate_steps;
+  const int64_t shard = (cfg.data.train.samples + n - 1) / n;
+  return ((shard + b - 1) / b + a - 1) / a;
 }
 
 // Every rank agrees whether a and b are bitwise the same.
@@ -120,6 +130,79 @@ TEST_CASE("Adam and AdamW (AMSGrad) stopped and resumed: bitwise the uninterrupt
                               whole_summary.steps);
     }
   }
+}
+
+TEST_CASE(
+    "a schedule with clipping stopped mid-warmup and mid-decay: bitwise the uninterrupted run",
+    "[mpi][resume][schedule]") {
+  using ddp::SchedulerName;
+  for (const SchedulerName schedule : {SchedulerName::Cosine, SchedulerName::Step}) {
+    const bool cosine = schedule == SchedulerName::Cosine;
+    const std::string name = cosine ? "adamw_cosine" : "sgd_step";
+    ddp::TrainConfig cfg = resume_config(name + "_whole");
+    if (cosine) cfg = ddp_test::with_adam(cfg, true, false);
+    cfg = ddp_test::with_schedule(cfg, schedule);
+    // The parts stop at training.max_steps, which would end a default-length schedule there.
+    cfg.scheduler.total_steps = cosine ? 3 * steps_per_epoch(cfg) : 0;
+    ddp::TrainSummary whole_summary;
+    const auto whole = train(cfg, MPI_COMM_WORLD, &whole_summary);
+    const int64_t per_epoch = whole_summary.steps / cfg.training.epochs;
+    REQUIRE(per_epoch == steps_per_epoch(cfg));
+    REQUIRE(per_epoch + 2 > cfg.scheduler.warmup_steps);
+    // Inside the warmup (4 steps) and inside the decay, in the second epoch.
+    for (int64_t stop_at : {int64_t{2}, per_epoch + 2}) {
+      INFO(name << ", stopped after step " << stop_at);
+      require_resumes_bitwise(cfg, name + "_part" + std::to_string(stop_at), stop_at, whole,
+                              whole_summary.steps);
+    }
+  }
+}
+
+TEST_CASE("a resumed run keeps the schedule of the run it continues, though epochs change",
+          "[mpi][resume][schedule]") {
+  ddp::TrainConfig cfg =
+      ddp_test::with_schedule(resume_config("keep_schedule"), ddp::SchedulerName::Cosine);
+  cfg.training.epochs = 6;  // more steps than 2 x kStopPollSteps at 4 ranks too
+  cfg.training.log_every = 1;
+  const int64_t original_steps = 6 * steps_per_epoch(cfg);
+  REQUIRE(original_steps > 2 * ddp::kStopPollSteps);
+  // Stopped as a preempted job is (the schedule's length is the whole run's), resumed longer.
+  if (world_rank() == world_size() - 1) ddp::request_stop(SIGTERM);
+  ddp::TrainSummary first_summary;
+  train(cfg, MPI_COMM_WORLD, &first_summary);
+  ddp::clear_stop_request();
+  REQUIRE(first_summary.interrupted);
+  ddp::TrainConfig rest = cfg;
+  rest.training.epochs = 8;
+  rest.training.resume = "auto";
+  ddp::TrainSummary rest_summary;
+  train(rest, MPI_COMM_WORLD, &rest_summary);
+  REQUIRE(rest_summary.steps == 8 * steps_per_epoch(cfg));
+
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  long errors = 0;
+  if (world_rank() == 0) {
+    const ddp::TrainingCheckpoint ck = ddp::read_checkpoint(first_summary.last_checkpoint);
+    CHECK(ck.state.schedule_steps == original_steps);
+    errors += ck.state.schedule_steps != original_steps;
+    const ddp::LrSchedule schedule(cfg.scheduler, cfg.optimizer.lr, original_steps);
+    int64_t checked = 0, at_min = 0;
+    std::ifstream metrics(cfg.output.dir + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const auto record = nlohmann::json::parse(line);
+      if (record["type"] != "train") continue;
+      const int64_t step = record["global_step"];
+      const double lr = record["lr"];
+      CHECK(lr == schedule.lr(step - 1));
+      errors += lr != schedule.lr(step - 1);
+      at_min += step > original_steps && lr == cfg.scheduler.min_lr;
+      ++checked;
+    }
+    CHECK(checked == rest_summary.steps);
+    CHECK(at_min == rest_summary.steps - original_steps);
+    errors += checked != rest_summary.steps || at_min != rest_summary.steps - original_steps;
+  }
+  ddp_test::require_on_all_ranks(*comm, errors, "the resumed run's lr per step");
 }
 
 TEST_CASE("every_epochs: a checkpoint per epoch, keep_last prunes, an older one resumes exactly",

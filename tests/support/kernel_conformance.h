@@ -5,7 +5,10 @@
 // view's ends, aligned or one float off a 16-byte boundary.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
+#include <iomanip>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -76,6 +79,7 @@ class KernelTarget {
     int64_t front, numel;
   };
   void to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;  // an empty view's pointers may be null
     if (backend_.device() == ddp::Device::CPU) {
       std::memcpy(dst, src, bytes);
     } else {
@@ -345,6 +349,93 @@ inline void conform_adam_step(KernelTarget& t, int64_t n, uint64_t seed) {
       t.require_guards_intact("adam_step");
       t.clear();
     }
+  }
+}
+
+// ---- gradient norm and clipping ------------------------------------------------------------
+
+/// l2_norm of make_norm_values(n, seed, scale): within 1e-12 (relative) of the long double
+/// reference; the same bits when asked again and in a view at another alignment (the order of
+/// additions is fixed by the size alone), with NaN on both sides of that view; the input only
+/// read. Returns the norm.
+inline double conform_l2_norm(KernelTarget& t, int64_t n, uint64_t seed, double scale) {
+  INFO(t.backend().name() << " l2_norm, n " << n << ", scale " << scale);
+  const std::vector<float> v = make_norm_values(n, seed, scale);
+  const double ref = ref_l2_norm(v);
+  const ddp::Tensor x = t.make(v, 1, n);
+  const double norm = t.backend().l2_norm(x);
+  INFO(std::setprecision(17) << "norm " << norm << ", reference " << ref);
+  CHECK(std::isfinite(norm));
+  if (n == 0) CHECK(norm == 0.0);
+  CHECK(std::fabs(norm - ref) <= 1e-12 * ref);
+  const double again = t.backend().l2_norm(x);
+  CHECK(std::memcmp(&again, &norm, sizeof norm) == 0);
+  // One float further along than x (x's alignment, whichever it is, plus 4 bytes).
+  std::vector<float> padded(v.size() + 3, kNaN);
+  std::copy(v.begin(), v.end(), padded.begin() + 2);
+  const ddp::Tensor whole = t.make(padded, 1, n + 3);
+  const double shifted = t.backend().l2_norm(ddp::Tensor{whole.data + 2, 1, n, whole.device});
+  INFO("at another alignment " << shifted);
+  CHECK(std::memcmp(&shifted, &norm, sizeof norm) == 0);
+  require_bitwise_equal(t.read(x), v, "l2_norm's input");
+  t.require_guards_intact("l2_norm");
+  t.clear();
+  return norm;
+}
+
+/// One clip_grad_norm_deferred(g, max_norm, slot 0) on a copy of g: the norm taken from the
+/// slot is l2_norm(g) bitwise and the gradients are clipped_reference(g, that norm, max_norm)
+/// bitwise. Returns {norm, clipped gradients}.
+inline std::pair<double, std::vector<float>> run_clip_grad_norm(KernelTarget& t,
+                                                                const std::vector<float>& g,
+                                                                double max_norm) {
+  const int64_t n = static_cast<int64_t>(g.size());
+  ddp::Tensor gt = t.make(g, 1, n);
+  const double expected_norm = t.backend().l2_norm(gt);
+  t.backend().clip_grad_norm_deferred(gt, max_norm, 0);
+  const double norm = t.backend().take_grad_norm(0);
+  INFO(std::setprecision(17) << "norm " << norm << ", l2_norm " << expected_norm);
+  CHECK(std::memcmp(&norm, &expected_norm, sizeof norm) == 0);
+  const std::vector<float> got = t.read(gt);
+  // Bitwise, except that an Inf scaled by 0 may be any NaN (the x86 and the GPU one differ).
+  std::vector<float> got_bits = got, want_bits = clipped_reference(g, norm, max_norm);
+  for (size_t i = 0; i < got_bits.size() && i < want_bits.size(); ++i)
+    if (std::isnan(got_bits[i]) && std::isnan(want_bits[i]) && !std::isnan(g[i]))
+      got_bits[i] = want_bits[i];
+  require_bitwise_equal(got_bits, want_bits, "clipped gradients");
+  return {norm, got};
+}
+
+/// clip_grad_norm_deferred over n gradients with max_norm below the norm (clips), at the norm
+/// (the factor rounds to just below 1, or to 1), above it (no change), 0 and -1 (the norm
+/// only), and with an Inf (factor 0) or a NaN (no clipping) among the gradients.
+inline void conform_clip_grad_norm(KernelTarget& t, int64_t n, uint64_t seed) {
+  const std::vector<float> g = make_norm_values(n, seed, 1.0);
+  const double norm = ref_l2_norm(g);
+  const struct {
+    double max_norm;
+    const char* what;
+    bool clips;
+  } cases[] = {{0.37 * norm, "below the norm", true}, {1e-3 * norm, "far below the norm", true},
+               {norm, "at the norm", false},          {3.0 * norm, "above the norm", false},
+               {0.0, "0: norm only", false},          {-1.0, "-1: norm only", false}};
+  for (const auto& c : cases) {
+    INFO(t.backend().name() << " clip_grad_norm_deferred, n " << n << ", max_norm " << c.what);
+    const auto got = run_clip_grad_norm(t, g, c.max_norm);
+    if (c.clips && n > 0) CHECK(got.second != g);
+    if (c.max_norm != norm && !c.clips) require_bitwise_equal(got.second, g, "not clipped");
+    t.require_guards_intact("clip_grad_norm_deferred");
+    t.clear();
+  }
+  if (n < 3) return;
+  for (float special : {std::numeric_limits<float>::infinity(), kNaN}) {
+    INFO(t.backend().name() << " clip_grad_norm_deferred, n " << n << ", with " << special);
+    std::vector<float> bad = g;
+    bad[static_cast<size_t>(n / 2)] = special;
+    const auto got = run_clip_grad_norm(t, bad, 1.0);
+    CHECK(std::isnan(got.first) == std::isnan(special));
+    t.require_guards_intact("clip_grad_norm_deferred");
+    t.clear();
   }
 }
 

@@ -210,6 +210,42 @@ inline XentReference ref_xent(const std::vector<float>& logits, const std::vecto
   return ref;
 }
 
+// ---- gradient norm and clipping ------------------------------------------------------------
+
+/// Gradients for the norm: uniform in (-1, 1) times 2^k (k uniform in -8..8, so magnitudes
+/// spread over five decades) times `scale`. At scale 1e25 or 1e-25 every square overflows or
+/// underflows float32: only a sum of squares in double gets the norm.
+inline std::vector<float> make_norm_values(int64_t n, uint64_t seed, double scale) {
+  ddp::Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    const int k = static_cast<int>(rng.below(17)) - 8;
+    x = static_cast<float>(std::ldexp(rng.uniform(-1.0, 1.0), k) * scale);
+  }
+  return v;
+}
+
+/// The L2 norm of v with every square and the sum in long double (64 significant bits on x86:
+/// 2^11 times double's precision, so the reference error is far below the 1e-12 tolerance).
+inline double ref_l2_norm(const std::vector<float>& v) {
+  long double sum = 0.0L;
+  for (float x : v) sum += static_cast<long double>(x) * static_cast<long double>(x);
+  return static_cast<double>(std::sqrt(sum));
+}
+
+/// clip_grad_norm_ on the host with a given norm: g * clip_coefficient(norm, max_norm) when
+/// max_norm > 0 and that factor is below 1 (NaN is not), else g unchanged. Every backend's
+/// clipped gradients are bitwise this with its own norm.
+inline std::vector<float> clipped_reference(const std::vector<float>& g, double norm,
+                                            double max_norm) {
+  if (!(max_norm > 0)) return g;
+  const float coef = ddp::clip_coefficient(norm, max_norm);
+  if (!(coef < 1.0f)) return g;
+  std::vector<float> out(g.size());
+  for (size_t i = 0; i < g.size(); ++i) out[i] = g[i] * coef;
+  return out;
+}
+
 // ---- SGD ---------------------------------------------------------------------------------
 
 /// ATen's `self.add(other, alpha=a)` on float: vec::fmadd(other, a, self) on the vectorised CPU

@@ -92,6 +92,22 @@ inline ddp::TrainConfig with_adam(ddp::TrainConfig cfg, bool decoupled, bool ams
   return cfg;
 }
 
+/// A warmup then `schedule` (cosine and linear decay to 1e-4, step halves every 5 steps), and
+/// clipping at a norm the small models' gradients exceed on some steps.
+inline ddp::TrainConfig with_schedule(ddp::TrainConfig cfg, ddp::SchedulerName schedule) {
+  cfg.scheduler.name = schedule;
+  cfg.scheduler.warmup_steps = 4;
+  cfg.scheduler.warmup_start_factor = 0.1;
+  if (schedule == ddp::SchedulerName::Step) {
+    cfg.scheduler.step_size = 5;
+    cfg.scheduler.gamma = 0.5;
+  } else if (schedule != ddp::SchedulerName::Constant) {
+    cfg.scheduler.min_lr = 1e-4;
+  }
+  cfg.training.clip_grad_norm = 0.05;
+  return cfg;
+}
+
 /// Every rank must hold bitwise the same weights as rank 0.
 inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);

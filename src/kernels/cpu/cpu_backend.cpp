@@ -115,6 +115,11 @@ class CpuBackend final : public Backend {
     return static_cast<int64_t>((!a.isFinite()).count());
   }
 
+  double l2_norm(const Tensor& t) override {
+    checks::tensor("l2_norm", "t", t, kCpu);
+    return cpu::l2_norm(t);
+  }
+
   void scale(Tensor& t, float factor) override {
     checks::tensor("scale", "t", t, kCpu);
     as_array(t) *= factor;
@@ -211,6 +216,20 @@ XentResult Backend::take_xent_totals(int slot) {
   const XentResult r = xent_slots_[slot];
   xent_slots_[slot] = XentResult{};
   return r;
+}
+
+void Backend::clip_grad_norm_deferred(Tensor& t, double max_norm, int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "clip_grad_norm_deferred: slot " << slot << " (0 or 1)");
+  const double norm = l2_norm(t);
+  norm_slots_[slot] = norm;
+  if (!(max_norm > 0)) return;
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f) scale(t, coef);  // torch multiplies by the clamped factor: 1 changes nothing
+}
+
+double Backend::take_grad_norm(int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "take_grad_norm: slot " << slot << " (0 or 1)");
+  return norm_slots_[slot];
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

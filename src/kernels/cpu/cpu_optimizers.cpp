@@ -74,5 +74,25 @@ void adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp
     adam_element(s, p[i], g[i], m[i], v[i], vmax != nullptr ? vmax + i : nullptr);
 }
 
+double l2_norm(const Tensor& t) {
+  constexpr int64_t kLanes = 8;
+  double lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const float* x = t.data;
+  const int64_t n = t.numel(), whole = n - n % kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const double v = x[i + l];
+      lane[l] += v * v;
+    }
+  }
+  for (int64_t i = whole; i < n; ++i) {
+    const double v = x[i];
+    lane[i - whole] += v * v;
+  }
+  const double sum =
+      ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  return std::sqrt(sum);
+}
+
 }  // namespace cpu
 }  // namespace ddp

@@ -17,5 +17,9 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
 void adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg, Tensor& exp_avg_sq,
                Tensor& max_exp_avg_sq, const AdamStep& s);
 
+/// Backend::l2_norm: squares summed in double over 8 interleaved lanes (element i to lane i % 8),
+/// the lanes added in a fixed tree, so the loop vectorises and the order is fixed by the size.
+double l2_norm(const Tensor& t);
+
 }  // namespace cpu
 }  // namespace ddp

@@ -1,8 +1,9 @@
-// The CUDA backend: every kernel of src/kernels/backend.h as our own kernels (src/kernels/cuda/*.cuh),
-// queued on one stream per backend. Arguments are checked like the CPU backend's (same
-// messages); scratch memory grows to the largest batch seen and is then reused, so a steady
-// training step allocates nothing. The host waits only for results it asks for: softmax_xent, and
-// take_xent_totals for the deferred form (which waits for that batch alone).
+// The CUDA backend: every kernel of src/kernels/backend.h as our own kernels
+// (src/kernels/cuda/*.cuh), queued on one stream per backend. Arguments are checked like the CPU
+// backend's (same messages); scratch memory grows to the largest batch seen and is then reused, so
+// a steady training step allocates nothing. The host waits only for results it asks for:
+// softmax_xent, l2_norm and count_nonfinite, and take_xent_totals / take_grad_norm for the deferred
+// forms (which wait for that batch's totals or that norm alone).
 #include <cstring>
 
 #include "kernels/backend_checks.h"
@@ -42,6 +43,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   nonfinite_host_ = PinnedArray<unsigned long long>(1);
   for (cudaEvent_t& e : slot_copied_)
     DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  norm_partials_ = DeviceArray<double>(kNormMaxBlocks);
+  norm_results_ = DeviceArray<NormResult>(3);
+  norm_results_host_ = PinnedArray<NormResult>(3);
+  for (int i = 0; i < 3; ++i) norm_results_host_.data()[i] = NormResult{0.0, 1.0f};
+  for (cudaEvent_t& e : norm_copied_)
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
@@ -50,6 +57,8 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamDestroy(stream_);
   }
   for (cudaEvent_t e : slot_copied_)
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : norm_copied_)
     if (e != nullptr) (void)cudaEventDestroy(e);
 }
 
@@ -255,6 +264,45 @@ void CudaBackend::adam_step(Tensor& params, const Tensor& grads, Tensor& exp_avg
   op.s = s;
   launch_elementwise(op, params.numel(), all_aligned16({op.p, op.g, op.m, op.v, op.vmax}),
                      sm_count_, stream_);
+}
+
+double CudaBackend::l2_norm(const Tensor& t) {
+  checks::tensor("l2_norm", "t", t, kCuda);
+  constexpr int kResult = 2;  // the synchronous result's own place: no deferred slot is touched
+  NormResult* result = norm_results_.data() + kResult;
+  launch_l2_norm(t.data, t.numel(), all_aligned16({t.data}), norm_partials_.data(), false, 0.0f,
+                 result, stream_);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(norm_results_host_.data() + kResult, result, sizeof(NormResult),
+                                 cudaMemcpyDeviceToHost, stream_));
+  // The caller decides on the norm at once.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return norm_results_host_.data()[kResult].norm;
+}
+
+void CudaBackend::clip_grad_norm_deferred(Tensor& t, double max_norm, int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "clip_grad_norm_deferred: slot " << slot << " (0 or 1)");
+  checks::tensor("clip_grad_norm_deferred", "t", t, kCuda);
+  const bool vec = all_aligned16({t.data});
+  const bool clip = max_norm > 0;  // false for NaN too, as in the CPU backend
+  NormResult* result = norm_results_.data() + slot;
+  launch_l2_norm(t.data, t.numel(), vec, norm_partials_.data(), clip,
+                 static_cast<float>(clip ? max_norm : 0.0), result, stream_);
+  // The 16-byte copy goes before the scaling, so take_grad_norm waits for the norm and not for
+  // the scaling or whatever the host queued after it.
+  DDP_CUDA_CHECK(cudaMemcpyAsync(norm_results_host_.data() + slot, result, sizeof(NormResult),
+                                 cudaMemcpyDeviceToHost, stream_));
+  DDP_CUDA_CHECK(cudaEventRecord(norm_copied_[slot], stream_));
+  norm_pending_[slot] = true;
+  if (clip) launch_scale_by_device(t.data, &result->coef, t.numel(), vec, sm_count_, stream_);
+}
+
+double CudaBackend::take_grad_norm(int slot) {
+  DDP_CHECK(slot == 0 || slot == 1, "take_grad_norm: slot " << slot << " (0 or 1)");
+  if (norm_pending_[slot]) {
+    DDP_CUDA_CHECK(cudaEventSynchronize(norm_copied_[slot]));
+    norm_pending_[slot] = false;
+  }
+  return norm_results_host_.data()[slot].norm;
 }
 
 int64_t CudaBackend::count_nonfinite(const Tensor& t) {

@@ -40,6 +40,11 @@ class CudaBackend final : public Backend {
   void softmax_xent_deferred(const Tensor& logits, const int32_t* labels, float grad_scale,
                              Tensor* dlogits, int slot) override;
   XentResult take_xent_totals(int slot) override;
+  double l2_norm(const Tensor& t) override;
+  /// Both passes of the norm, the clip factor and the scaling stay on the device; the norm's
+  /// copy to the host is queued before the scaling, so take_grad_norm does not wait for it.
+  void clip_grad_norm_deferred(Tensor& t, double max_norm, int slot) override;
+  double take_grad_norm(int slot) override;
   int64_t count_nonfinite(const Tensor& t) override;
   void fill(Tensor& t, float value) override;
   void scale(Tensor& t, float factor) override;
@@ -83,6 +88,13 @@ class CudaBackend final : public Backend {
   PinnedArray<unsigned long long> nonfinite_host_;
   bool slot_fresh_[2] = {true, true};
   bool slot_pending_[2] = {false, false};
+  // Gradient norms: the first pass's per-block sums; per result (0, 1: the deferred slots, 2:
+  // l2_norm) the device result and its host copy; per slot the event after its copy.
+  DeviceArray<double> norm_partials_;
+  DeviceArray<NormResult> norm_results_;
+  PinnedArray<NormResult> norm_results_host_;
+  cudaEvent_t norm_copied_[2] = {nullptr, nullptr};
+  bool norm_pending_[2] = {false, false};
 };
 
 }  // namespace cuda

@@ -1,6 +1,7 @@
-// Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale, the fused SGD and
-// Adam steps over the whole parameter arena in one launch each, and the count of non-finite
-// values (the NaN check). Grid-stride loops over float4s when every pointer is 16-byte aligned
+// Elementwise kernels over flat arrays: ReLU forward/backward, fill, scale (by a host value, or
+// by a factor a kernel left in device memory: gradient clipping), the fused SGD and Adam steps
+// over the whole parameter arena in one launch each, and the count of non-finite values (the
+// NaN check). Grid-stride loops over float4s when every pointer is 16-byte aligned
 // (then the tail of n % 4 elements goes one by one), sized to fill the device once. Compiled by
 // nvcc and by the CPU emulation.
 #pragma once
@@ -165,8 +166,9 @@ struct AdamOp {
   }
 };
 
+// The grid-stride loop of every elementwise kernel: this thread's share of [0, n).
 template <typename Op, bool VEC>
-__global__ void elementwise_kernel(Op op, int64_t n) {
+__device__ __forceinline__ void elementwise_loop(const Op& op, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (VEC) {
@@ -178,11 +180,21 @@ __global__ void elementwise_kernel(Op op, int64_t n) {
   }
 }
 
+template <typename Op, bool VEC>
+__global__ void elementwise_kernel(Op op, int64_t n) {
+  elementwise_loop<Op, VEC>(op, n);
+}
+
+/// The grid of an elementwise launch over n values (as float4s with vec).
+inline dim3 elementwise_grid(int64_t n, bool vec, int sm_count) {
+  return dim3(grid_for(vec ? ceil_div(n, 4) : n, sm_count));
+}
+
 /// Runs op over [0, n); `vec` when every pointer the op touches is 16-byte aligned.
 template <typename Op>
 void launch_elementwise(const Op& op, int64_t n, bool vec, int sm_count, cudaStream_t stream) {
   if (n == 0) return;
-  const dim3 grid(grid_for(vec ? ceil_div(n, 4) : n, sm_count));
+  const dim3 grid = elementwise_grid(n, vec, sm_count);
   const dim3 block(kElementwiseThreads);
   if (vec) {
     auto* kernel = &elementwise_kernel<Op, true>;
@@ -190,6 +202,29 @@ void launch_elementwise(const Op& op, int64_t n, bool vec, int sm_count, cudaStr
   } else {
     auto* kernel = &elementwise_kernel<Op, false>;
     DDP_LAUNCH(kernel, grid, block, stream, op, n);
+  }
+}
+
+/// t[0, n) *= *factor, where *factor was written by an earlier kernel on the stream (the clip
+/// factor of norm_finish_kernel): each thread reads it once, and where it is exactly 1 (no
+/// clipping) nothing is read or written, so t stays bitwise as it was.
+template <bool VEC>
+__global__ void scale_by_device_kernel(float* t, const float* factor, int64_t n) {
+  const float f = *factor;
+  if (f == 1.0f) return;
+  elementwise_loop<ScaleOp, VEC>(ScaleOp{t, f}, n);
+}
+
+/// Launches scale_by_device_kernel over t[0, n); `vec` when t is 16-byte aligned.
+inline void launch_scale_by_device(float* t, const float* factor, int64_t n, bool vec, int sm_count,
+                                   cudaStream_t stream) {
+  if (n == 0) return;
+  const dim3 grid = elementwise_grid(n, vec, sm_count);
+  const dim3 block(kElementwiseThreads);
+  if (vec) {
+    DDP_LAUNCH(scale_by_device_kernel<true>, grid, block, stream, t, factor, n);
+  } else {
+    DDP_LAUNCH(scale_by_device_kernel<false>, grid, block, stream, t, factor, n);
   }
 }
 

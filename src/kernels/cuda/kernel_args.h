@@ -42,5 +42,12 @@ struct XentTotals {
   int bad_label;
 };
 
+/// What the gradient-norm pass leaves in device memory: the L2 norm, and the factor the
+/// gradients are scaled by (clip_coefficient when it is below 1, else exactly 1).
+struct NormResult {
+  double norm;
+  float coef;
+};
+
 }  // namespace cuda
 }  // namespace ddp

@@ -1,7 +1,7 @@
 // Reductions without atomics, so every result is bitwise reproducible: column sums (the bias
-// gradient) and fused softmax cross-entropy (one warp per row: max, argmax, sum of exp, loss,
-// dlogits in one pass over the row held in registers), whose per-row losses are then summed by
-// one block in a fixed order. Compiled by nvcc and by the CPU emulation.
+// gradient), fused softmax cross-entropy (one warp per row: max, argmax, sum of exp, loss, dlogits
+// in one pass over the row in registers; per-row losses summed by one block in a fixed order) and
+// the gradients' L2 norm with clip_grad_norm_'s factor. Compiled by nvcc and the CPU emulation.
 #pragma once
 
 #include <cstdint>
@@ -222,6 +222,122 @@ inline void launch_softmax_xent(const float* logits, const int32_t* labels, int6
   }
   DDP_LAUNCH(xent_reduce_kernel, dim3(1), dim3(kXentReduceThreads), stream, scratch, labels, rows,
              accumulate, totals);
+}
+
+// ---------------------------------------------------------------------------------------------
+// L2 norm and clip_grad_norm_'s factor (Backend::l2_norm, Backend::clip_grad_norm_deferred), in
+// two passes whose order of additions depends on n alone (not on the device, its SM count or
+// the view's alignment), so a norm is the same bits on every run and every GPU:
+//   1. norm_partials_kernel: norm_blocks(n) blocks; global thread g sums the squares (in double,
+//      where a float's square is exact) of quads g, g + T, g + 2T, ... (T threads in the grid),
+//      each quad's four elements in order; thread 0 then adds the last n % 4 elements. A fixed
+//      tree in shared memory leaves one partial sum per block.
+//   2. norm_finish_kernel: one block of 32 threads adds the partials (thread t: partials t,
+//      t + 32, ... in order, then a fixed tree), takes the square root and forms the clip factor
+//      in float32 exactly as clip_coefficient (backend.h) does, with correctly rounded
+//      intrinsics.
+// (Trees in shared memory rather than warp shuffles: about as fast on a device for a pass this
+// size, and several times cheaper in the CPU emulation, where a shuffle is a 32-thread meeting.)
+
+// A grid of at most 2048 x 128 threads (about what an H200's 132 SMs hold at once), each with at
+// least 8 quads to sum (a few loads in flight per thread; past 2^23 values every thread sums
+// more); the cap is fixed, not the device's SM count, so the order is n's alone. Blocks of 128
+// rather than 256: the same on a device, half the cost of a small norm in the emulation.
+constexpr int kNormThreads = 128;
+constexpr int kNormMaxBlocks = 2048;
+constexpr int64_t kNormMinPerThread = 32;
+constexpr int kNormFinishThreads = 32;
+
+/// Blocks of the first pass over n values: a pure function of n, between 1 and kNormMaxBlocks.
+inline int norm_blocks(int64_t n) {
+  const int64_t want = ceil_div(n, int64_t{kNormThreads} * kNormMinPerThread);
+  return static_cast<int>(want < 1 ? 1 : want > kNormMaxBlocks ? kNormMaxBlocks : want);
+}
+
+__device__ __forceinline__ double square_in_double(float x) {
+  const double d = x;
+  return d * d;  // exact: 24 significant bits squared fit in 53
+}
+
+// Adds the block's per-thread sums (THREADS of them, a power of two) in a fixed tree; thread 0
+// gets the total. Every thread of the block calls it.
+template <int THREADS>
+__device__ __forceinline__ double block_sum_fixed(double mine, double* sums) {
+  const int t = static_cast<int>(threadIdx.x);
+  sums[t] = mine;
+  __syncthreads();
+  for (int width = THREADS / 2; width > 0; width >>= 1) {
+    if (t < width) sums[t] += sums[t + width];
+    __syncthreads();
+  }
+  return sums[0];
+}
+
+/// Pass 1: partials[blockIdx.x] = this block's sum of squares of x[0, n). `vec`: x is 16-byte
+/// aligned, so a quad is one float4 load (the order of additions is the same either way).
+__global__ void norm_partials_kernel(const float* __restrict__ x, int64_t n, bool vec,
+                                     double* __restrict__ partials) {
+  __shared__ double partial_sums[kNormThreads];
+  DDP_EMU_SHARED(partial_sums);
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * kNormThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kNormThreads + threadIdx.x;
+  const int64_t quads = n / 4;
+  double sum = 0.0;
+  for (int64_t q = first; q < quads; q += threads) {
+    const float* p = x + 4 * q;
+    float4 v;
+    if (vec) {
+      v = *reinterpret_cast<const float4*>(p);
+    } else {
+      v = make_float4(p[0], p[1], p[2], p[3]);
+    }
+    sum += square_in_double(v.x);
+    sum += square_in_double(v.y);
+    sum += square_in_double(v.z);
+    sum += square_in_double(v.w);
+  }
+  if (first == 0) {
+    for (int64_t i = 4 * quads; i < n; ++i) sum += square_in_double(x[i]);
+  }
+  const double total = block_sum_fixed<kNormThreads>(sum, partial_sums);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+/// Pass 2, one block of kNormFinishThreads: out->norm = sqrt(sum of partials[0, count));
+/// out->coef = clip_coefficient(norm, max_norm) in float32 when clip and that is below 1, else
+/// 1 (NaN too: no clipping, as the CPU backend does).
+__global__ void norm_finish_kernel(const double* __restrict__ partials, int count, bool clip,
+                                   float max_norm, NormResult* out) {
+  __shared__ double finish_sums[kNormFinishThreads];
+  DDP_EMU_SHARED(finish_sums);
+  const int t = static_cast<int>(threadIdx.x);
+  double sum = 0.0;
+  for (int i = t; i < count; i += kNormFinishThreads) sum += partials[i];
+  const double total = block_sum_fixed<kNormFinishThreads>(sum, finish_sums);
+  if (t != 0) return;
+  const double norm = sqrt(total);
+  float coef = 1.0f;
+  if (clip) {
+    // torch 1.13: max_norm / (total_norm + 1e-6) in float32 is reciprocal(total_norm + 1e-6)
+    // * max_norm; each step rounded on its own (no contraction), as clip_coefficient.
+    const float shifted = __fadd_rn(__double2float_rn(norm), 1e-6f);
+    const float factor = __fmul_rn(__fdiv_rn(1.0f, shifted), max_norm);
+    if (factor < 1.0f) coef = factor;
+  }
+  out->norm = norm;
+  out->coef = coef;
+}
+
+/// Queues both passes over x[0, n) (`vec`: x 16-byte aligned); `partials` holds kNormMaxBlocks
+/// doubles of scratch; `out` (device memory) holds the result when the stream gets there. With
+/// clip, out->coef is the factor for max_norm (as float, like clip_coefficient takes it).
+inline void launch_l2_norm(const float* x, int64_t n, bool vec, double* partials, bool clip,
+                           float max_norm, NormResult* out, cudaStream_t stream) {
+  const int blocks = norm_blocks(n);
+  DDP_LAUNCH(norm_partials_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kNormThreads), stream,
+             x, n, vec, partials);
+  DDP_LAUNCH(norm_finish_kernel, dim3(1), dim3(kNormFinishThreads), stream, partials, blocks, clip,
+             max_norm, out);
 }
 
 }  // namespace cuda

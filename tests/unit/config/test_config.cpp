@@ -254,10 +254,10 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
         "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: epochs, "
         "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
-        "nan_policy)");
+        "nan_policy, clip_grad_norm)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
-        "training, "
+        "scheduler, training, "
         "distributed, output, checkpoint)");
   CHECK(parse_error(kMinimal + "training:\n  epochs: 1\n", {"training.epochs.x=1"}) ==
         "--set training.epochs.x: training.epochs is '1', not a section, so it has no key 'x'");
@@ -272,16 +272,16 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
   CHECK(parse_error(kMinimal + "trainig:\n  epochs: 2\n") ==
         "run.yaml: trainig: unknown key, did you mean 'training'? (known top-level keys: device, "
         "model, "
-        "data, optimizer, training, distributed, output, checkpoint)");
-  CHECK(
-      parse_error(kMinimal + "zzz: 1\n") ==
-      "run.yaml: zzz: unknown key (known top-level keys: device, model, data, optimizer, training, "
-      "distributed, output, checkpoint)");
+        "data, optimizer, scheduler, training, distributed, output, checkpoint)");
+  CHECK(parse_error(kMinimal + "zzz: 1\n") ==
+        "run.yaml: zzz: unknown key (known top-level keys: device, model, data, optimizer, "
+        "scheduler, training, "
+        "distributed, output, checkpoint)");
   CHECK(parse_error(kMinimal + "training:\n  bach_size: 2\n") ==
         "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: "
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
-        "nan_policy)");
+        "nan_policy, clip_grad_norm)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, "
@@ -451,6 +451,94 @@ TEST_CASE("config: optimizer keys: ranges, and a key of one optimizer set for an
       {[](TrainConfig& c) { c.optimizer.amsgrad = true; },
        "optimizer.amsgrad: applies to adam and adamw only, not to optimizer.name sgd"},
   });
+}
+
+TEST_CASE("config: scheduler keys are read, and each one's misuse is refused by name",
+          "[config][schedule]") {
+  const TrainConfig c = parse(
+      "model: {layers: [4, 2]}\ndata: {train: {samples: 8}}\noptimizer: {lr: 0.1}\n"
+      "scheduler: {name: cosine, warmup_steps: 10, warmup_start_factor: 0.25, min_lr: 0.001, "
+      "total_steps: 500}\ntraining: {clip_grad_norm: 1.5}\n");
+  CHECK(c.scheduler.name == ddp::SchedulerName::Cosine);
+  CHECK(c.scheduler.warmup_steps == 10);
+  CHECK(c.scheduler.warmup_start_factor == 0.25);
+  CHECK(c.scheduler.min_lr == 0.001);
+  CHECK(c.scheduler.total_steps == 500);
+  CHECK(c.training.clip_grad_norm == 1.5);
+  const TrainConfig s = parse(
+      "model: {layers: [4, 2]}\ndata: {train: {samples: 8}}\n"
+      "scheduler: {name: step, step_size: 30, gamma: 0.5}\n");
+  CHECK(s.scheduler.step_size == 30);
+  CHECK(s.scheduler.gamma == 0.5);
+  using ddp::SchedulerName;
+  require_each_refused({
+      {[](TrainConfig& c) { c.scheduler.name = SchedulerName::Step; },
+       "scheduler.step_size: required (>= 1) for scheduler.name step"},
+      {[](TrainConfig& c) { c.scheduler.step_size = 10; },
+       "scheduler.step_size: applies to step only, not to scheduler.name constant"},
+      {[](TrainConfig& c) {
+         c.scheduler.name = SchedulerName::Cosine;
+         c.scheduler.gamma = 0.5;
+       },
+       "scheduler.gamma: applies to step only, not to scheduler.name cosine"},
+      {[](TrainConfig& c) {
+         c.scheduler.name = SchedulerName::Step;
+         c.scheduler.step_size = 5;
+         c.scheduler.min_lr = 0.001;
+       },
+       "scheduler.min_lr: applies to cosine and linear only, not to scheduler.name step"},
+      {[](TrainConfig& c) { c.scheduler.total_steps = 100; },
+       "scheduler.total_steps: applies to cosine and linear only, not to scheduler.name constant"},
+      {[](TrainConfig& c) { c.scheduler.warmup_start_factor = 0.5; },
+       "scheduler.warmup_start_factor: applies to a warmup only; set scheduler.warmup_steps > 0"},
+      {[](TrainConfig& c) {
+         c.scheduler.warmup_steps = 5;
+         c.scheduler.warmup_start_factor = 0.0;
+       },
+       "scheduler.warmup_start_factor: must be in (0, 1], got 0.0"},
+      {[](TrainConfig& c) {
+         c.scheduler.name = SchedulerName::Linear;
+         c.scheduler.min_lr = 1.0;
+       },
+       "scheduler.min_lr: 1.0 is above optimizer.lr 0.01: the schedule decays from optimizer.lr "
+       "to min_lr"},
+      {[](TrainConfig& c) {
+         c.scheduler.name = SchedulerName::Cosine;
+         c.scheduler.warmup_steps = 50;
+         c.scheduler.total_steps = 50;
+       },
+       "scheduler.total_steps: 50 leaves no steps to decay after scheduler.warmup_steps 50"},
+      {[](TrainConfig& c) { c.scheduler.warmup_steps = -1; },
+       "scheduler.warmup_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.training.clip_grad_norm = -1.0; },
+       "training.clip_grad_norm: must be >= 0, got -1.0"},
+  });
+}
+
+TEST_CASE("config: data.normalize is none, standardize or [mean, std], and prints back",
+          "[config][normalize]") {
+  using Mode = ddp::Normalization::Mode;
+  const std::string model = "model: {layers: [4, 2]}\n";
+  CHECK(parse(model + "data: {train: {samples: 8}}\n").data.normalize.mode == Mode::None);
+  const TrainConfig s = parse(model + "data: {train: {samples: 8}, normalize: standardize}\n");
+  CHECK(s.data.normalize.mode == Mode::Standardize);
+  const TrainConfig f = parse(model + "data: {train: {samples: 8}, normalize: [0.25, 0.5]}\n");
+  CHECK(f.data.normalize.mode == Mode::Fixed);
+  CHECK(f.data.normalize.mean == 0.25);
+  CHECK(f.data.normalize.std == 0.5);
+  for (const TrainConfig& c : {s, f}) {
+    CHECK(ddp::parse_config(ddp::to_yaml(c), "printed").data.normalize == c.data.normalize);
+  }
+  CHECK(ddp::to_yaml(f).find("normalize: [0.25, 0.5]") != std::string::npos);
+  const std::string data = model + "data:\n  train: {samples: 8}\n  normalize: ";
+  CHECK(parse_error(data + "zscore\n") ==
+        "run.yaml: data.normalize: must be none, standardize or [mean, std]; got 'zscore'");
+  CHECK(parse_error(data + "[1]\n") ==
+        "run.yaml: data.normalize: expected a list of 2 numbers, got 1 entry");
+  CHECK(parse_error(data + "[0.5, 0]\n") ==
+        "run.yaml: data.normalize[1]: std must be > 0, got 0.0");
+  CHECK(parse_error(data + "{mean: 1}\n") ==
+        "run.yaml: data.normalize: must be none, standardize or [mean, std], got a map");
 }
 
 TEST_CASE("config: enumerated keys take only their names, read once", "[config]") {

@@ -112,10 +112,31 @@ TEST_CASE("the resume fingerprint's key set is pinned", "[config]") {
   for (const ddp::KeyRow& row : ddp::config_schema()) {
     if (row.resume) keys.push_back(row.path);
   }
-  CHECK(keys == std::vector<std::string>{
-                    "model.layers", "model.activation", "data.format", "data.train.samples",
-                    "data.shuffle", "data.drop_last", "data.csv_header", "data.seed",
-                    "optimizer.name", "optimizer.lr", "optimizer.momentum", "optimizer.dampening",
-                    "optimizer.weight_decay", "optimizer.nesterov", "optimizer.betas",
-                    "optimizer.eps", "optimizer.amsgrad", "training.seed"});
+  CHECK(keys == std::vector<std::string>{"model.layers",
+                                         "model.activation",
+                                         "data.format",
+                                         "data.train.samples",
+                                         "data.shuffle",
+                                         "data.drop_last",
+                                         "data.csv_header",
+                                         "data.seed",
+                                         "data.normalize",
+                                         "optimizer.name",
+                                         "optimizer.lr",
+                                         "optimizer.momentum",
+                                         "optimizer.dampening",
+                                         "optimizer.weight_decay",
+                                         "optimizer.nesterov",
+                                         "optimizer.betas",
+                                         "optimizer.eps",
+                                         "optimizer.amsgrad",
+                                         "scheduler.name",
+                                         "scheduler.warmup_steps",
+                                         "scheduler.warmup_start_factor",
+                                         "scheduler.min_lr",
+                                         "scheduler.total_steps",
+                                         "scheduler.step_size",
+                                         "scheduler.gamma",
+                                         "training.seed",
+                                         "training.clip_grad_norm"});
 }

@@ -495,3 +495,25 @@ TEST_CASE("load_split builds each format from the config", "[data]") {
                         Contains("data.test.samples: must be positive"));
   }
 }
+
+TEST_CASE("IDX images alone and CSV rows without labels: the data predict reads", "[data]") {
+  TempDir dir;
+  const std::string images = dir.file("images"), labels = dir.file("labels");
+  write_raw(images, idx_images(3, 2, 3, kPixels));
+  write_raw(labels, idx_labels(kLabels));
+  const Dataset imgs = ddp::load_idx_images(images);
+  CHECK(imgs.size == 3);
+  CHECK(imgs.features == 6);
+  CHECK(imgs.y.empty());
+  CHECK(imgs.x == ddp::load_idx(images, labels).x);
+  const std::string csv = dir.file("features.csv");
+  write_text(csv, "1.5,2,3\n4,5,6.25\n");
+  const Dataset rows = ddp::load_csv(csv, false, /*labeled=*/false);
+  CHECK(rows.features == 3);
+  CHECK(rows.size == 2);
+  CHECK(rows.y.empty());
+  CHECK(rows.x == std::vector<float>{1.5f, 2, 3, 4, 5, 6.25f});
+  write_text(csv, "1,2\n3\n");
+  CHECK_THROWS_WITH(ddp::load_csv(csv, false, false),
+                    Contains(csv + ":2: expected 2 fields (as in the first row), got 1"));
+}

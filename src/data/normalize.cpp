@@ -1,0 +1,112 @@
+// Feature normalisation (normalize.h).
+#include "data/normalize.h"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace ddp {
+
+namespace {
+
+constexpr const char* kMeanKey = "ddp.normalize.mean";
+constexpr const char* kStdKey = "ddp.normalize.std";
+
+// Each feature's mean and population standard deviation over the rows of `ds`, in double.
+void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<double>& std) {
+  const int64_t n = ds.size, d = ds.features;
+  mean.assign(d, 0.0);
+  std.assign(d, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < d; ++j) mean[j] += ds.x[i * d + j];
+  }
+  for (int64_t j = 0; j < d; ++j) mean[j] /= static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < d; ++j) {
+      const double c = ds.x[i * d + j] - mean[j];
+      std[j] += c * c;
+    }
+  }
+  for (int64_t j = 0; j < d; ++j) std[j] = std::sqrt(std[j] / static_cast<double>(n));
+}
+
+std::string json_floats(const std::vector<float>& v) {
+  std::string out = "[";
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v[i]));
+    out += (i ? "," : "") + std::string(buf);
+  }
+  return out + "]";
+}
+
+std::vector<float> read_floats(const std::map<std::string, std::string>& metadata, const char* key,
+                               const std::string& where, int64_t features) {
+  const auto it = metadata.find(key);
+  DDP_CHECK(it != metadata.end(), where << ": metadata '" << key << "' is missing");
+  std::vector<float> out;
+  try {
+    for (const auto& v : nlohmann::json::parse(it->second)) out.push_back(v.get<float>());
+  } catch (const std::exception&) {
+    DDP_THROW(where << ": metadata '" << key << "' is not a list of numbers");
+  }
+  DDP_CHECK(static_cast<int64_t>(out.size()) == features,
+            where << ": metadata '" << key << "' has " << out.size() << " values, the model "
+                  << features << " input features");
+  return out;
+}
+
+}  // namespace
+
+FeatureTransform fit_normalization(const Normalization& n, const Dataset& train) {
+  FeatureTransform t;
+  if (n.mode == Normalization::Mode::None) return t;
+  const auto d = static_cast<size_t>(train.features);
+  if (n.mode == Normalization::Mode::Fixed) {
+    t.mean.assign(d, static_cast<float>(n.mean));
+    t.std.assign(d, static_cast<float>(n.std));
+    return t;
+  }
+  std::vector<double> mean, std;
+  feature_moments(train, mean, std);
+  for (size_t j = 0; j < d; ++j) {
+    t.mean.push_back(static_cast<float>(mean[j]));
+    const auto s = static_cast<float>(std[j]);
+    t.std.push_back(s > 0.0f ? s : 1.0f);
+  }
+  return t;
+}
+
+void apply_normalization(const FeatureTransform& t, Dataset& ds) {
+  if (t.identity()) return;
+  const int64_t d = ds.features;
+  DDP_CHECK(static_cast<int64_t>(t.mean.size()) == d,
+            ds.source << ": " << d << " features, the normalisation has " << t.mean.size());
+  for (int64_t i = 0; i < ds.size; ++i) {
+    float* row = ds.x.data() + i * d;
+    for (int64_t j = 0; j < d; ++j) row[j] = (row[j] - t.mean[j]) / t.std[j];
+  }
+}
+
+std::map<std::string, std::string> normalization_metadata(const FeatureTransform& t) {
+  if (t.identity()) return {};
+  return {{kMeanKey, json_floats(t.mean)}, {kStdKey, json_floats(t.std)}};
+}
+
+FeatureTransform normalization_from_metadata(const std::map<std::string, std::string>& metadata,
+                                             const std::string& where, int64_t features) {
+  FeatureTransform t;
+  if (metadata.count(kMeanKey) == 0 && metadata.count(kStdKey) == 0) return t;
+  t.mean = read_floats(metadata, kMeanKey, where, features);
+  t.std = read_floats(metadata, kStdKey, where, features);
+  for (size_t j = 0; j < t.std.size(); ++j) {
+    DDP_CHECK(t.std[j] > 0.0f && std::isfinite(t.std[j]) && std::isfinite(t.mean[j]),
+              where << ": metadata '" << kStdKey << "' entry " << j << " is " << t.std[j]
+                    << " (must be finite and > 0)");
+  }
+  return t;
+}
+
+}  // namespace ddp

@@ -1,0 +1,101 @@
+// Predictions of a saved model (predict.h).
+#include "infer/predict.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "core/check.h"
+#include "data/dataset.h"
+#include "infer/model_file.h"
+
+namespace ddp {
+
+namespace {
+
+constexpr int64_t kPredictBatch = 1024;
+
+bool is_csv(const PredictRequest& r) {
+  if (!r.format.empty()) return r.format == "csv";
+  const std::string suffix = ".csv";
+  return r.data.size() >= suffix.size() &&
+         r.data.compare(r.data.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A CSV row is the model's features, or its features and a label.
+Dataset read_csv_for(const PredictRequest& r, const ModelFile& m) {
+  Dataset ds = load_csv(r.data, r.csv_header, /*labeled=*/false);
+  if (ds.features == m.features()) return ds;
+  DDP_CHECK(ds.features == m.features() + 1,
+            "predict: " << r.data << " has " << ds.features << " columns per row; the model "
+                        << m.describe() << " takes " << m.features()
+                        << " features (a row is the features, optionally followed by a label)");
+  ds = load_csv(r.data, r.csv_header, /*labeled=*/true);
+  check_dataset(ds, m.features(), m.classes(), "predict: " + r.data);
+  return ds;
+}
+
+Dataset read_data_for(const PredictRequest& r, const ModelFile& m) {
+  if (is_csv(r)) return read_csv_for(r, m);
+  Dataset ds = load_idx_images(r.data);
+  DDP_CHECK(ds.features == m.features(), "predict: " << r.data << " has images of " << ds.features
+                                                     << " pixels; the model " << m.describe()
+                                                     << " takes " << m.features() << " features");
+  return ds;
+}
+
+// One CSV line: index, the first maximum's class, softmax probabilities (in double), label.
+void write_row(std::ofstream& out, int64_t index, const float* logits, int64_t classes,
+               const Dataset& ds) {
+  const float* top = std::max_element(logits, logits + classes);
+  double sum = 0.0;
+  std::vector<double> p(static_cast<size_t>(classes));
+  for (int64_t c = 0; c < classes; ++c) {
+    p[c] = std::exp(double{logits[c]} - *top);
+    sum += p[c];
+  }
+  char buf[32];
+  out << index << "," << (top - logits);
+  for (int64_t c = 0; c < classes; ++c) {
+    std::snprintf(buf, sizeof buf, ",%.6g", p[c] / sum);
+    out << buf;
+  }
+  if (!ds.y.empty()) out << "," << ds.y[static_cast<size_t>(index)];
+  out << "\n";
+}
+
+}  // namespace
+
+int64_t predict_to_csv(const PredictRequest& r) {
+  DDP_CHECK(r.format.empty() || r.format == "csv" || r.format == "idx",
+            "predict: --format must be idx or csv, got '" << r.format << "'");
+  const ModelFile m = read_model_file(r.model);
+  Dataset ds = read_data_for(r, m);
+  apply_normalization(m.transform, ds);
+  std::unique_ptr<DeviceContext> ctx = make_device_context(DevicePlacement{});
+  InferenceModel model(m, *ctx, kPredictBatch);
+  errno = 0;
+  std::ofstream out(r.out);
+  DDP_CHECK(out.is_open(), "predict: --out " << r.out << ": cannot write ("
+                                             << (errno ? std::strerror(errno) : "open failed")
+                                             << ")");
+  out << "index,predicted";
+  for (int64_t c = 0; c < m.classes(); ++c) out << ",p" << c;
+  out << (ds.y.empty() ? "\n" : ",label\n");
+  for (int64_t first = 0; first < ds.size; first += kPredictBatch) {
+    const int64_t rows = std::min(kPredictBatch, ds.size - first);
+    const Tensor x{ds.x.data() + first * ds.features, rows, ds.features, Device::CPU};
+    const Tensor& logits = model.forward(x);
+    for (int64_t i = 0; i < rows; ++i)
+      write_row(out, first + i, logits.data + i * m.classes(), m.classes(), ds);
+  }
+  out.flush();
+  DDP_CHECK(out.good(), "predict: --out " << r.out << ": write failed");
+  return ds.size;
+}
+
+}  // namespace ddp
