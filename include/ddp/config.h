@@ -184,6 +184,9 @@ struct DistributedConfig {
   double first_bucket_mb = 1.0;  ///< MiB, the first bucket (gradients ready earliest)
   /// All ranks on one node: allreduce buckets in place in an MPI shared-memory window.
   bool shared_memory = true;
+  /// ZeRO stage 1: each rank keeps the optimizer state of its part of every bucket, gradients
+  /// are reduce-scattered and parameters allgathered (on one node: shared, not copied).
+  bool shard_optimizer = false;
   /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
   std::vector<int64_t> gpus;
   NcclAlgo nccl_algo = NcclAlgo::Ring;  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO

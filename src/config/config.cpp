@@ -728,6 +728,14 @@ void validate_nccl(const Origin& o, const TrainConfig& c) {
   }
 }
 
+/// The sharded optimizer's collectives exist for CPU ranks (the MPI communicator) only so far.
+void validate_sharding(const Origin& o, const TrainConfig& c) {
+  if (!c.distributed.shard_optimizer || c.device != DeviceChoice::Cuda) return;
+  fail(o, "distributed.shard_optimizer",
+       "is available with device: cpu only in this version (GPU ranks keep the whole "
+       "optimizer state); set it to false or use device: cpu");
+}
+
 /// A key of one optimizer set for another is refused (torch.optim.Adam has no momentum): the
 /// user who set it expects it to act.
 void validate_optimizer_keys(const Origin& o, const OptimizerConfig& opt) {
@@ -799,6 +807,7 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
          "set either checkpoint.every_steps or checkpoint.every_epochs, not both");
   }
   validate_nccl(o, c);
+  validate_sharding(o, c);
 }
 
 void validate(const Origin& o, const TrainConfig& c) {

@@ -185,6 +185,8 @@ void visit_distributed(DistributedConfig& d, V& v) {
   v.field("first_bucket_mb", d.first_bucket_mb, Key().positive().doc("MiB cap of bucket 0"));
   v.field("shared_memory", d.shared_memory,
           Key().doc("one node: allreduce in an MPI shared-memory window"));
+  v.field("shard_optimizer", d.shard_optimizer,
+          Key().doc("each rank keeps 1/N of the optimizer state (ZeRO-1); cpu only"));
   v.field("gpus", d.gpus, Key().at_least(0).doc("GPU of each local rank; []: local rank % GPUs"));
   v.field("nccl_algo", d.nccl_algo, Key().doc("ring sets NCCL_ALGO=Ring; auto: NCCL's choice"));
   v.field("timeout_s", d.timeout_s, Key().positive().doc("seconds any collective may take"));

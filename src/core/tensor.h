@@ -54,6 +54,14 @@ struct Tensor {
   }
 };
 
+/// A range [offset, offset + numel) of a flat arena (a bucket, or one rank's part of one).
+struct Span {
+  size_t offset = 0;
+  size_t numel = 0;
+  size_t end() const { return offset + numel; }
+  bool operator==(const Span& o) const { return offset == o.offset && numel == o.numel; }
+};
+
 /// "[784, 256]": the one way shapes are written in messages and logs.
 std::string shape_string(const std::vector<int64_t>& dims);
 std::string shape_string(int64_t rows, int64_t cols);

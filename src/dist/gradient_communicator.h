@@ -11,7 +11,9 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
+#include "core/tensor.h"
 #include "dist/work.h"
 
 namespace ddp {
@@ -43,6 +45,26 @@ class GradientCommunicator {
   /// return device memory. shared=false asks for ordinary memory (and so MPI_Allreduce) even
   /// on one node.
   virtual float* gradient_arena(size_t numel, bool shared = true) = 0;
+
+  /// The sharded optimizer's collectives (distributed.shard_optimizer; dist/shard_plan.h gives
+  /// each rank's part of a bucket as shard_part(count, ranks, rank)). The MPI communicator has
+  /// them; the others throw ddp::Error.
+  ///
+  /// Starts a reduce-scatter of the bucket [data, data + count) of the gradient arena: once
+  /// waited on, this rank's part holds the sum over ranks (pre-scaled, as with allreduce); the
+  /// rest of the bucket is left as it was. Collectives start in call order.
+  virtual std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count);
+
+  /// Starts an allgather of the parameters: every rank's part of each of `buckets` of `arena`
+  /// goes to every rank. It is also what tells a rank that its peers have finished reading its
+  /// gradient buckets, so one must follow every step's reduce-scatters before backward writes
+  /// the gradient arena again. In parameter_arena() memory shared by every rank it is a barrier.
+  virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets);
+
+  /// Collective, once: room for `numel` zeroed parameters. On one node (and unless
+  /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:
+  /// each rank writes its parts and reads all of them, with no copy. Ordinary memory otherwise.
+  virtual float* parameter_arena(size_t numel, bool shared = true);
 
   /// How long a bucket's allreduce may take before it is declared lost (a dead or stalled
   /// peer): waiting for it then throws ddp::Error naming the collective and the time, and the

@@ -52,8 +52,12 @@ std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>
 }
 
 Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
-                 GradientCommunicator& comm)
-    : plan_(std::move(plan)), names_(std::move(param_names)), arena_(grad_arena), comm_(comm) {
+                 GradientCommunicator& comm, bool reduce_scatter)
+    : plan_(std::move(plan)),
+      names_(std::move(param_names)),
+      arena_(grad_arena),
+      comm_(comm),
+      reduce_scatter_(reduce_scatter) {
   DDP_CHECK(
       names_.size() == plan_.param_bucket.size(),
       "Reducer: " << names_.size() << " names for " << plan_.param_bucket.size() << " parameters");
@@ -89,11 +93,13 @@ void Reducer::launch_ready_buckets() {
   // collectives, even when gradients become ready in a different order on different ranks.
   while (next_to_launch_ < plan_.buckets.size() && pending_[next_to_launch_] == 0) {
     const auto& bucket = plan_.buckets[next_to_launch_];
+    float* data = arena_ + bucket.offset;
     try {
-      work_[next_to_launch_] = comm_.allreduce_async(arena_ + bucket.offset, bucket.numel, false);
+      work_[next_to_launch_] = reduce_scatter_ ? comm_.reduce_scatter_async(data, bucket.numel)
+                                               : comm_.allreduce_async(data, bucket.numel, false);
     } catch (const Error& e) {
-      DDP_THROW("gradient allreduce of " << describe_bucket(next_to_launch_) << ": "
-                                         << e.message());
+      DDP_THROW("gradient " << collective() << " of " << describe_bucket(next_to_launch_) << ": "
+                            << e.message());
     }
     ++next_to_launch_;
   }
@@ -119,7 +125,8 @@ double Reducer::finalize() {
     try {
       work_[b]->wait();
     } catch (const Error& e) {
-      DDP_THROW("gradient allreduce of " << describe_bucket(b) << ": " << e.message());
+      DDP_THROW("gradient " << collective() << " of " << describe_bucket(b) << ": "
+                            << e.message());
     }
   }
   return seconds_now() - wait_begin;
@@ -130,8 +137,8 @@ void Reducer::synchronize(const std::vector<std::shared_ptr<Work>>& works, int64
     try {
       works[b]->synchronize();
     } catch (const Error& e) {
-      DDP_THROW("gradient allreduce of " << describe_bucket(b) << " (global step " << step
-                                         << "): " << e.message());
+      DDP_THROW("gradient " << collective() << " of " << describe_bucket(b) << " (global step "
+                            << step << "): " << e.message());
     }
   }
 }

@@ -64,9 +64,11 @@ ReducerStepStats overlap_stats(const std::vector<std::shared_ptr<Work>>& works,
 
 class Reducer {
  public:
-  /// grad_arena holds plan.total_numel floats; bucket b is [offset, offset + numel).
+  /// grad_arena holds plan.total_numel floats; bucket b is [offset, offset + numel). With
+  /// reduce_scatter (a sharded optimizer) each bucket is reduce-scattered instead of
+  /// allreduced: after finalize, only this rank's part of it (shard_plan.h) holds the sum.
   Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
-          GradientCommunicator& comm);
+          GradientCommunicator& comm, bool reduce_scatter = false);
 
   /// Starts a backward pass. With sync=false (a no_sync micro-batch) gradients only
   /// accumulate locally and mark_ready/finalize communicate nothing.
@@ -101,11 +103,13 @@ class Reducer {
  private:
   void launch_ready_buckets();
   std::string describe_bucket(size_t b) const;
+  const char* collective() const { return reduce_scatter_ ? "reduce-scatter" : "allreduce"; }
 
   BucketPlan plan_;
   std::vector<std::string> names_;
   float* arena_;
   GradientCommunicator& comm_;
+  bool reduce_scatter_;
   bool sync_ = true;
   std::vector<size_t> pending_;  // per bucket: gradients not yet ready
   std::vector<char> marked_;     // per parameter: marked in this backward

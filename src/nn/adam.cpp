@@ -2,19 +2,21 @@
 #include "nn/adam.h"
 
 #include <cmath>
+#include <utility>
 
 #include "core/check.h"
 
 namespace ddp {
 
-Adam::Adam(const AdamOptions& options, size_t numel, Device device) : options_(options) {
+Adam::Adam(const AdamOptions& options, std::vector<Span> spans, Device device)
+    : Optimizer(std::move(spans)), options_(options) {
   const double beta1 = options.betas[0], beta2 = options.betas[1];
   DDP_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
             "optimizer.betas must be in [0, 1), got [" << beta1 << ", " << beta2 << "]");
   DDP_CHECK(options.eps >= 0.0, "optimizer.eps must be >= 0, got " << options.eps);
-  add_state("exp_avg", numel, device);
-  add_state("exp_avg_sq", numel, device);
-  if (options.amsgrad) add_state("max_exp_avg_sq", numel, device);
+  add_state("exp_avg", device);
+  add_state("exp_avg_sq", device);
+  if (options.amsgrad) add_state("max_exp_avg_sq", device);
 }
 
 // torch 1.13 _single_tensor_adam(w), capturable=False: step = state_steps[i].item() (a float),
@@ -44,13 +46,13 @@ AdamStep Adam::scalars(long step, double lr) const {
   return s;
 }
 
-void Adam::step(Backend& be, Tensor params, const Tensor& grads, double lr) {
-  DDP_CHECK(params.numel() == grads.numel(), "Adam::step: " << params.numel() << " parameters but "
-                                                            << grads.numel() << " gradients");
-  Tensor exp_avg = state_at(0), exp_avg_sq = state_at(1);
-  Tensor max_exp_avg_sq = options_.amsgrad ? state_at(2) : Tensor{};
-  be.adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars(steps_ + 1, lr));
-  ++steps_;
+void Adam::update(Backend& be, Tensor& params, const Tensor& grads, size_t state_offset,
+                  double lr) {
+  const int64_t n = params.numel();
+  Tensor exp_avg = state_view(0, state_offset, n), exp_avg_sq = state_view(1, state_offset, n);
+  Tensor max_exp_avg_sq = options_.amsgrad ? state_view(2, state_offset, n) : Tensor{};
+  be.adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq,
+               scalars(steps_taken() + 1, lr));
 }
 
 }  // namespace ddp

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstddef>
+#include <vector>
 
 #include "nn/optimizer.h"
 
@@ -21,15 +22,16 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   /// Keeps "exp_avg" and "exp_avg_sq" (and "max_exp_avg_sq" with amsgrad), zeroed.
-  Adam(const AdamOptions& options, size_t numel, Device device);
-
-  void step(Backend& be, Tensor params, const Tensor& grads, double lr) override;
+  Adam(const AdamOptions& options, std::vector<Span> spans, Device device);
 
   /// The kernel's scalars for update number `step` (1 for the first) at learning rate `lr`,
   /// formed in double as torch's Python code forms them, each rounded to float once.
   AdamStep scalars(long step, double lr) const;
 
  private:
+  void update(Backend& be, Tensor& params, const Tensor& grads, size_t state_offset,
+              double lr) override;
+
   AdamOptions options_;
 };
 

@@ -2,6 +2,7 @@
 #include "nn/optimizer.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/check.h"
 #include "nn/adam.h"
@@ -9,25 +10,51 @@
 
 namespace ddp {
 
+Optimizer::Optimizer(std::vector<Span> spans) : spans_(std::move(spans)) {
+  for (const Span& s : spans_) state_numel_ += s.numel;
+}
+
+std::vector<Span> whole_arena(size_t numel) { return {Span{0, numel}}; }
+
+void Optimizer::step(Backend& be, Tensor params, const Tensor& grads, double lr) {
+  DDP_CHECK(params.numel() == grads.numel(), "optimizer step: " << params.numel()
+                                                                << " parameters but "
+                                                                << grads.numel() << " gradients");
+  size_t state_offset = 0;
+  for (const Span& s : spans_) {
+    DDP_CHECK(s.end() <= static_cast<size_t>(params.numel()),
+              "optimizer step: span [" << s.offset << ", " << s.end() << ") outside an arena of "
+                                       << params.numel());
+    const int64_t n = static_cast<int64_t>(s.numel);
+    Tensor p{params.data + s.offset, 1, n, params.device};
+    const Tensor g{grads.data + s.offset, 1, n, grads.device};
+    update(be, p, g, state_offset, lr);
+    state_offset += s.numel;
+  }
+  ++steps_;
+}
+
 std::vector<std::string> Optimizer::state_names() const { return names_; }
 
 Tensor Optimizer::state(const std::string& name) {
   const auto it = std::find(names_.begin(), names_.end(), name);
   DDP_CHECK(it != names_.end(), "the optimizer keeps no state named " << name);
-  return state_at(static_cast<size_t>(it - names_.begin()));
+  return state_view(static_cast<size_t>(it - names_.begin()), 0,
+                    static_cast<int64_t>(state_numel_));
 }
 
-void Optimizer::add_state(const std::string& name, size_t numel, Device device) {
+void Optimizer::add_state(const std::string& name, Device device) {
   names_.push_back(name);
-  buffers_.emplace_back(numel, device);
+  buffers_.emplace_back(state_numel_, device);
 }
 
-Tensor Optimizer::state_at(size_t i) {
+Tensor Optimizer::state_view(size_t i, size_t offset, int64_t numel) {
   Buffer& b = buffers_.at(i);
-  return Tensor{b.data(), 1, static_cast<int64_t>(b.numel()), b.device()};
+  return Tensor{b.data() + offset, 1, numel, b.device()};
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, size_t numel, Device device) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<Span> spans,
+                                          Device device) {
   if (cfg.name == OptimizerName::Sgd) {
     SgdOptions opt;
     opt.lr = static_cast<float>(cfg.lr);
@@ -35,7 +62,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, size_t num
     opt.dampening = static_cast<float>(cfg.dampening);
     opt.weight_decay = static_cast<float>(cfg.weight_decay);
     opt.nesterov = cfg.nesterov;
-    return std::make_unique<Sgd>(opt, numel, device);
+    return std::make_unique<Sgd>(opt, std::move(spans), device);
   }
   AdamOptions opt;
   opt.betas = {cfg.betas.at(0), cfg.betas.at(1)};
@@ -43,7 +70,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, size_t num
   opt.weight_decay = cfg.weight_decay;
   opt.amsgrad = cfg.amsgrad;
   opt.decoupled = cfg.name == OptimizerName::AdamW;
-  return std::make_unique<Adam>(opt, numel, device);
+  return std::make_unique<Adam>(opt, std::move(spans), device);
 }
 
 std::vector<std::string> optimizer_state_names(const OptimizerConfig& cfg) {

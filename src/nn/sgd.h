@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "nn/optimizer.h"
 
@@ -10,16 +11,17 @@ namespace ddp {
 
 class Sgd : public Optimizer {
  public:
-  /// numel: size of the flat parameter/gradient arenas the steps will see. Keeps a "momentum"
-  /// state array when options.momentum != 0.
-  Sgd(const SgdOptions& options, size_t numel, Device device);
-
-  /// params -= lr · update(grads), torch.optim.SGD semantics (see Backend::sgd_step).
-  void step(Backend& be, Tensor params, const Tensor& grads, double lr) override;
+  /// Updates `spans` of the parameter arena. Keeps a "momentum" state array when
+  /// options.momentum != 0.
+  Sgd(const SgdOptions& options, std::vector<Span> spans, Device device);
 
   const SgdOptions& options() const { return options_; }
 
  private:
+  /// params -= lr · update(grads), torch.optim.SGD semantics (see Backend::sgd_step).
+  void update(Backend& be, Tensor& params, const Tensor& grads, size_t state_offset,
+              double lr) override;
+
   SgdOptions options_;
 };
 

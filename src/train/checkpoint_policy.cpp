@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "config/fingerprint.h"
 #include "core/check.h"
@@ -54,13 +56,21 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
   const double t0 = seconds_now();
   ctx_.backend().synchronize();  // the last step's update has landed
   double megabytes = 0.0;
+  auto optimizer_state = [this] {
+    std::vector<OptimizerState> out;
+    for (const std::string& name : replica_.optimizer().state_names())
+      out.push_back({name, replica_.named(replica_.host_optimizer_state(name))});
+    return out;
+  };
+  // A sharded optimizer's state is gathered from every rank first (a collective).
+  std::vector<OptimizerState> gathered;
+  if (replica_.sharded()) gathered = optimizer_state();
   run_agreed(comm_, [&] {
     if (comm_.rank() != 0) return;
     TrainingCheckpoint ck;
     ck.state = st;
     ck.weights = replica_.named(replica_.host_parameters());
-    for (const std::string& name : replica_.optimizer().state_names())
-      ck.optimizer.push_back({name, replica_.named(replica_.host_optimizer_state(name))});
+    ck.optimizer = replica_.sharded() ? std::move(gathered) : optimizer_state();
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     DDP_CHECK(!ec, "checkpoint.dir: cannot create " << dir_ << ": " << ec.message());

@@ -20,27 +20,58 @@ Replica::Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch)
   plan_ = compute_bucket_plan(
       model_->parameter_numels(), static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
       static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB), ctx.arena_alignment());
-  values_ = Buffer(plan_.total_numel, ctx.device());
   dlogits_ = Buffer(static_cast<size_t>(max_batch * model_->out_features()), ctx.device());
 }
 
 void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
                       const TrainConfig& cfg) {
   host_gradients_ = &host_gradients;
+  sharded_ = cfg.distributed.shard_optimizer;
+  DDP_CHECK(!sharded_ || ctx_.device() == Device::CPU,
+            "distributed.shard_optimizer: available on CPU ranks only in this version; this rank "
+            "runs on "
+                << device_name(ctx_.device()) << " (device: auto found a GPU; set device: cpu)");
+  shards_ = compute_shard_plan(plan_, sharded_ ? group.size() : 1, sharded_ ? group.rank() : 0);
   run_agreed(group, [&] {
     device_gradients_ = ctx_.make_gradient_communicator(group, host_gradients, cfg.distributed);
   });
+  const bool shared = cfg.distributed.shared_memory;
   run_agreed(group, [&] {
-    grads_ = gradient_comm().gradient_arena(plan_.total_numel, cfg.distributed.shared_memory);
-    model_->bind(values_.data(), grads_, plan_.param_offset);
+    grads_ = gradient_comm().gradient_arena(plan_.total_numel, shared);
+    if (sharded_) {
+      params_ = gradient_comm().parameter_arena(plan_.total_numel, shared);
+    } else {
+      values_ = Buffer(plan_.total_numel, ctx_.device());
+      params_ = values_.data();
+    }
+    model_->bind(params_, grads_, plan_.param_offset);
   });
   broadcast_parameters(group);
-  reducer_ = std::make_unique<Reducer>(plan_, model_->parameter_names(), grads_, gradient_comm());
-  optimizer_ = make_optimizer(cfg.optimizer, plan_.total_numel, ctx_.device());
+  reducer_ = std::make_unique<Reducer>(plan_, model_->parameter_names(), grads_, gradient_comm(),
+                                       sharded_);
+  optimizer_ = make_optimizer(cfg.optimizer,
+                              sharded_ ? shards_.owned : whole_arena(plan_.total_numel),
+                              ctx_.device());
+}
+
+std::shared_ptr<Work> Replica::allgather_parameters() {
+  return gradient_comm().allgather_async(params_, shards_.buckets);
+}
+
+void Replica::write_parameters(const std::vector<float>& host) {
+  DDP_CHECK(host.size() == plan_.total_numel,
+            "parameters: " << host.size() << " values for an arena of " << plan_.total_numel);
+  if (!sharded_) {
+    ctx_.copy_from_host(params_, host.data(), host.size());
+    return;
+  }
+  for (const Span& s : shards_.owned)
+    ctx_.copy_from_host(params_ + s.offset, host.data() + s.offset, s.numel);
+  allgather_parameters()->wait();
 }
 
 Tensor Replica::parameters() {
-  return Tensor{values_.data(), 1, static_cast<int64_t>(values_.numel()), values_.device()};
+  return Tensor{params_, 1, static_cast<int64_t>(plan_.total_numel), ctx_.device()};
 }
 
 Tensor Replica::gradients() {
@@ -60,7 +91,7 @@ void Replica::broadcast_parameters(ProcessGroup& comm) {
     init_parameters(twin);
   });
   comm.broadcast(host.data(), host.size() * sizeof(float), 0);
-  ctx_.copy_from_host(values_.data(), host.data(), host.size());
+  write_parameters(host);
 }
 
 void Replica::init_parameters(Sequential& target) const {
@@ -87,15 +118,20 @@ void Replica::init_parameters(Sequential& target) const {
 }
 
 std::vector<float> Replica::host_parameters() {
-  std::vector<float> host(values_.numel());
-  ctx_.copy_to_host(host.data(), values_.data(), host.size());
+  std::vector<float> host(plan_.total_numel);
+  ctx_.copy_to_host(host.data(), params_, host.size());
   return host;
 }
 
 std::vector<float> Replica::host_optimizer_state(const std::string& name) {
-  Tensor buf = optimizer_->state(name);
-  std::vector<float> host(static_cast<size_t>(buf.numel()));
-  ctx_.copy_to_host(host.data(), buf.data, host.size());
+  const Tensor state = optimizer_->state(name);
+  std::vector<float> host(plan_.total_numel, 0.0f);
+  size_t at = 0;  // the state holds the optimizer's spans one after another
+  for (const Span& s : optimizer_->spans()) {
+    ctx_.copy_to_host(host.data() + s.offset, state.data + at, s.numel);
+    at += s.numel;
+  }
+  if (sharded_) gradient_comm().allgather_async(host.data(), shards_.buckets)->wait();
   return host;
 }
 
@@ -129,14 +165,21 @@ void Replica::place(const std::vector<NamedTensor>& tensors, std::vector<float>&
 void Replica::restore(const std::vector<float>& parameters,
                       const std::vector<std::vector<float>>& optimizer_state,
                       int64_t optimizer_steps) {
-  ctx_.copy_from_host(values_.data(), parameters.data(), parameters.size());
+  write_parameters(parameters);
   const std::vector<std::string> names = optimizer_->state_names();
   DDP_CHECK(optimizer_state.size() == names.size(), "restore: " << optimizer_state.size()
                                                                 << " optimizer state arrays for "
                                                                 << names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     const std::vector<float>& host = optimizer_state[i];
-    ctx_.copy_from_host(optimizer_->state(names[i]).data, host.data(), host.size());
+    DDP_CHECK(host.size() == plan_.total_numel, "restore: optimizer state " << names[i] << " has "
+                                                    << host.size() << " values for an arena of "
+                                                    << plan_.total_numel);
+    float* state = optimizer_->state(names[i]).data;
+    for (const Span& s : optimizer_->spans()) {
+      ctx_.copy_from_host(state, host.data() + s.offset, s.numel);
+      state += s.numel;
+    }
   }
   optimizer_->set_steps_taken(static_cast<long>(optimizer_steps));
 }

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "core/check.h"
 #include "core/clock.h"
@@ -38,18 +39,75 @@ void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord&
     micro_batch(feed.take(), m == 0, m + 1 == micro_batches, loss_scale, rec);
   }
   rec.works = replica_.reducer().works();  // finalized: the gradients are averaged
-  rec.skipped = !gradients_usable(rec);
   const Mark update_begin = rec.traced ? ctx_.mark() : Mark{};
+  if (replica_.sharded()) {
+    update_shard(rec);
+  } else {
+    update_replica(rec);
+  }
+  const Mark update_end = rec.traced ? ctx_.mark() : Mark{};
+  if (replica_.sharded()) {
+    Work& gathered = *replica_.allgather_parameters();
+    try {
+      gathered.wait();
+    } catch (const Error& e) {
+      DDP_THROW(rec.where() << e.message());
+    }
+  }
+  if (rec.traced) trace_update(update_begin, update_end, rec);
+}
+
+// Every rank holds the whole averaged gradient and updates every parameter.
+void Step::update_replica(StepRecord& rec) {
+  Tensor grads = replica_.gradients();
+  if (ctx_.checks_gradients(cfg_.training.nan_policy == NanPolicy::SkipStep))
+    rec.skipped = !gradients_usable(be_.count_nonfinite(grads), rec);
+  if (rec.skipped) return;
+  const double clip = cfg_.training.clip_grad_norm;
+  if (clip > 0 || rec.log) {
+    be_.clip_grad_norm_deferred(grads, clip, rec.slot);
+    rec.has_norm = rec.norm_in_slot = true;
+  }
+  replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
+}
+
+// ZeRO-1: this rank's parts of the buckets hold the averaged gradient. Each rank's squared norm
+// and non-finite count of its parts travel in one small allreduce (rank r's in slot r, zeros
+// elsewhere, so the sum is an exact gather) and every rank adds them in rank order; the optimizer
+// updates the parts. run() then allgathers, on skipped steps too: the others' parts arrive, and
+// every rank knows its gradient buckets are no longer read.
+void Step::update_shard(StepRecord& rec) {
+  const std::vector<Span>& parts = replica_.shards().owned;
+  Tensor grads = replica_.gradients();
+  auto view = [&](const Span& s) {
+    return Tensor{grads.data + s.offset, 1, static_cast<int64_t>(s.numel), grads.device};
+  };
+  const double clip = cfg_.training.clip_grad_norm;
+  const bool norm = clip > 0 || rec.log;
+  if (ctx_.checks_gradients(cfg_.training.nan_policy == NanPolicy::SkipStep) || norm) {
+    const size_t n = static_cast<size_t>(comm_.size()), r = static_cast<size_t>(comm_.rank());
+    std::vector<double> totals(2 * n, 0.0);  // squared norms, then non-finite counts
+    for (const Span& s : parts) {
+      const double part_norm = be_.l2_norm(view(s));
+      totals[r] += part_norm * part_norm;
+      totals[n + r] += static_cast<double>(be_.count_nonfinite(view(s)));
+    }
+    comm_.allreduce(totals.data(), totals.size(), ReduceOp::Sum);
+    double squares = 0.0, nonfinite = 0.0;
+    for (size_t q = 0; q < n; ++q) squares += totals[q];
+    for (size_t q = 0; q < n; ++q) nonfinite += totals[n + q];
+    rec.skipped = !gradients_usable(static_cast<int64_t>(nonfinite), rec);
+    rec.grad_norm = std::sqrt(squares);
+    rec.has_norm = norm && !rec.skipped;
+  }
   if (!rec.skipped) {
-    const double clip = cfg_.training.clip_grad_norm;
-    Tensor grads = replica_.gradients();
-    if (clip > 0 || rec.log) {
-      be_.clip_grad_norm_deferred(grads, clip, rec.slot);
-      rec.has_norm = true;
+    const float coef = clip > 0 ? clip_coefficient(rec.grad_norm, clip) : 1.0f;
+    for (const Span& s : parts) {
+      Tensor g = view(s);
+      if (coef < 1.0f) be_.scale(g, coef);  // as Backend::clip_grad_norm_deferred scales
     }
     replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
   }
-  if (rec.traced) trace_update(update_begin, rec);
 }
 
 // Forward, the loss (its totals stay on the device until the step is read) and backward.
@@ -100,22 +158,24 @@ void Step::backward(const Tensor& dlogits, bool accumulate, bool sync, StepRecor
   }
 }
 
-// The optimizer's span and the step's on the timeline; the layer observer (which refers to
-// `rec`) goes.
-void Step::trace_update(const Mark& update_begin, StepRecord& rec) {
+// The update's spans and the step's on the timeline (sharded: the optimizer of this rank's
+// parts, then the parameter allgather); the layer observer (which refers to `rec`) goes.
+void Step::trace_update(const Mark& update_begin, const Mark& update_end, StepRecord& rec) {
   replica_.model().set_layer_observer(nullptr);
   const Mark end = ctx_.mark();
-  rec.spans.push_back({report_.compute_track(), "optimizer (SGD)", update_begin, end});
+  const std::string what = std::string("optimizer (") + to_string(cfg_.optimizer.name) +
+                           (replica_.sharded() ? ", this rank's shard)" : ")");
+  rec.spans.push_back({report_.compute_track(), what, update_begin, update_end});
+  if (replica_.sharded())
+    rec.spans.push_back({report_.compute_track(), "parameter allgather", update_end, end});
   rec.spans.push_back(
       {report_.compute_track(), "step " + std::to_string(rec.global_step), rec.begin, end});
 }
 
-// The averaged gradient is the same on every rank, so each rank decides alone and all decide
+// `bad` non-finite values in the averaged gradient: the same count on every rank, so all decide
 // alike: false when the step must be skipped (nan_policy skip_step); with abort, throws.
-bool Step::gradients_usable(StepRecord& rec) {
+bool Step::gradients_usable(int64_t bad, StepRecord& rec) {
   const bool skip_nonfinite = cfg_.training.nan_policy == NanPolicy::SkipStep;
-  if (!ctx_.checks_gradients(skip_nonfinite)) return true;
-  const int64_t bad = be_.count_nonfinite(replica_.gradients());
   if (bad == 0) return true;
   // Collective: which rank's loss went non-finite, for the message.
   double first_bad = std::isfinite(rec.totals(be_).loss_sum) ? comm_.size() : comm_.rank();

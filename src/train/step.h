@@ -4,7 +4,8 @@
 // averaged over ranks), the non-finite check and the optimizer. What the step leaves to be read
 // once the device has run it (at once on the host, a step later on a GPU) is its StepRecord.
 // The averaged gradient's norm is computed when training.clip_grad_norm clips it, and on
-// logged steps for the progress line.
+// logged steps for the progress line. With a sharded optimizer (ZeRO-1) each rank checks,
+// clips and updates its parts of the buckets, and the allgather brings the others' parts.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,7 @@ struct StepRecord {
   bool skipped = false;       ///< non-finite gradients: no update (nan_policy skip_step)
   double lr = 0.0;            ///< the learning rate of the update (the schedule's)
   bool has_norm = false;      ///< the gradient norm was computed (clipping, or a logged step)
+  bool norm_in_slot = false;  ///< it waits in the backend's norm slot (read with the step)
   double grad_norm = 0.0;     ///< the averaged gradient's L2 norm before clipping, once read
   double wait_seconds = 0.0;  ///< the training thread's wait for the buckets in finalize
   int64_t first_rows = 0;     ///< rows of the first micro-batch (for the shapes line)
@@ -77,8 +79,10 @@ class Step {
   void micro_batch(const DeviceBatch& batch, bool first, bool last, float loss_scale,
                    StepRecord& rec);
   void backward(const Tensor& dlogits, bool accumulate, bool sync, StepRecord& rec);
-  bool gradients_usable(StepRecord& rec);
-  void trace_update(const Mark& update_begin, StepRecord& rec);
+  void update_replica(StepRecord& rec);
+  void update_shard(StepRecord& rec);
+  bool gradients_usable(int64_t nonfinite, StepRecord& rec);
+  void trace_update(const Mark& update_begin, const Mark& update_end, StepRecord& rec);
 
   const TrainConfig& cfg_;
   DeviceContext& ctx_;

@@ -252,7 +252,7 @@ void TrainLoop::read_steps(size_t keep) {
 // overlap statistics), its timeline and, at the end of a logging interval, a progress line.
 void TrainLoop::read_step(StepRecord& rec) {
   const XentResult& r = rec.totals(be_);
-  if (rec.has_norm) rec.grad_norm = be_.take_grad_norm(rec.slot);
+  if (rec.norm_in_slot) rec.grad_norm = be_.take_grad_norm(rec.slot);
   if (!std::isfinite(r.loss_sum)) {
     DDP_CHECK(p_.cfg.training.nan_policy == NanPolicy::SkipStep,
               "loss is " << r.loss_sum << " at epoch " << rec.epoch + 1 << " step "

@@ -3,7 +3,10 @@
 // then hands it to the epoch loop (train_loop.h) and saves the final weights.
 #include "ddp/trainer.h"
 
+#include <iomanip>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "config/fingerprint.h"
 #include "core/check.h"
@@ -60,6 +63,7 @@ struct Trainer::State {
       : cfg(c), comm(cm), host_gradients(hg), report(cfg, cm, log) {}
   void setup();
   void describe_run();
+  std::string describe_optimizer_state() const;
 };
 
 // Collective; every failure ends every rank with one message (run_agreed).
@@ -109,6 +113,27 @@ void Trainer::State::describe_run() {
                ")");
   const std::string gradients = ctx->describe_gradients();
   if (!gradients.empty()) report.say(gradients);
+  report.say(describe_optimizer_state());
+}
+
+// "optimizer: adamw, state exp_avg exp_avg_sq: 2 x 101,776 floats (0.8 MiB) on rank 0, its
+// shard of 203,530 (distributed.shard_optimizer)".
+std::string Trainer::State::describe_optimizer_state() const {
+  const Optimizer& opt = replica->optimizer();
+  const std::vector<std::string> names = opt.state_names();
+  std::ostringstream line;
+  line << "optimizer: " << to_string(cfg.optimizer.name) << ", ";
+  if (names.empty()) return line.str() + "no state";
+  line << "state";
+  for (const std::string& n : names) line << ' ' << n;
+  const double mib = static_cast<double>(names.size() * opt.state_numel() * sizeof(float)) /
+                     (1024.0 * 1024.0);
+  line << ": " << names.size() << " x " << opt.state_numel() << " floats (" << std::fixed
+       << std::setprecision(1) << mib << " MiB) ";
+  if (!replica->sharded()) return line.str() + "on every rank";
+  line << "on rank 0, its shard of " << replica->plan().total_numel
+       << " (distributed.shard_optimizer)";
+  return line.str();
 }
 
 Trainer::Trainer(const TrainConfig& cfg, ProcessGroup& group, GradientCommunicator& host_gradients,

@@ -39,7 +39,7 @@ check "trace.json is a valid trace with every rank's spans" python3 "$DDP_SOURCE
   "$WORK/t/trace.json" --ranks 2 --require-track 'training thread' --require-track 'comm thread' \
   --require-span 'forward layers.0+relu.0' --require-span 'backward layers.1+relu.0' \
   --require-span 'backward layers.0' --require-span 'allreduce bucket 0' \
-  --require-span 'optimizer (SGD)' --require-span 'step 5' --require-span 'next batch'
+  --require-span 'optimizer (sgd)' --require-span 'step 5' --require-span 'next batch'
 check "trace_steps bounds the traced steps" bash -c "! grep -q '\"step 6\"' '$WORK/t/trace.json'"
 
 # Starting from saved weights: with a learning rate too small to change any float, the saved

@@ -190,7 +190,7 @@ TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[
       text << file.rdbuf();
       for (const char* needle : {"\"compute stream\"", "\"NCCL stream\"", "\"allreduce bucket 0\"",
                                  "\"forward layers.0+relu.0\"", "\"backward layers.2+relu.1\"",
-                                 "\"optimizer (SGD)\"", "\"bucket 0 ready\""}) {
+                                 "\"optimizer (sgd)\"", "\"bucket 0 ready\""}) {
         errors += text.str().find(needle) == std::string::npos;
       }
       for (int r = 0; r < n; ++r)

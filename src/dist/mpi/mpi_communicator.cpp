@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "dist/mpi/lane.h"
 #include "dist/mpi/shm_barrier.h"
+#include "dist/shard_plan.h"
 
 namespace ddp {
 
@@ -77,10 +78,11 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       // about to be aborted: leave all of it to the end of the process.
       if (lane_->stop_broken()) lane_.release();
       new Buffer(std::move(arena_storage_));
+      new Buffer(std::move(parameter_storage_));
       return;
     }
     lane_.reset();  // runs what is queued, then joins its thread
-    for (MPI_Win* w : {&window_, &control_window_}) {
+    for (MPI_Win* w : {&window_, &control_window_, &parameter_window_}) {
       if (*w == MPI_WIN_NULL) continue;
       MPI_Win_unlock_all(*w);
       MPI_Win_free(w);
@@ -137,6 +139,87 @@ class LaneMpiCommunicator final : public MpiCommunicator {
           MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
       if (average) divide(data, count, size);
     }, hooks, /*any_thread=*/false);
+  }
+
+  float* parameter_arena(size_t numel, bool shared) override {
+    DDP_CHECK(parameters_ == nullptr && parameter_window_ == MPI_WIN_NULL,
+              "parameter_arena() called twice");
+    if (!shared || !single_node_ || size_ == 1 || numel == 0) {
+      parameter_storage_ = Buffer(numel);
+      parameters_ = parameter_storage_.data();
+      return parameters_;
+    }
+    lane_->submit("allocation of the shared parameter arena",
+                  [this, numel] { allocate_parameter_window(numel); }, nullptr,
+                  /*any_thread=*/false)
+        ->wait();
+    return parameters_;
+  }
+
+  std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "reduce-scatter of " << count << " floats is too large");
+    const bool shared =
+        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
+    std::string what = "reduce-scatter of " + std::to_string(count) + " floats";
+    if (shared) {
+      const size_t offset = static_cast<size_t>(data - arena_);
+      return lane_->submit(std::move(what),
+                           [this, offset, count] { shared_memory_reduce_scatter(offset, count); });
+    }
+    // Across nodes: every rank sends each part of the bucket to its owner (MPI_Alltoallv, on
+    // the lane's thread only, like a bucket's allreduce), which sums what it receives in rank
+    // order: the shared-memory path's sums, bitwise, on any layout of ranks over nodes, with the
+    // (N-1)/N of the bucket per rank on the link that a ring reduce-scatter sends. Captured by
+    // value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_, rank = rank_;
+    return lane_->submit(std::move(what), [comm, size, rank, data, count] {
+      const Span mine = shard_part(count, size, rank);
+      const size_t n = static_cast<size_t>(size);
+      std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
+      for (size_t q = 0; q < n; ++q) {
+        const Span part = shard_part(count, size, static_cast<int>(q));
+        send_counts[q] = static_cast<int>(part.numel);
+        send_offsets[q] = static_cast<int>(part.offset);
+        recv_counts[q] = static_cast<int>(mine.numel);
+        recv_offsets[q] = static_cast<int>(q * mine.numel);
+      }
+      std::vector<float> received(std::max<size_t>(n * mine.numel, 1));
+      DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
+                                  received.data(), recv_counts.data(), recv_offsets.data(),
+                                  MPI_FLOAT, comm));
+      float* out = data + mine.offset;
+      std::copy(received.begin(), received.begin() + static_cast<std::ptrdiff_t>(mine.numel), out);
+      for (size_t q = 1; q < n; ++q) {
+        const float* from = received.data() + q * mine.numel;
+        for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
+      }
+    }, nullptr, /*any_thread=*/false);
+  }
+
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) override {
+    if (parameter_window_ != MPI_WIN_NULL && arena == parameters_) {
+      // Every rank already reads every part in place: wait until each has written its own.
+      return lane_->submit("allgather of the parameters (shared memory)",
+                           [this] { node_barrier(parameter_spin_); });
+    }
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    return lane_->submit("allgather of the parameters", [comm, size, arena, buckets] {
+      std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+      for (const Span& b : buckets) {
+        DDP_CHECK(b.numel <= static_cast<size_t>(INT32_MAX),
+                  "allgather of " << b.numel << " floats is too large");
+        for (int q = 0; q < size; ++q) {
+          const Span part = shard_part(b.numel, size, q);
+          counts[static_cast<size_t>(q)] = static_cast<int>(part.numel);
+          offsets[static_cast<size_t>(q)] = static_cast<int>(part.offset);
+        }
+        DDP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, arena + b.offset,
+                                     counts.data(), offsets.data(), MPI_FLOAT, comm));
+      }
+    }, nullptr, /*any_thread=*/false);
   }
 
   void allreduce(double* data, size_t count, ReduceOp op) override {
@@ -286,18 +369,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     node_barrier(spin_[0]);  // every rank's bucket is written
     const auto [lo, hi] = range(static_cast<size_t>(rank_));
     float* mine = peers_[static_cast<size_t>(rank_)] + offset;
-    constexpr size_t kBlock = 1024;
-    float acc[kBlock];
-    for (size_t b = lo; b < hi; b += kBlock) {
-      const size_t len = std::min(kBlock, hi - b);
-      const float* first = peers_[0] + offset + b;
-      std::copy(first, first + len, acc);
-      for (size_t q = 1; q < n; ++q) {
-        const float* src = peers_[q] + offset + b;
-        for (size_t i = 0; i < len; ++i) acc[i] += src[i];
-      }
-      std::copy(acc, acc + len, mine + b);
-    }
+    reduce_in_rank_order(offset + lo, hi - lo);
     node_barrier(spin_[1]);  // every chunk is reduced
     for (size_t q = 0; q < n; ++q) {
       if (q == static_cast<size_t>(rank_)) continue;
@@ -307,17 +379,71 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     node_barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
   }
 
+  // The sum over ranks of [offset, offset + count) of every rank's arena, in rank order 0..N-1
+  // (the same bits on every rank and every run, whoever computes it), into this rank's arena.
+  void reduce_in_rank_order(size_t offset, size_t count) {
+    const size_t n = static_cast<size_t>(size_);
+    float* mine = peers_[static_cast<size_t>(rank_)] + offset;
+    constexpr size_t kBlock = 1024;
+    float acc[kBlock];
+    for (size_t b = 0; b < count; b += kBlock) {
+      const size_t len = std::min(kBlock, count - b);
+      const float* first = peers_[0] + offset + b;
+      std::copy(first, first + len, acc);
+      for (size_t q = 1; q < n; ++q) {
+        const float* src = peers_[q] + offset + b;
+        for (size_t i = 0; i < len; ++i) acc[i] += src[i];
+      }
+      std::copy(acc, acc + len, mine + b);
+    }
+  }
+
+  // The sharded optimizer's half of shared_memory_allreduce: this rank sums its part
+  // (shard_part) of the bucket. No barrier after it: peers may still read this rank's bucket
+  // until the parameter allgather that follows every step's reduce-scatters.
+  void shared_memory_reduce_scatter(size_t offset, size_t count) {
+    node_barrier(spin_[0]);  // every rank's bucket is written
+    const Span part = shard_part(count, size_, rank_);
+    reduce_in_rank_order(offset + part.offset, part.numel);
+  }
+
+  // Rank 0's segment of a second window holds the node's one copy of the parameters; the
+  // others allocate nothing and map it.
+  void allocate_parameter_window(size_t numel) {
+    void* base = nullptr;
+    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(numel * sizeof(float)) : 0;
+    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base,
+                                          &parameter_window_));
+    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, parameter_window_));
+    MPI_Aint shared_bytes = 0;
+    int disp = 0;
+    void* shared = nullptr;
+    DDP_MPI_CHECK(MPI_Win_shared_query(parameter_window_, 0, &shared_bytes, &disp, &shared));
+    DDP_CHECK(static_cast<size_t>(shared_bytes) == numel * sizeof(float),
+              "the shared parameter arena on rank 0 holds " << shared_bytes << " bytes, not "
+                                                            << numel * sizeof(float));
+    if (!barrier_) allocate_barrier();
+    parameters_ = static_cast<float*>(shared);
+    if (rank_ == 0) std::fill(parameters_, parameters_ + numel, 0.0f);
+    SpinBudget once;
+    node_barrier(once);
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool single_node_ = false;
   MPI_Win window_ = MPI_WIN_NULL;
   MPI_Win control_window_ = MPI_WIN_NULL;
   std::unique_ptr<ShmBarrier> barrier_;
   SpinBudget spin_[3];  // one per barrier of the shared-memory allreduce: their waits differ
+  SpinBudget parameter_spin_;  // the barrier that is the allgather of shared parameters
   SpinBudget no_spin_{false};  // where Lane::may_spin_here() says no
   std::vector<float*> peers_;  // every rank's arena, mapped here
   float* arena_ = nullptr;
   size_t arena_numel_ = 0;
   Buffer arena_storage_;  // the arena when there is no shared window
+  MPI_Win parameter_window_ = MPI_WIN_NULL;
+  float* parameters_ = nullptr;  // the parameter arena (sharded optimizer)
+  Buffer parameter_storage_;     // the parameter arena when there is no shared window
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
 };

@@ -373,6 +373,15 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.training.max_steps = -1; },
        "training.max_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) {
+         c.device = ddp::DeviceChoice::Cuda;
+         c.distributed.shard_optimizer = true;
+       },
+       ddp::cuda_built()
+           ? "distributed.shard_optimizer: is available with device: cpu only in this version (GPU "
+             "ranks keep the whole optimizer state); set it to false or use device: cpu"
+           : "device: cuda is not available in this build (built without the CUDA toolkit); "
+             "use cpu or auto"},
+      {[](TrainConfig& c) {
          c.device = ddp::DeviceChoice::Cpu;
          c.distributed.backend = ddp::BackendChoice::Nccl;
        },

@@ -124,6 +124,11 @@ class RecordingComm : public ddp::GradientCommunicator {
   std::vector<Call> calls;
   std::vector<float> arena;
   size_t fail_call = SIZE_MAX;  // this call's wait() throws, as a timed-out collective does
+  size_t reduce_scatters = 0;
+  std::shared_ptr<ddp::Work> reduce_scatter_async(float* data, size_t count) override {
+    ++reduce_scatters;
+    return allreduce_async(data, count, false, nullptr);
+  }
   std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average,
                                              const ddp::LaneHooks*) override {
     calls.push_back({data, count, average});
@@ -189,6 +194,31 @@ TEST_CASE("Reducer launches buckets in index order as soon as they are complete"
   for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
   REQUIRE(comm.calls.size() == 8);
   reducer.finalize();
+}
+
+TEST_CASE("Reducer of a sharded optimizer reduce-scatters each bucket, in the same order",
+          "[reducer][shard]") {
+  const std::vector<size_t> numel(6, 256);
+  BucketPlan plan = compute_bucket_plan(numel, kKiB, 2 * kKiB);  // {5} {4,3} {2,1} {0}
+  std::vector<float> arena(plan.total_numel);
+  RecordingComm comm;
+  ddp::Reducer reducer(plan, {"p0", "p1", "p2", "p3", "p4", "p5"}, arena.data(), comm,
+                       /*reduce_scatter=*/true);
+  reducer.prepare_for_backward(true);
+  for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
+  REQUIRE(comm.reduce_scatters == 4);
+  REQUIRE(comm.calls.size() == 4);
+  for (size_t b = 0; b < 4; ++b) {
+    REQUIRE(comm.calls[b].data == arena.data() + plan.buckets[b].offset);
+    REQUIRE(comm.calls[b].count == plan.buckets[b].numel);
+  }
+  reducer.finalize();
+  // A failed one is named as a reduce-scatter.
+  comm.fail_call = 4;
+  reducer.prepare_for_backward(true);
+  for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
+  REQUIRE_THROWS_WITH(reducer.finalize(),
+                      Catch::Contains("gradient reduce-scatter of bucket 0 (p5)"));
 }
 
 TEST_CASE("Reducer in no_sync mode communicates nothing", "[reducer]") {

@@ -1,0 +1,25 @@
+// The sharded optimizer's collectives where a communicator has none (gradient_communicator.h).
+#include "dist/gradient_communicator.h"
+
+#include "core/check.h"
+
+namespace ddp {
+
+namespace {
+[[noreturn]] void no_sharding(const char* what) {
+  DDP_THROW(what << ": this gradient communicator has no sharded-optimizer collectives "
+                    "(distributed.shard_optimizer needs the MPI communicator of CPU ranks)");
+}
+}  // namespace
+
+std::shared_ptr<Work> GradientCommunicator::reduce_scatter_async(float*, size_t) {
+  no_sharding("reduce-scatter");
+}
+
+std::shared_ptr<Work> GradientCommunicator::allgather_async(float*, const std::vector<Span>&) {
+  no_sharding("allgather");
+}
+
+float* GradientCommunicator::parameter_arena(size_t, bool) { no_sharding("parameter arena"); }
+
+}  // namespace ddp
