@@ -16,7 +16,8 @@ std::shared_ptr<Work> GradientCommunicator::reduce_scatter_async(float*, size_t)
   no_sharding("reduce-scatter");
 }
 
-std::shared_ptr<Work> GradientCommunicator::allgather_async(float*, const std::vector<Span>&) {
+std::shared_ptr<Work> GradientCommunicator::allgather_async(float*, const std::vector<Span>&,
+                                                            const ScalarRiders&) {
   no_sharding("allgather");
 }
 

@@ -25,6 +25,16 @@ struct LaneHooks {
   std::function<void()> ready, before, after;
 };
 
+/// A few doubles of every rank that ride on a collective (the sharded step's gradient norm and
+/// non-finite count on its parameter allgather): this rank's `count` (at most
+/// kMaxRiderDoubles) from `mine`, every rank's into `all` (count x ranks, in rank order).
+struct ScalarRiders {
+  static constexpr size_t kMaxRiderDoubles = 4;
+  const double* mine = nullptr;
+  size_t count = 0;
+  double* all = nullptr;
+};
+
 /// The gradient buckets of every rank, summed (or averaged) in place bucket by bucket, each
 /// allreduce started as soon as its bucket is complete and finished when its Work is waited on.
 class GradientCommunicator {
@@ -56,10 +66,12 @@ class GradientCommunicator {
   virtual std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count);
 
   /// Starts an allgather of the parameters: every rank's part of each of `buckets` of `arena`
-  /// goes to every rank. It is also what tells a rank that its peers have finished reading its
-  /// gradient buckets, so one must follow every step's reduce-scatters before backward writes
-  /// the gradient arena again. In parameter_arena() memory shared by every rank it is a barrier.
-  virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets);
+  /// goes to every rank, and `riders` (if any) with it. It is also what tells a rank that its
+  /// peers have finished reading its gradient buckets, so one must follow every step's
+  /// reduce-scatters before backward writes the gradient arena again. In parameter_arena()
+  /// memory shared by every rank it is a barrier.
+  virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
+                                                const ScalarRiders& riders = {});
 
   /// Collective, once: room for `numel` zeroed parameters. On one node (and unless
   /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:

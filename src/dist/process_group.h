@@ -25,6 +25,9 @@ class ProcessGroup {
 
   /// Blocking allreduce of doubles (metrics, agreement flags).
   virtual void allreduce(double* data, size_t count, ReduceOp op) = 0;
+  /// Blocking allgather: `count` doubles from every rank into all[rank * count ...], in rank
+  /// order, on every rank (on one node through shared memory and one barrier).
+  virtual void allgather(const double* mine, size_t count, double* all) = 0;
   /// Starts an in-place allreduce of `count` floats (flags read a step later); the memory must
   /// not be touched until wait() returns.
   virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op) = 0;

@@ -125,8 +125,7 @@ double Reducer::finalize() {
     try {
       work_[b]->wait();
     } catch (const Error& e) {
-      DDP_THROW("gradient " << collective() << " of " << describe_bucket(b) << ": "
-                            << e.message());
+      DDP_THROW("gradient " << collective() << " of " << describe_bucket(b) << ": " << e.message());
     }
   }
   return seconds_now() - wait_begin;

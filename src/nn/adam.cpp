@@ -51,8 +51,7 @@ void Adam::update(Backend& be, Tensor& params, const Tensor& grads, size_t state
   const int64_t n = params.numel();
   Tensor exp_avg = state_view(0, state_offset, n), exp_avg_sq = state_view(1, state_offset, n);
   Tensor max_exp_avg_sq = options_.amsgrad ? state_view(2, state_offset, n) : Tensor{};
-  be.adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq,
-               scalars(steps_taken() + 1, lr));
+  be.adam_step(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars(steps_taken() + 1, lr));
 }
 
 }  // namespace ddp

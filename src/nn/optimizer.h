@@ -2,9 +2,10 @@
 // the whole arena, unless the optimizer is sharded), the same on every rank, so replicas that
 // start identical and see identical averaged gradients stay identical. A sharded optimizer
 // updates this rank's parts of the arena and keeps state for those alone; the elementwise
-// kernels give every element the bits the whole-arena call gives it. torch.optim's semantics (nn/sgd.h, nn/adam.h); make_optimizer picks one from the
-// config. To add one: a Backend kernel (kernels/backend.h, both backends), a class here, a name
-// in OptimizerName (include/ddp/config.h) and its keys in the schema (config/schema.h).
+// kernels give every element the bits the whole-arena call gives it. torch.optim's semantics
+// (nn/sgd.h, nn/adam.h); make_optimizer picks one from the config. To add one: a Backend kernel
+// (kernels/backend.h, both backends), a class here, a name in OptimizerName (include/ddp/config.h)
+// and its keys in the schema (config/schema.h).
 #pragma once
 
 #include <cstddef>

@@ -15,8 +15,7 @@ Sgd::Sgd(const SgdOptions& options, std::vector<Span> spans, Device device)
   if (options.momentum != 0.0f) add_state("momentum", device);
 }
 
-void Sgd::update(Backend& be, Tensor& params, const Tensor& grads, size_t state_offset,
-                 double lr) {
+void Sgd::update(Backend& be, Tensor& params, const Tensor& grads, size_t state_offset, double lr) {
   Tensor buf = options_.momentum != 0.0f ? state_view(0, state_offset, params.numel()) : Tensor{};
   SgdOptions opt = options_;
   opt.lr = static_cast<float>(lr);

@@ -49,13 +49,12 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
   broadcast_parameters(group);
   reducer_ = std::make_unique<Reducer>(plan_, model_->parameter_names(), grads_, gradient_comm(),
                                        sharded_);
-  optimizer_ = make_optimizer(cfg.optimizer,
-                              sharded_ ? shards_.owned : whole_arena(plan_.total_numel),
-                              ctx_.device());
+  optimizer_ = make_optimizer(
+      cfg.optimizer, sharded_ ? shards_.owned : whole_arena(plan_.total_numel), ctx_.device());
 }
 
-std::shared_ptr<Work> Replica::allgather_parameters() {
-  return gradient_comm().allgather_async(params_, shards_.buckets);
+std::shared_ptr<Work> Replica::allgather_parameters(const ScalarRiders& riders) {
+  return gradient_comm().allgather_async(params_, shards_.buckets, riders);
 }
 
 void Replica::write_parameters(const std::vector<float>& host) {
@@ -172,9 +171,9 @@ void Replica::restore(const std::vector<float>& parameters,
                                                                 << names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     const std::vector<float>& host = optimizer_state[i];
-    DDP_CHECK(host.size() == plan_.total_numel, "restore: optimizer state " << names[i] << " has "
-                                                    << host.size() << " values for an arena of "
-                                                    << plan_.total_numel);
+    DDP_CHECK(host.size() == plan_.total_numel,
+              "restore: optimizer state " << names[i] << " has " << host.size()
+                                          << " values for an arena of " << plan_.total_numel);
     float* state = optimizer_->state(names[i]).data;
     for (const Span& s : optimizer_->spans()) {
       ctx_.copy_from_host(state, host.data() + s.offset, s.numel);

@@ -40,19 +40,12 @@ void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord&
   }
   rec.works = replica_.reducer().works();  // finalized: the gradients are averaged
   const Mark update_begin = rec.traced ? ctx_.mark() : Mark{};
+  Mark update_end;
   if (replica_.sharded()) {
-    update_shard(rec);
+    update_shard(rec, update_end);
   } else {
     update_replica(rec);
-  }
-  const Mark update_end = rec.traced ? ctx_.mark() : Mark{};
-  if (replica_.sharded()) {
-    Work& gathered = *replica_.allgather_parameters();
-    try {
-      gathered.wait();
-    } catch (const Error& e) {
-      DDP_THROW(rec.where() << e.message());
-    }
+    if (rec.traced) update_end = ctx_.mark();
   }
   if (rec.traced) trace_update(update_begin, update_end, rec);
 }
@@ -71,43 +64,73 @@ void Step::update_replica(StepRecord& rec) {
   replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
 }
 
-// ZeRO-1: this rank's parts of the buckets hold the averaged gradient. Each rank's squared norm
-// and non-finite count of its parts travel in one small allreduce (rank r's in slot r, zeros
-// elsewhere, so the sum is an exact gather) and every rank adds them in rank order; the optimizer
-// updates the parts. run() then allgathers, on skipped steps too: the others' parts arrive, and
-// every rank knows its gradient buckets are no longer read.
-void Step::update_shard(StepRecord& rec) {
-  const std::vector<Span>& parts = replica_.shards().owned;
-  Tensor grads = replica_.gradients();
-  auto view = [&](const Span& s) {
-    return Tensor{grads.data + s.offset, 1, static_cast<int64_t>(s.numel), grads.device};
-  };
+// ZeRO-1: this rank's parts of the buckets hold the averaged gradient; the optimizer updates
+// them and the allgather brings the others' parts (on skipped steps too: it also tells every
+// rank that its gradient buckets are no longer read). Each rank's squared norm and non-finite
+// count of its parts reach every rank and are added in rank order (the same sums everywhere).
+// When the update depends on them (clipping, nan_policy skip_step) they travel first, in a small
+// allgather; otherwise they ride on the parameter allgather and are checked after it (a
+// non-finite gradient still stops every rank), one synchronisation per step fewer.
+void Step::update_shard(StepRecord& rec, Mark& update_end) {
   const double clip = cfg_.training.clip_grad_norm;
-  const bool norm = clip > 0 || rec.log;
-  if (ctx_.checks_gradients(cfg_.training.nan_policy == NanPolicy::SkipStep) || norm) {
-    const size_t n = static_cast<size_t>(comm_.size()), r = static_cast<size_t>(comm_.rank());
-    std::vector<double> totals(2 * n, 0.0);  // squared norms, then non-finite counts
-    for (const Span& s : parts) {
-      const double part_norm = be_.l2_norm(view(s));
-      totals[r] += part_norm * part_norm;
-      totals[n + r] += static_cast<double>(be_.count_nonfinite(view(s)));
-    }
-    comm_.allreduce(totals.data(), totals.size(), ReduceOp::Sum);
-    double squares = 0.0, nonfinite = 0.0;
-    for (size_t q = 0; q < n; ++q) squares += totals[q];
-    for (size_t q = 0; q < n; ++q) nonfinite += totals[n + q];
-    rec.skipped = !gradients_usable(static_cast<int64_t>(nonfinite), rec);
-    rec.grad_norm = std::sqrt(squares);
-    rec.has_norm = norm && !rec.skipped;
+  const bool skip = cfg_.training.nan_policy == NanPolicy::SkipStep;
+  const bool check = ctx_.checks_gradients(skip), norm = clip > 0 || rec.log;
+  const bool decide_first = clip > 0 || skip;
+  double mine[2] = {0.0, 0.0};  // the parts' squared norm and non-finite count
+  std::vector<double> all(2 * static_cast<size_t>(comm_.size()));
+  if (check || norm) shard_totals(norm, mine);
+  if ((check || norm) && decide_first) {
+    comm_.allgather(mine, 2, all.data());
+    apply_totals(all, norm, rec);
   }
   if (!rec.skipped) {
+    Tensor grads = replica_.gradients();
     const float coef = clip > 0 ? clip_coefficient(rec.grad_norm, clip) : 1.0f;
-    for (const Span& s : parts) {
-      Tensor g = view(s);
-      if (coef < 1.0f) be_.scale(g, coef);  // as Backend::clip_grad_norm_deferred scales
+    if (coef < 1.0f) {  // as Backend::clip_grad_norm_deferred scales
+      for (const Span& s : replica_.shards().owned) {
+        Tensor g = part(grads, s);
+        be_.scale(g, coef);
+      }
     }
     replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
   }
+  if (rec.traced) update_end = ctx_.mark();
+  ScalarRiders riders;
+  if ((check || norm) && !decide_first) riders = ScalarRiders{mine, 2, all.data()};
+  Work& gathered = *replica_.allgather_parameters(riders);
+  try {
+    gathered.wait();
+  } catch (const Error& e) {
+    DDP_THROW(rec.where() << e.message());
+  }
+  if (riders.count > 0) apply_totals(all, norm, rec);
+}
+
+Tensor Step::part(const Tensor& arena, const Span& s) {
+  return Tensor{arena.data + s.offset, 1, static_cast<int64_t>(s.numel), arena.device};
+}
+
+// This rank's parts: the squared L2 norm (when `norm`) and the non-finite count.
+void Step::shard_totals(bool norm, double mine[2]) {
+  const Tensor grads = replica_.gradients();
+  for (const Span& s : replica_.shards().owned) {
+    const double part_norm = norm ? be_.l2_norm(part(grads, s)) : 0.0;
+    mine[0] += part_norm * part_norm;
+    mine[1] += static_cast<double>(be_.count_nonfinite(part(grads, s)));
+  }
+}
+
+// Every rank's totals (pairs in rank order): the step is skipped, or stops the job, on a
+// non-finite value; the norm is theirs summed in rank order.
+void Step::apply_totals(const std::vector<double>& all, bool norm, StepRecord& rec) {
+  double squares = 0.0, nonfinite = 0.0;
+  for (size_t q = 0; q < all.size(); q += 2) {
+    squares += all[q];
+    nonfinite += all[q + 1];
+  }
+  rec.skipped = !gradients_usable(static_cast<int64_t>(nonfinite), rec);
+  rec.grad_norm = std::sqrt(squares);
+  rec.has_norm = norm && !rec.skipped;
 }
 
 // Forward, the loss (its totals stay on the device until the step is read) and backward.

@@ -80,7 +80,10 @@ class Step {
                    StepRecord& rec);
   void backward(const Tensor& dlogits, bool accumulate, bool sync, StepRecord& rec);
   void update_replica(StepRecord& rec);
-  void update_shard(StepRecord& rec);
+  void update_shard(StepRecord& rec, Mark& update_end);
+  static Tensor part(const Tensor& arena, const Span& s);
+  void shard_totals(bool norm, double mine[2]);
+  void apply_totals(const std::vector<double>& all, bool norm, StepRecord& rec);
   bool gradients_usable(int64_t nonfinite, StepRecord& rec);
   void trace_update(const Mark& update_begin, const Mark& update_end, StepRecord& rec);
 

@@ -126,8 +126,8 @@ std::string Trainer::State::describe_optimizer_state() const {
   if (names.empty()) return line.str() + "no state";
   line << "state";
   for (const std::string& n : names) line << ' ' << n;
-  const double mib = static_cast<double>(names.size() * opt.state_numel() * sizeof(float)) /
-                     (1024.0 * 1024.0);
+  const double mib =
+      static_cast<double>(names.size() * opt.state_numel() * sizeof(float)) / (1024.0 * 1024.0);
   line << ": " << names.size() << " x " << opt.state_numel() << " floats (" << std::fixed
        << std::setprecision(1) << mib << " MiB) ";
   if (!replica->sharded()) return line.str() + "on every rank";

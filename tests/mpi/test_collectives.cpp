@@ -317,3 +317,27 @@ TEST_CASE("allgather of host memory: every rank's parts of every bucket reach ev
     errors += data[i] != (i >= 38 && i < 40 ? -1.0f : static_cast<float>(i * 3 + 1));
   require_on_all_ranks(*comm, errors, "gathered values (the gap untouched)");
 }
+
+// The small allgather: MPI before any window exists, through the control window's slots once
+// one does (counts up to 4), MPI again above that; many calls in a row, so a rank that races
+// ahead into the next call must not overwrite slots a slower rank still reads.
+TEST_CASE("allgather of doubles: rank order on every rank, shared memory and MPI", "[mpi][shard]") {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  auto check_rounds = [&](const std::string& what, size_t count) {
+    long errors = 0;
+    std::vector<double> mine(count), all(count * static_cast<size_t>(n));
+    for (int round = 0; round < 50; ++round) {
+      for (size_t i = 0; i < count; ++i) mine[i] = r * 1000.0 + static_cast<double>(i) + round;
+      comm->allgather(mine.data(), count, all.data());
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; ++i)
+          errors += all[static_cast<size_t>(q) * count + i] !=
+                    q * 1000.0 + static_cast<double>(i) + round;
+    }
+    require_on_all_ranks(*comm, errors, what + ", " + std::to_string(count) + " per rank");
+  };
+  check_rounds("before any window", 2);
+  comm->gradient_arena(64);  // one node: the control window and its slots
+  for (size_t count : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) check_rounds("window", count);
+}

@@ -338,47 +338,53 @@ TEST_CASE("a mismatched checkpoint is refused on every rank naming the differenc
 TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips that step",
           "[mpi][nan]") {
   const int n = world_size();
-  const std::string dir = shared_scratch("nan");
-  const int64_t samples = 16 * n;
-  const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, samples, 5);
-  ddp::TrainConfig cfg;
-  cfg.model.layers = {3, 8, 3};
-  cfg.model.init_from = data.init;
-  cfg.data.format = ddp::DataFormat::Csv;
-  cfg.data.train.path = data.csv;
-  cfg.data.shuffle = false;  // sample 5 is in the first step's batch, on rank 5 % n
-  cfg.optimizer.lr = 0.1;
-  cfg.training.batch_size = 4;
-  cfg.training.epochs = 2;
-  cfg.training.log_every = 0;
-  cfg.output.dir = dir + "/out";
-  cfg.output.save_model = false;
+  // Sharded, the non-finite count is summed from every rank's parts; with abort it rides on
+  // the parameter allgather and is checked after it.
+  for (bool shard : {false, true}) {
+    INFO((shard ? "sharded optimizer" : "replicated optimizer"));
+    const std::string dir = shared_scratch(shard ? "nan_shard" : "nan");
+    const int64_t samples = 16 * n;
+    const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, samples, 5);
+    ddp::TrainConfig cfg;
+    cfg.model.layers = {3, 8, 3};
+    cfg.model.init_from = data.init;
+    cfg.data.format = ddp::DataFormat::Csv;
+    cfg.data.train.path = data.csv;
+    cfg.data.shuffle = false;  // sample 5 is in the first step's batch, on rank 5 % n
+    cfg.optimizer.lr = 0.1;
+    cfg.training.batch_size = 4;
+    cfg.training.epochs = 2;
+    cfg.training.log_every = 0;
+    cfg.output.dir = dir + "/out";
+    cfg.output.save_model = false;
+    cfg.distributed.shard_optimizer = shard;
 
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  std::string message = "(no error)";
-  try {
-    ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
-    trainer.run();
-  } catch (const ddp::CollectiveError& e) {
-    message = e.what();
+    auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+    std::string message = "(no error)";
+    try {
+      ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
+      trainer.run();
+    } catch (const ddp::CollectiveError& e) {
+      message = e.what();
+    }
+    INFO(message);
+    const int64_t bad_step = (5 / n) / 4 + 1;  // sample 5 is local sample 5 / n of rank 5 % n
+    CHECK_THAT(message, Catch::Contains("epoch 1 step " + std::to_string(bad_step) + ": ") &&
+                            Catch::Contains("non-finite gradient value(s) after the allreduce") &&
+                            Catch::Contains("non-finite on rank " + std::to_string(5 % n)));
+
+    cfg.training.nan_policy = ddp::NanPolicy::SkipStep;
+    ddp::TrainSummary summary;
+    const auto w = train(cfg, MPI_COMM_WORLD, &summary);
+    CHECK(summary.skipped_steps == 2);  // the step with sample 5, once per epoch
+    CHECK(summary.steps == 2 * 4);
+    CHECK(std::isfinite(summary.train_loss));
+    require_identical_replicas(w);
+    for (const auto& t : w)
+      for (float v : t.data) REQUIRE(std::isfinite(v));
+    // Skipping is not doing nothing: the other steps trained.
+    ddp::TrainConfig one_step = cfg;
+    one_step.training.max_steps = 1;  // only the skipped step: the initial weights
+    CHECK(max_abs_diff(train(one_step, MPI_COMM_WORLD), w) > 1e-4);
   }
-  INFO(message);
-  const int64_t bad_step = (5 / n) / 4 + 1;  // sample 5 is local sample 5 / n of rank 5 % n
-  CHECK_THAT(message, Catch::Contains("epoch 1 step " + std::to_string(bad_step) + ": ") &&
-                          Catch::Contains("non-finite gradient value(s) after the allreduce") &&
-                          Catch::Contains("non-finite on rank " + std::to_string(5 % n)));
-
-  cfg.training.nan_policy = ddp::NanPolicy::SkipStep;
-  ddp::TrainSummary summary;
-  const auto w = train(cfg, MPI_COMM_WORLD, &summary);
-  CHECK(summary.skipped_steps == 2);  // the step with sample 5, once per epoch
-  CHECK(summary.steps == 2 * 4);
-  CHECK(std::isfinite(summary.train_loss));
-  require_identical_replicas(w);
-  for (const auto& t : w)
-    for (float v : t.data) REQUIRE(std::isfinite(v));
-  // Skipping is not doing nothing: the other steps trained.
-  ddp::TrainConfig one_step = cfg;
-  one_step.training.max_steps = 1;  // only the skipped step: the initial weights
-  CHECK(max_abs_diff(train(one_step, MPI_COMM_WORLD), w) > 1e-4);
 }

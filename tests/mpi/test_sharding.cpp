@@ -67,8 +67,7 @@ std::vector<Case> optimizer_cases() {
   nesterov.optimizer.nesterov = true;
   return {
       {"sgd, momentum, weight decay", shard_config("sgd")},
-      {"sgd, nesterov, warmup + step, clipped",
-       with_schedule(nesterov, SchedulerName::Step)},
+      {"sgd, nesterov, warmup + step, clipped", with_schedule(nesterov, SchedulerName::Step)},
       {"adam", with_adam(shard_config("adam"), false, false)},
       {"adamw, amsgrad", with_adam(shard_config("adamw"), true, true)},
       {"adamw, warmup + cosine, clipped",

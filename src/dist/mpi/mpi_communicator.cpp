@@ -102,8 +102,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       arena_ = arena_storage_.data();
       return arena_;
     }
-    lane_->submit("allocation of the shared gradient arena",
-                  [this, numel] { allocate_window(numel); }, nullptr, /*any_thread=*/false)
+    lane_
+        ->submit(
+            "allocation of the shared gradient arena", [this, numel] { allocate_window(numel); },
+            nullptr, /*any_thread=*/false)
         ->wait();
     return arena_;
   }
@@ -117,16 +119,22 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     std::string what = "allreduce of " + std::to_string(count) + " floats";
     if (shared) {
       const size_t offset = static_cast<size_t>(data - arena_);
-      return lane_->submit(std::move(what), [this, offset, count, average] {
-        shared_memory_allreduce(offset, count);
-        if (average) scale(arena_ + offset, count);
-      }, hooks);
+      return lane_->submit(
+          std::move(what),
+          [this, offset, count, average] {
+            shared_memory_allreduce(offset, count);
+            if (average) scale(arena_ + offset, count);
+          },
+          hooks);
     }
     if (count <= kPolledFloats) {
-      return lane_->submit(std::move(what), [this, data, count, average] {
-        polled_allreduce(data, count, MPI_FLOAT, MPI_SUM);
-        if (average) scale(data, count);
-      }, hooks);
+      return lane_->submit(
+          std::move(what),
+          [this, data, count, average] {
+            polled_allreduce(data, count, MPI_FLOAT, MPI_SUM);
+            if (average) scale(data, count);
+          },
+          hooks);
     }
     // A gradient bucket across nodes: Open MPI's blocking allreduce picks the algorithm for the
     // message size (its non-blocking one progresses only while polled). It has no deadline, so
@@ -134,11 +142,14 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     // it uses is captured by value: a lost call may return after the communicator is gone.
     MPI_Comm comm = comm_;
     const int size = size_;
-    return lane_->submit(std::move(what), [comm, size, data, count, average] {
-      DDP_MPI_CHECK(
-          MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
-      if (average) divide(data, count, size);
-    }, hooks, /*any_thread=*/false);
+    return lane_->submit(
+        std::move(what),
+        [comm, size, data, count, average] {
+          DDP_MPI_CHECK(
+              MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+          if (average) divide(data, count, size);
+        },
+        hooks, /*any_thread=*/false);
   }
 
   float* parameter_arena(size_t numel, bool shared) override {
@@ -149,9 +160,11 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       parameters_ = parameter_storage_.data();
       return parameters_;
     }
-    lane_->submit("allocation of the shared parameter arena",
-                  [this, numel] { allocate_parameter_window(numel); }, nullptr,
-                  /*any_thread=*/false)
+    lane_
+        ->submit(
+            "allocation of the shared parameter arena",
+            [this, numel] { allocate_parameter_window(numel); }, nullptr,
+            /*any_thread=*/false)
         ->wait();
     return parameters_;
   }
@@ -174,60 +187,102 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     // value: a lost call may return after the communicator is gone.
     MPI_Comm comm = comm_;
     const int size = size_, rank = rank_;
-    return lane_->submit(std::move(what), [comm, size, rank, data, count] {
-      const Span mine = shard_part(count, size, rank);
-      const size_t n = static_cast<size_t>(size);
-      std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
-      for (size_t q = 0; q < n; ++q) {
-        const Span part = shard_part(count, size, static_cast<int>(q));
-        send_counts[q] = static_cast<int>(part.numel);
-        send_offsets[q] = static_cast<int>(part.offset);
-        recv_counts[q] = static_cast<int>(mine.numel);
-        recv_offsets[q] = static_cast<int>(q * mine.numel);
-      }
-      std::vector<float> received(std::max<size_t>(n * mine.numel, 1));
-      DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
-                                  received.data(), recv_counts.data(), recv_offsets.data(),
-                                  MPI_FLOAT, comm));
-      float* out = data + mine.offset;
-      std::copy(received.begin(), received.begin() + static_cast<std::ptrdiff_t>(mine.numel), out);
-      for (size_t q = 1; q < n; ++q) {
-        const float* from = received.data() + q * mine.numel;
-        for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
-      }
-    }, nullptr, /*any_thread=*/false);
+    return lane_->submit(
+        std::move(what),
+        [comm, size, rank, data, count] {
+          const Span mine = shard_part(count, size, rank);
+          const size_t n = static_cast<size_t>(size);
+          std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
+          for (size_t q = 0; q < n; ++q) {
+            const Span part = shard_part(count, size, static_cast<int>(q));
+            send_counts[q] = static_cast<int>(part.numel);
+            send_offsets[q] = static_cast<int>(part.offset);
+            recv_counts[q] = static_cast<int>(mine.numel);
+            recv_offsets[q] = static_cast<int>(q * mine.numel);
+          }
+          std::vector<float> received(std::max<size_t>(n * mine.numel, 1));
+          DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
+                                      received.data(), recv_counts.data(), recv_offsets.data(),
+                                      MPI_FLOAT, comm));
+          float* out = data + mine.offset;
+          std::copy(received.begin(), received.begin() + static_cast<std::ptrdiff_t>(mine.numel),
+                    out);
+          for (size_t q = 1; q < n; ++q) {
+            const float* from = received.data() + q * mine.numel;
+            for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
+          }
+        },
+        nullptr, /*any_thread=*/false);
   }
 
-  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) override {
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
+                                        const ScalarRiders& riders) override {
+    DDP_CHECK(
+        riders.count <= ScalarRiders::kMaxRiderDoubles,
+        "allgather: " << riders.count << " riders, at most " << ScalarRiders::kMaxRiderDoubles);
     if (parameter_window_ != MPI_WIN_NULL && arena == parameters_) {
-      // Every rank already reads every part in place: wait until each has written its own.
-      return lane_->submit("allgather of the parameters (shared memory)",
-                           [this] { node_barrier(parameter_spin_); });
+      // Every rank already reads every part in place: wait until each has written its own
+      // (the riders pass through the control window's slots, on the same barrier).
+      return lane_->submit("allgather of the parameters (shared memory)", [this, riders] {
+        shared_memory_allgather(riders.mine, riders.count, riders.all);
+      });
     }
     MPI_Comm comm = comm_;
     const int size = size_;
-    return lane_->submit("allgather of the parameters", [comm, size, arena, buckets] {
-      std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
-      for (const Span& b : buckets) {
-        DDP_CHECK(b.numel <= static_cast<size_t>(INT32_MAX),
-                  "allgather of " << b.numel << " floats is too large");
-        for (int q = 0; q < size; ++q) {
-          const Span part = shard_part(b.numel, size, q);
-          counts[static_cast<size_t>(q)] = static_cast<int>(part.numel);
-          offsets[static_cast<size_t>(q)] = static_cast<int>(part.offset);
-        }
-        DDP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, arena + b.offset,
-                                     counts.data(), offsets.data(), MPI_FLOAT, comm));
-      }
-    }, nullptr, /*any_thread=*/false);
+    return lane_->submit(
+        "allgather of the parameters",
+        [comm, size, arena, buckets, riders] {
+          std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+          for (const Span& b : buckets) {
+            DDP_CHECK(b.numel <= static_cast<size_t>(INT32_MAX),
+                      "allgather of " << b.numel << " floats is too large");
+            for (int q = 0; q < size; ++q) {
+              const Span part = shard_part(b.numel, size, q);
+              counts[static_cast<size_t>(q)] = static_cast<int>(part.numel);
+              offsets[static_cast<size_t>(q)] = static_cast<int>(part.offset);
+            }
+            DDP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, arena + b.offset,
+                                         counts.data(), offsets.data(), MPI_FLOAT, comm));
+          }
+          if (riders.count > 0) {
+            const int k = static_cast<int>(riders.count);
+            DDP_MPI_CHECK(
+                MPI_Allgather(riders.mine, k, MPI_DOUBLE, riders.all, k, MPI_DOUBLE, comm));
+          }
+        },
+        nullptr, /*any_thread=*/false);
   }
 
   void allreduce(double* data, size_t count, ReduceOp op) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " doubles is too large");
-    lane_->submit("allreduce of " + std::to_string(count) + " double(s)", [this, data, count, op] {
-      polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op));
-    })->wait();
+    lane_
+        ->submit("allreduce of " + std::to_string(count) + " double(s)",
+                 [this, data, count, op] { polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op)); })
+        ->wait();
+  }
+
+  void allgather(const double* mine, size_t count, double* all) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX) / static_cast<size_t>(size_),
+              "allgather of " << count << " doubles per rank is too large");
+    std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
+    if (barrier_ && count <= ScalarRiders::kMaxRiderDoubles) {
+      lane_
+          ->submit(std::move(what),
+                   [this, mine, count, all] { shared_memory_allgather(mine, count, all); })
+          ->wait();
+      return;
+    }
+    lane_
+        ->submit(
+            std::move(what),
+            [this, mine, count, all] {
+              MPI_Request request = MPI_REQUEST_NULL;
+              DDP_MPI_CHECK(MPI_Iallgather(mine, static_cast<int>(count), MPI_DOUBLE, all,
+                                           static_cast<int>(count), MPI_DOUBLE, comm_, &request));
+              complete(request);
+            })
+        ->wait();
   }
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op) override {
@@ -241,23 +296,27 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   void broadcast(void* data, size_t bytes, int root) override {
     DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
               "broadcast of " << bytes << " bytes is too large");
-    lane_->submit("broadcast of " + std::to_string(bytes) + " bytes from rank " +
-                      std::to_string(root),
-                  [this, data, bytes, root] {
-                    MPI_Request request = MPI_REQUEST_NULL;
-                    DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root,
-                                             comm_, &request));
-                    complete(request);
-                  })
+    lane_
+        ->submit(
+            "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+            [this, data, bytes, root] {
+              MPI_Request request = MPI_REQUEST_NULL;
+              DDP_MPI_CHECK(
+                  MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
+              complete(request);
+            })
         ->wait();
   }
 
   void barrier() override {
-    lane_->submit("barrier", [this] {
-      MPI_Request request = MPI_REQUEST_NULL;
-      DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
-      complete(request);
-    })->wait();
+    lane_
+        ->submit("barrier",
+                 [this] {
+                   MPI_Request request = MPI_REQUEST_NULL;
+                   DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+                   complete(request);
+                 })
+        ->wait();
   }
 
   void set_timeout(double seconds) override {
@@ -270,6 +329,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
   // collectives; larger ones are gradient buckets across nodes.
   static constexpr size_t kPolledFloats = 1024;
+  // Doubles per rank that the small allgather passes through shared memory on one node.
+  static constexpr size_t kSlotDoubles = ScalarRiders::kMaxRiderDoubles;
 
   void scale(float* data, size_t count) const { divide(data, count, size_); }
 
@@ -334,26 +395,42 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     node_barrier(once);
   }
 
+  // Rank 0's segment of the control window: the barrier's state, then the slots of the small
+  // allgather (two sets, used alternately, kSlotDoubles per rank each).
   void allocate_barrier() {
     void* base = nullptr;
     constexpr size_t kAlign = alignof(ShmBarrierState);
-    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(sizeof(ShmBarrierState) + kAlign) : 0;
-    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm_, &base,
-                                          &control_window_));
+    const size_t slot_bytes = 2 * static_cast<size_t>(size_) * kSlotDoubles * sizeof(double);
+    const size_t total = sizeof(ShmBarrierState) + kAlign + slot_bytes;
+    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(total) : 0;
+    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm_, &base, &control_window_));
     DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, control_window_));
     MPI_Aint state_bytes = 0;
     int disp = 0;
     void* state = nullptr;
     DDP_MPI_CHECK(MPI_Win_shared_query(control_window_, 0, &state_bytes, &disp, &state));
-    DDP_CHECK(static_cast<size_t>(state_bytes) == sizeof(ShmBarrierState) + kAlign,
+    DDP_CHECK(static_cast<size_t>(state_bytes) == total,
               "the shared barrier's window on rank 0 holds " << state_bytes << " bytes");
     // Mappings start on a page, so the same offset is aligned in every rank's mapping.
     const size_t pad = (kAlign - reinterpret_cast<uintptr_t>(state) % kAlign) % kAlign;
     void* at = static_cast<char*>(state) + pad;
     auto* s = rank_ == 0 ? new (at) ShmBarrierState() : static_cast<ShmBarrierState*>(at);
+    slots_ = reinterpret_cast<double*>(static_cast<char*>(at) + sizeof(ShmBarrierState));
     DDP_MPI_CHECK(MPI_Win_sync(control_window_));
     DDP_MPI_CHECK(MPI_Barrier(comm_));
     barrier_ = std::make_unique<ShmBarrier>(s, size_);
+  }
+
+  // The small allgather through the control window: this rank's values into its slots of this
+  // call's set, one barrier, every rank's read back. The sets alternate: a rank can only write
+  // the same set again after the next call's barrier, which every rank reaches after reading.
+  void shared_memory_allgather(const double* mine, size_t count, double* all) {
+    double* set = slots_ + parity_ * static_cast<size_t>(size_) * kSlotDoubles;
+    parity_ ^= 1;
+    std::copy(mine, mine + count, set + static_cast<size_t>(rank_) * kSlotDoubles);
+    node_barrier(gather_spin_);
+    for (size_t q = 0; q < static_cast<size_t>(size_); ++q)
+      std::copy(set + q * kSlotDoubles, set + q * kSlotDoubles + count, all + q * count);
   }
 
   // Sum of [offset, offset + count) over all ranks' arenas, into every rank's arena. Rank r sums
@@ -434,8 +511,11 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   MPI_Win window_ = MPI_WIN_NULL;
   MPI_Win control_window_ = MPI_WIN_NULL;
   std::unique_ptr<ShmBarrier> barrier_;
-  SpinBudget spin_[3];  // one per barrier of the shared-memory allreduce: their waits differ
+  SpinBudget spin_[3];         // one per barrier of the shared-memory allreduce: their waits differ
   SpinBudget parameter_spin_;  // the barrier that is the allgather of shared parameters
+  SpinBudget gather_spin_;     // the barrier of the small allgather
+  double* slots_ = nullptr;    // the small allgather's two sets of slots (control window)
+  size_t parity_ = 0;          // the set the next small allgather uses
   SpinBudget no_spin_{false};  // where Lane::may_spin_here() says no
   std::vector<float*> peers_;  // every rank's arena, mapped here
   float* arena_ = nullptr;

@@ -6,8 +6,8 @@
 #include "core/check.h"
 #include "dist/shard_plan.h"
 
-using ddp::Span;
 using ddp::shard_part;
+using ddp::Span;
 
 TEST_CASE("shard parts tile a bucket in rank order, aligned and balanced", "[shard]") {
   for (size_t numel : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{33}, size_t{1000},
