@@ -7,6 +7,8 @@
 #   bench/netns_scaling.sh OUTDIR [--rates "unlimited 10gbit 1gbit"] [--steps N] [--per-node K]
 #                          [--repeats R]   (each training R times, interleaved; the model takes
 #                                           the median)
+#                          [--set key.path=value ...]   (added to every training run, e.g.
+#                                           distributed.shard_optimizer=true)
 # Needs root, iproute2 (ip, tc with the tbf qdisc), util-linux (unshare); builds nothing:
 # $DDP_TRAIN (default build/ddp-train) and $DDP_BENCH_ALLREDUCE (build/bench/ddp_bench_allreduce).
 set -euo pipefail
@@ -18,12 +20,14 @@ rates="unlimited 10gbit 1gbit"
 steps=300
 per_node=2
 repeats=1
+extra_sets=()
 while (($#)); do
   case "$1" in
     --rates) rates="${2:?}"; shift 2 ;;
     --steps) steps="${2:?}"; shift 2 ;;
     --per-node) per_node="${2:?}"; shift 2 ;;
     --repeats) repeats="${2:?}"; shift 2 ;;
+    --set) extra_sets+=(--set "${2:?--set needs key.path=value}"); shift 2 ;;
     *) echo "netns_scaling.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -60,7 +64,8 @@ run_model() {  # run_model LABEL where(one|two) model-spec repeat
   for s in $extra; do args+=(--set "$s"); done
   local dir="$out/$label-$name"
   ((rep == 1)) || dir="$dir.r$rep"
-  args+=(--config "$config" --set training.max_steps="$steps" --set output.dir="$dir")
+  args+=(--config "$config" --set training.max_steps="$steps" --set output.dir="$dir"
+         "${extra_sets[@]}")
   if [[ "$where" == one ]]; then
     mpirun -n "$ranks" --oversubscribe --bind-to none "$train" "${args[@]}" >"$dir.log" 2>&1
   else

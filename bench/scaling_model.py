@@ -1,7 +1,8 @@
 """scaling_model.py: the step-time model of docs/scaling.md, fitted to bench/netns_scaling.sh's
 output and checked against its measured training runs.
 
-  python3 bench/scaling_model.py OUTDIR [--nodes 2 4 8 16] [--calibrate MODEL:LINK | --no-cpu-term]
+  python3 bench/scaling_model.py OUTDIR [--nodes 2 4 8 16] [--calibrate MODEL:LINK | --no-cpu-term
+                                  | --gamma NS_PER_BYTE]
 
 Model. A link is an alpha-beta pair: one allreduce of S bytes across N nodes takes
     T_N(S) = 2(N-1)·alpha + 2(N-1)/N · S / B
@@ -23,7 +24,13 @@ does not see. The no-overlap form therefore gets
 gamma (seconds per byte) is calibrated on ONE training run (--calibrate MODEL:LINK, default the
 Fashion-MNIST MLP on the unlimited link: the run where the link itself costs least, so the gap
 is mostly CPU) and every other run is a prediction; the error table marks the calibration run
-and the largest error is taken over the others.
+and the largest error is taken over the others. --gamma takes it from another series (e.g. the
+unsharded runs' for distributed.shard_optimizer runs), so every run is a prediction.
+
+Sharded optimizer (distributed.shard_optimizer). Per bucket a reduce-scatter (each rank sends
+(N-1)/N of the bucket, N-1 messages) and an allgather (the same again) replace the allreduce:
+the same bytes and the same 2(N-1) latencies, so T_N and V_N are unchanged; what changes is
+compute, which the series' own one-node runs (sharded too) measure.
 """
 import argparse
 import json
@@ -109,6 +116,8 @@ def main():
     p.add_argument("--calibrate", default="fashion:unlimited",
                    help="MODEL:LINK, the one training run gamma is taken from")
     p.add_argument("--no-cpu-term", action="store_true", help="the pure link model (gamma = 0)")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="the CPU term in ns per byte, from another series (no calibration run)")
     p.add_argument("--global-fit", action="store_true",
                    help="one bandwidth per link (fitted over the sweep) instead of the sweep's "
                         "bandwidth at each bucket's size")
@@ -145,7 +154,11 @@ def main():
 
     gamma = 0.0
     cal_model, _, cal_rate = args.calibrate.partition(":")
-    if not args.no_cpu_term:
+    if args.gamma is not None:
+        gamma = args.gamma * 1e-9
+        cal_model = cal_rate = None  # every run is a prediction
+        print(f"\nCPU term: gamma = {args.gamma:.3f} ns per byte sent, given (--gamma)")
+    elif not args.no_cpu_term:
         cal = summary(os.path.join(out, f"two-nodes-{cal_rate}-{cal_model}"))
         if cal is None or cal_rate not in links:
             print(f"scaling_model.py: no run {args.calibrate} to calibrate gamma on", file=sys.stderr)
@@ -172,7 +185,8 @@ def main():
             base = link_only(model, rate, 2)
             predicted = base + gamma * bytes_sent(2, sizes)
             err = (predicted - measured) / measured
-            calibration = not args.no_cpu_term and (model, rate) == (cal_model, cal_rate)
+            calibration = (not args.no_cpu_term and args.gamma is None and
+                           (model, rate) == (cal_model, cal_rate))
             if not calibration:
                 errors.append(abs(err))
             mb = " + ".join(f"{b / 2**20:.2f}" for b in sizes)

@@ -17,7 +17,7 @@ std::shared_ptr<Work> GradientCommunicator::reduce_scatter_async(float*, size_t)
 }
 
 std::shared_ptr<Work> GradientCommunicator::allgather_async(float*, const std::vector<Span>&,
-                                                            const ScalarRiders&) {
+                                                            ScalarRiders) {
   no_sharding("allgather");
 }
 

@@ -26,13 +26,13 @@ struct LaneHooks {
 };
 
 /// A few doubles of every rank that ride on a collective (the sharded step's gradient norm and
-/// non-finite count on its parameter allgather): this rank's `count` (at most
-/// kMaxRiderDoubles) from `mine`, every rank's into `all` (count x ranks, in rank order).
+/// non-finite count on its parameter allgather): this rank's `mine` (at most kMaxDoubles), every
+/// rank's into `*all` (mine.size() x ranks, in rank order). The collective holds `all` itself,
+/// so a lost one that returns late writes into memory that still exists.
 struct ScalarRiders {
-  static constexpr size_t kMaxRiderDoubles = 4;
-  const double* mine = nullptr;
-  size_t count = 0;
-  double* all = nullptr;
+  static constexpr size_t kMaxDoubles = 4;
+  std::vector<double> mine;
+  std::shared_ptr<std::vector<double>> all;
 };
 
 /// The gradient buckets of every rank, summed (or averaged) in place bucket by bucket, each
@@ -71,7 +71,7 @@ class GradientCommunicator {
   /// reduce-scatters before backward writes the gradient arena again. In parameter_arena()
   /// memory shared by every rank it is a barrier.
   virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
-                                                const ScalarRiders& riders = {});
+                                                ScalarRiders riders = {});
 
   /// Collective, once: room for `numel` zeroed parameters. On one node (and unless
   /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:

@@ -2,6 +2,7 @@
 #include "train/replica.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/check.h"
 #include "core/random.h"
@@ -27,10 +28,12 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
                       const TrainConfig& cfg) {
   host_gradients_ = &host_gradients;
   sharded_ = cfg.distributed.shard_optimizer;
-  DDP_CHECK(!sharded_ || ctx_.device() == Device::CPU,
-            "distributed.shard_optimizer: available on CPU ranks only in this version; this rank "
-            "runs on "
-                << device_name(ctx_.device()) << " (device: auto found a GPU; set device: cpu)");
+  run_agreed(group, [&] {
+    DDP_CHECK(!sharded_ || ctx_.device() == Device::CPU,
+              "distributed.shard_optimizer: available on CPU ranks only in this version; this "
+              "rank runs on "
+                  << device_name(ctx_.device()) << " (device: auto found a GPU; set device: cpu)");
+  });
   shards_ = compute_shard_plan(plan_, sharded_ ? group.size() : 1, sharded_ ? group.rank() : 0);
   run_agreed(group, [&] {
     device_gradients_ = ctx_.make_gradient_communicator(group, host_gradients, cfg.distributed);
@@ -53,8 +56,8 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
       cfg.optimizer, sharded_ ? shards_.owned : whole_arena(plan_.total_numel), ctx_.device());
 }
 
-std::shared_ptr<Work> Replica::allgather_parameters(const ScalarRiders& riders) {
-  return gradient_comm().allgather_async(params_, shards_.buckets, riders);
+std::shared_ptr<Work> Replica::allgather_parameters(ScalarRiders riders) {
+  return gradient_comm().allgather_async(params_, shards_.buckets, std::move(riders));
 }
 
 void Replica::write_parameters(const std::vector<float>& host) {

@@ -46,7 +46,7 @@ class Replica {
   const ShardPlan& shards() const { return shards_; }
   /// Sharded: starts the allgather that gives every rank the parts the others updated, with
   /// `riders` (see GradientCommunicator::allgather_async, which every sharded step must call).
-  std::shared_ptr<Work> allgather_parameters(const ScalarRiders& riders = {});
+  std::shared_ptr<Work> allgather_parameters(ScalarRiders riders = {});
   /// The communicator the buckets travel on (the host one, or NCCL / staged on GPUs).
   GradientCommunicator& gradient_comm() {
     return device_gradients_ ? *device_gradients_ : *host_gradients_;

@@ -2,6 +2,7 @@
 #include "train/step.h"
 
 #include <cmath>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -76,11 +77,11 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
   const bool skip = cfg_.training.nan_policy == NanPolicy::SkipStep;
   const bool check = ctx_.checks_gradients(skip), norm = clip > 0 || rec.log;
   const bool decide_first = clip > 0 || skip;
-  double mine[2] = {0.0, 0.0};  // the parts' squared norm and non-finite count
-  std::vector<double> all(2 * static_cast<size_t>(comm_.size()));
-  if (check || norm) shard_totals(norm, mine);
-  if ((check || norm) && decide_first) {
-    comm_.allgather(mine, 2, all.data());
+  const bool totals = check || norm;
+  std::vector<double> mine = totals ? shard_totals(norm) : std::vector<double>{};
+  if (totals && decide_first) {
+    std::vector<double> all(mine.size() * static_cast<size_t>(comm_.size()));
+    comm_.allgather(mine.data(), mine.size(), all.data());
     apply_totals(all, norm, rec);
   }
   if (!rec.skipped) {
@@ -96,28 +97,31 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
   }
   if (rec.traced) update_end = ctx_.mark();
   ScalarRiders riders;
-  if ((check || norm) && !decide_first) riders = ScalarRiders{mine, 2, all.data()};
-  Work& gathered = *replica_.allgather_parameters(riders);
+  if (totals && !decide_first) riders = {mine, std::make_shared<std::vector<double>>()};
+  const std::shared_ptr<std::vector<double>> all = riders.all;
+  Work& gathered = *replica_.allgather_parameters(std::move(riders));
   try {
     gathered.wait();
   } catch (const Error& e) {
     DDP_THROW(rec.where() << e.message());
   }
-  if (riders.count > 0) apply_totals(all, norm, rec);
+  if (all) apply_totals(*all, norm, rec);
 }
 
 Tensor Step::part(const Tensor& arena, const Span& s) {
   return Tensor{arena.data + s.offset, 1, static_cast<int64_t>(s.numel), arena.device};
 }
 
-// This rank's parts: the squared L2 norm (when `norm`) and the non-finite count.
-void Step::shard_totals(bool norm, double mine[2]) {
+// This rank's parts: {the squared L2 norm (when `norm`), the non-finite count}.
+std::vector<double> Step::shard_totals(bool norm) {
+  std::vector<double> mine = {0.0, 0.0};
   const Tensor grads = replica_.gradients();
   for (const Span& s : replica_.shards().owned) {
     const double part_norm = norm ? be_.l2_norm(part(grads, s)) : 0.0;
     mine[0] += part_norm * part_norm;
     mine[1] += static_cast<double>(be_.count_nonfinite(part(grads, s)));
   }
+  return mine;
 }
 
 // Every rank's totals (pairs in rank order): the step is skipped, or stops the job, on a

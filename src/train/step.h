@@ -82,7 +82,7 @@ class Step {
   void update_replica(StepRecord& rec);
   void update_shard(StepRecord& rec, Mark& update_end);
   static Tensor part(const Tensor& arena, const Span& s);
-  void shard_totals(bool norm, double mine[2]);
+  std::vector<double> shard_totals(bool norm);
   void apply_totals(const std::vector<double>& all, bool norm, StepRecord& rec);
   bool gradients_usable(int64_t nonfinite, StepRecord& rec);
   void trace_update(const Mark& update_begin, const Mark& update_end, StepRecord& rec);

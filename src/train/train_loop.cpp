@@ -282,10 +282,12 @@ void TrainLoop::trace_step(const StepRecord& rec) {
   Tracer& tracer = p_.report.tracer();
   const BucketPlan& plan = p_.replica.plan();
   for (size_t b = 0; b < rec.works.size(); ++b) {
-    tracer.span(p_.report.comm_track(), "allreduce bucket " + std::to_string(b),
-                rec.works[b]->start_time(), rec.works[b]->end_time(),
-                {{"floats", static_cast<double>(plan.buckets[b].numel)},
-                 {"step", static_cast<double>(rec.global_step)}});
+    tracer.span(
+        p_.report.comm_track(),
+        (p_.replica.sharded() ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(b),
+        rec.works[b]->start_time(), rec.works[b]->end_time(),
+        {{"floats", static_cast<double>(plan.buckets[b].numel)},
+         {"step", static_cast<double>(rec.global_step)}});
   }
   for (const TraceSpan& span : rec.spans)
     tracer.span(span.track, span.name, span.begin.time(), span.end.time());

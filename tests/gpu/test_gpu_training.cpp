@@ -337,6 +337,26 @@ TEST_CASE("GPU training: NCCL with more ranks than GPUs on a node is refused on 
                                  "ranks without the one-GPU-per-rank error");
 }
 
+TEST_CASE("GPU training: the sharded optimizer is refused on every rank, naming the key",
+          "[gpu][errors]") {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  // device: auto finds the GPU at run time; device: cuda is refused by the config check.
+  ddp::TrainConfig cfg = small_config("shard_gpu", ddp::DeviceChoice::Auto);
+  cfg.distributed.backend = ddp::BackendChoice::Mpi;  // any number of ranks per GPU
+  cfg.distributed.shard_optimizer = true;
+  std::string message;
+  try {
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  ddp_test::require_on_all_ranks(
+      *comm,
+      message.find("distributed.shard_optimizer: available on CPU ranks only") == std::string::npos,
+      "ranks without the sharded-optimizer error");
+}
+
 TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane hooks",
           "[gpu][staged][nccl][errors]") {
   std::vector<ddp::BackendChoice> kinds = {ddp::BackendChoice::Mpi};

@@ -216,22 +216,25 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
-                                        const ScalarRiders& riders) override {
-    DDP_CHECK(
-        riders.count <= ScalarRiders::kMaxRiderDoubles,
-        "allgather: " << riders.count << " riders, at most " << ScalarRiders::kMaxRiderDoubles);
+                                        ScalarRiders riders) override {
+    const size_t k = riders.mine.size();
+    DDP_CHECK(k <= ScalarRiders::kMaxDoubles && (k == 0 || riders.all),
+              "allgather: " << k << " riders (at most " << ScalarRiders::kMaxDoubles
+                            << ", with room for every rank's)");
+    if (k > 0) riders.all->resize(k * static_cast<size_t>(size_));
     if (parameter_window_ != MPI_WIN_NULL && arena == parameters_) {
       // Every rank already reads every part in place: wait until each has written its own
       // (the riders pass through the control window's slots, on the same barrier).
-      return lane_->submit("allgather of the parameters (shared memory)", [this, riders] {
-        shared_memory_allgather(riders.mine, riders.count, riders.all);
-      });
+      return lane_->submit(
+          "allgather of the parameters (shared memory)", [this, riders = std::move(riders), k] {
+            shared_memory_allgather(riders.mine.data(), k, k > 0 ? riders.all->data() : nullptr);
+          });
     }
     MPI_Comm comm = comm_;
     const int size = size_;
     return lane_->submit(
         "allgather of the parameters",
-        [comm, size, arena, buckets, riders] {
+        [comm, size, arena, buckets, riders = std::move(riders), k] {
           std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
           for (const Span& b : buckets) {
             DDP_CHECK(b.numel <= static_cast<size_t>(INT32_MAX),
@@ -244,11 +247,9 @@ class LaneMpiCommunicator final : public MpiCommunicator {
             DDP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, arena + b.offset,
                                          counts.data(), offsets.data(), MPI_FLOAT, comm));
           }
-          if (riders.count > 0) {
-            const int k = static_cast<int>(riders.count);
-            DDP_MPI_CHECK(
-                MPI_Allgather(riders.mine, k, MPI_DOUBLE, riders.all, k, MPI_DOUBLE, comm));
-          }
+          if (k == 0) return;
+          DDP_MPI_CHECK(MPI_Allgather(riders.mine.data(), static_cast<int>(k), MPI_DOUBLE,
+                                      riders.all->data(), static_cast<int>(k), MPI_DOUBLE, comm));
         },
         nullptr, /*any_thread=*/false);
   }
@@ -266,7 +267,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX) / static_cast<size_t>(size_),
               "allgather of " << count << " doubles per rank is too large");
     std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
-    if (barrier_ && count <= ScalarRiders::kMaxRiderDoubles) {
+    if (barrier_ && count <= ScalarRiders::kMaxDoubles) {
       lane_
           ->submit(std::move(what),
                    [this, mine, count, all] { shared_memory_allgather(mine, count, all); })
@@ -330,7 +331,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // collectives; larger ones are gradient buckets across nodes.
   static constexpr size_t kPolledFloats = 1024;
   // Doubles per rank that the small allgather passes through shared memory on one node.
-  static constexpr size_t kSlotDoubles = ScalarRiders::kMaxRiderDoubles;
+  static constexpr size_t kSlotDoubles = ScalarRiders::kMaxDoubles;
 
   void scale(float* data, size_t count) const { divide(data, count, size_); }
 
