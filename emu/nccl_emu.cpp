@@ -51,7 +51,12 @@ enum BrokenReason : uint32_t {
   kBrokenLeft = 3,
 };
 
-enum CollectiveKind : int32_t { kAllReduce = 1, kBroadcast = 2 };
+enum CollectiveKind : int32_t {
+  kAllReduce = 1,
+  kBroadcast = 2,
+  kReduceScatter = 3,
+  kAllGather = 4
+};
 
 // What a rank is doing in a collective, compared across ranks to turn mismatched calls into an
 // error instead of undefined results.
@@ -709,48 +714,95 @@ ncclResult_t barrier(ncclComm* c, const char* what) {
   return fail(ncclRemoteError, message);
 }
 
+const char* kind_name(int32_t kind) {
+  switch (kind) {
+    case kAllReduce:
+      return "allreduce";
+    case kBroadcast:
+      return "broadcast";
+    case kReduceScatter:
+      return "reducescatter";
+    default:
+      return "allgather";
+  }
+}
+
+bool reduces(int32_t kind) { return kind == kAllReduce || kind == kReduceScatter; }
+
 std::string describe(const Descriptor& d) {
-  std::string s = cat("#", d.seq, " ", d.kind == kAllReduce ? "allreduce" : "broadcast",
-                      " count=", d.count, " ", type_name(static_cast<ncclDataType_t>(d.datatype)));
-  if (d.kind == kAllReduce) s += cat(" op=", d.op);
+  std::string s = cat("#", d.seq, " ", kind_name(d.kind), " count=", d.count, " ",
+                      type_name(static_cast<ncclDataType_t>(d.datatype)));
+  if (reduces(d.kind)) s += cat(" op=", d.op);
   if (d.kind == kBroadcast) s += cat(" root=", d.root);
   return s;
 }
 
-// Runs one collective chunk by chunk: stage, barrier, combine. Arguments are already checked.
-ncclResult_t run(ncclComm* c, const Descriptor& d, const void* send, void* recv) {
-  const char* what = d.kind == kAllReduce ? "allreduce" : "broadcast";
+// Every rank called the same collective as this one (checked on a collective's first chunk).
+ncclResult_t check_same_call(ncclComm* c, const Descriptor& d, size_t parity) {
+  for (int r = 0; r < c->nranks; ++r) {
+    const Descriptor& o = c->ranks[r].desc[parity];
+    if (o.seq != d.seq || o.count != d.count || o.kind != d.kind || o.datatype != d.datatype ||
+        o.op != d.op || o.root != d.root) {
+      set_async(c, ncclInvalidUsage);
+      return fail(ncclInvalidUsage, cat("rank ", c->rank, " called ", describe(d), " but rank ", r,
+                                        " called ", describe(o)));
+    }
+  }
+  return ncclSuccess;
+}
+
+// Where chunk [off, off + m) of a collective's staged data goes on this rank, once every rank
+// has staged its own: reduced (allreduce; reduce-scatter, only the part in this rank's block of
+// d.count), the root's (broadcast) or every rank's (allgather, rank r's to block r).
+void combine(ncclComm* c, const Descriptor& d, size_t set, size_t off, size_t m, const void* send,
+             unsigned char* out) {
   const ncclDataType_t t = static_cast<ncclDataType_t>(d.datatype);
   const size_t elem = type_size(t);
+  const auto op = static_cast<ncclRedOp_t>(d.op);
+  if (d.kind == kAllReduce) {
+    reduce_any(t, op, c, set, out + off * elem, m);
+  } else if (d.kind == kBroadcast) {
+    if (!(c->rank == d.root && send == out))
+      std::memcpy(out + off * elem, c->slot(set, d.root), m * elem);
+  } else if (d.kind == kReduceScatter) {
+    const size_t lo = static_cast<size_t>(c->rank) * d.count, hi = lo + d.count;
+    const size_t from = std::max(lo, off), to = std::min(hi, off + m);
+    if (from >= to) return;
+    std::vector<unsigned char> sum(m * elem);
+    reduce_any(t, op, c, set, sum.data(), m);
+    std::memcpy(out + (from - lo) * elem, sum.data() + (from - off) * elem, (to - from) * elem);
+  } else {
+    for (int r = 0; r < c->nranks; ++r) {
+      unsigned char* to = out + (static_cast<size_t>(r) * d.count + off) * elem;
+      if (r == c->rank && to == static_cast<const unsigned char*>(send) + off * elem) continue;
+      std::memcpy(to, c->slot(set, r), m * elem);
+    }
+  }
+}
+
+// Runs one collective chunk by chunk: stage, barrier, combine. Arguments are already checked.
+// A reduce-scatter stages all nranks x count elements of its send buffer (each chunk reduced
+// like an allreduce, kept where it falls in this rank's block); an allgather its count.
+ncclResult_t run(ncclComm* c, const Descriptor& d, const void* send, void* recv) {
+  const char* what = kind_name(d.kind);
+  const size_t elem = type_size(static_cast<ncclDataType_t>(d.datatype));
   const size_t per_chunk = c->chunk_bytes / elem;
   const size_t parity = d.seq % 2;
+  const size_t total =
+      d.kind == kReduceScatter ? static_cast<size_t>(c->nranks) * d.count : d.count;
   c->ranks[c->rank].desc[parity] = d;
   const auto* in = static_cast<const unsigned char*>(send);
   auto* out = static_cast<unsigned char*>(recv);
-  for (size_t off = 0; off < d.count; off += per_chunk) {
-    const size_t m = std::min(per_chunk, static_cast<size_t>(d.count) - off);
+  for (size_t off = 0; off < total; off += per_chunk) {
+    const size_t m = std::min(per_chunk, total - off);
     const size_t set = c->chunk_seq++ % 2;
-    if (d.kind == kAllReduce || c->rank == d.root) {
+    if (d.kind != kBroadcast || c->rank == d.root) {
       std::memcpy(c->slot(set, c->rank), in + off * elem, m * elem);
     }
-    const ncclResult_t rc = barrier(c, what);
+    ncclResult_t rc = barrier(c, what);
     if (rc != ncclSuccess) return rc;
-    if (off == 0) {
-      for (int r = 0; r < c->nranks; ++r) {
-        const Descriptor& o = c->ranks[r].desc[parity];
-        if (o.seq != d.seq || o.count != d.count || o.kind != d.kind || o.datatype != d.datatype ||
-            o.op != d.op || o.root != d.root) {
-          set_async(c, ncclInvalidUsage);
-          return fail(ncclInvalidUsage, cat("rank ", c->rank, " called ", describe(d), " but rank ",
-                                            r, " called ", describe(o)));
-        }
-      }
-    }
-    if (d.kind == kAllReduce) {
-      reduce_any(t, static_cast<ncclRedOp_t>(d.op), c, set, out + off * elem, m);
-    } else if (!(c->rank == d.root && send == recv)) {
-      std::memcpy(out + off * elem, c->slot(set, d.root), m * elem);
-    }
+    if (off == 0 && (rc = check_same_call(c, d, parity)) != ncclSuccess) return rc;
+    combine(c, d, set, off, m, send, out);
   }
   return ncclSuccess;
 }
@@ -787,7 +839,7 @@ ncclResult_t perform(ncclComm* c, const Call& call) {
                      call.count,
                      call.kind,
                      call.datatype,
-                     call.kind == kAllReduce ? static_cast<int32_t>(call.op) : -1,
+                     reduces(call.kind) ? static_cast<int32_t>(call.op) : -1,
                      call.root};
   return run(c, d, call.send, call.recv);
 }
@@ -812,7 +864,8 @@ ncclResult_t issue(ncclComm* c, const Call& call, cudaStream_t stream) {
 // The checks every collective makes before touching shared state, as NCCL's argument checks.
 // root is -1 for an allreduce (every rank sends).
 ncclResult_t check_collective(const char* fn, ncclComm* c, const void* send, void* recv,
-                              size_t count, ncclDataType_t t, int root, cudaStream_t stream) {
+                              size_t send_count, size_t recv_count, ncclDataType_t t, int root,
+                              cudaStream_t stream) {
   if (!c) return fail(ncclInvalidArgument, cat(fn, ": comm is NULL"));
   if (!is_live(c)) {
     return fail(ncclInvalidArgument, cat(fn, ": comm is not a live communicator (destroyed?)"));
@@ -840,17 +893,19 @@ ncclResult_t check_collective(const char* fn, ncclComm* c, const void* send, voi
   if (!ddp_emu::stream_exists(stream)) {
     return fail(ncclUnhandledCudaError, cat(fn, ": invalid stream"));
   }
-  if (count == 0) return ncclSuccess;
+  if (send_count == 0 || recv_count == 0) return ncclSuccess;
   const size_t elem = type_size(t);
-  if (count > SIZE_MAX / elem) return fail(ncclInvalidArgument, cat(fn, ": count overflows"));
-  const size_t bytes = count * elem;
-  if (send_used && (!send || !ddp_emu::is_device_memory(send, bytes))) {
-    return fail(ncclInvalidArgument, cat(fn, ": rank ", c->rank, ": sendbuff ", send, " is not ",
-                                         bytes, " bytes of device memory"));
+  if (std::max(send_count, recv_count) > SIZE_MAX / elem) {
+    return fail(ncclInvalidArgument, cat(fn, ": count overflows"));
   }
-  if (!recv || !ddp_emu::is_device_memory(recv, bytes)) {
+  const size_t send_bytes = send_count * elem, recv_bytes = recv_count * elem;
+  if (send_used && (!send || !ddp_emu::is_device_memory(send, send_bytes))) {
+    return fail(ncclInvalidArgument, cat(fn, ": rank ", c->rank, ": sendbuff ", send, " is not ",
+                                         send_bytes, " bytes of device memory"));
+  }
+  if (!recv || !ddp_emu::is_device_memory(recv, recv_bytes)) {
     return fail(ncclInvalidArgument, cat(fn, ": rank ", c->rank, ": recvbuff ", recv, " is not ",
-                                         bytes, " bytes of device memory"));
+                                         recv_bytes, " bytes of device memory"));
   }
   return ncclSuccess;
 }
@@ -1112,7 +1167,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     return fail(ncclInvalidArgument, cat(fn, ": ", type_name(datatype),
                                          " reductions are not supported by the emulation"));
   }
-  ncclResult_t rc = check_collective(fn, comm, sendbuff, recvbuff, count, datatype, -1, stream);
+  ncclResult_t rc =
+      check_collective(fn, comm, sendbuff, recvbuff, count, count, datatype, -1, stream);
   if (rc != ncclSuccess) return rc;
   g_collectives.fetch_add(1);
   ++comm->allreduce_calls;
@@ -1131,7 +1187,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            cudaStream_t stream) {
   const char* fn = "ncclBroadcast";
   if (root < 0) return fail(ncclInvalidArgument, cat(fn, ": root=", root, " is negative"));
-  ncclResult_t rc = check_collective(fn, comm, sendbuff, recvbuff, count, datatype, root, stream);
+  ncclResult_t rc =
+      check_collective(fn, comm, sendbuff, recvbuff, count, count, datatype, root, stream);
   if (rc != ncclSuccess) return rc;
   g_collectives.fetch_add(1);
   rc = async_error_of(comm, fn);
@@ -1139,6 +1196,47 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   if (count == 0) return ncclSuccess;
   return issue(comm,
                Call{fn, kBroadcast, count, datatype, ncclSum, root, sendbuff, recvbuff, false, 0},
+               stream);
+}
+
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream) {
+  const char* fn = "ncclReduceScatter";
+  if (op < 0 || op >= ncclNumOps) {
+    return fail(ncclInvalidArgument,
+                cat(fn, ": invalid reduction operator ", static_cast<int>(op)));
+  }
+  if (datatype >= 0 && datatype < ncclNumTypes && !reducible(datatype)) {
+    return fail(ncclInvalidArgument, cat(fn, ": ", type_name(datatype),
+                                         " reductions are not supported by the emulation"));
+  }
+  const size_t ranks = comm != nullptr && is_live(comm) ? static_cast<size_t>(comm->nranks) : 1;
+  if (recvcount > SIZE_MAX / ranks) return fail(ncclInvalidArgument, cat(fn, ": count overflows"));
+  ncclResult_t rc = check_collective(fn, comm, sendbuff, recvbuff, ranks * recvcount, recvcount,
+                                     datatype, -1, stream);
+  if (rc != ncclSuccess) return rc;
+  g_collectives.fetch_add(1);
+  rc = async_error_of(comm, fn);
+  if (rc != ncclSuccess || recvcount == 0) return rc;
+  return issue(comm,
+               Call{fn, kReduceScatter, recvcount, datatype, op, -1, sendbuff, recvbuff, false, 0},
+               stream);
+}
+
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  const char* fn = "ncclAllGather";
+  const size_t ranks = comm != nullptr && is_live(comm) ? static_cast<size_t>(comm->nranks) : 1;
+  if (sendcount > SIZE_MAX / ranks) return fail(ncclInvalidArgument, cat(fn, ": count overflows"));
+  ncclResult_t rc = check_collective(fn, comm, sendbuff, recvbuff, sendcount, ranks * sendcount,
+                                     datatype, -1, stream);
+  if (rc != ncclSuccess) return rc;
+  g_collectives.fetch_add(1);
+  rc = async_error_of(comm, fn);
+  if (rc != ncclSuccess || sendcount == 0) return rc;
+  return issue(comm,
+               Call{fn, kAllGather, sendcount, datatype, ncclSum, -1, sendbuff, recvbuff, false, 0},
                stream);
 }
 

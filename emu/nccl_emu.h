@@ -22,9 +22,13 @@
 //   Reductions support the 8-, 32- and 64-bit integer types, ncclFloat32 and ncclFloat64; the
 //   16- and 8-bit float types are rejected (ncclInvalidArgument). ncclBroadcast takes every type.
 //   A collective with count 0 returns at once without meeting the peers (as in NCCL).
+//   ncclReduceScatter reduces nranks x recvcount elements like an allreduce, chunk by chunk, and
+//   keeps rank r's block [r·recvcount, (r+1)·recvcount); ncclAllGather puts rank r's sendcount
+//   elements at block r of every rank's recvbuff. Both may run in place (sendbuff at this rank's
+//   block of the other buffer), as in NCCL.
 // - When: in the CUDA emulation's immediate stream mode (cuda_emu.h), and on the legacy default
 //   stream in any mode, at call time, and the call returns its result. In deferred mode on a
-//   created stream, ncclAllReduce and ncclBroadcast make every check below at call time, then
+//   created stream, the collectives make every check below at call time, then
 //   queue the collective on the stream and return ncclSuccess; it runs when that stream runs (a
 //   host synchronisation on it or on work that waits for it), in stream order. The peers run
 //   theirs the same way, so every rank must issue its collectives in the same order and
@@ -199,6 +203,11 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream);
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 
@@ -210,7 +219,8 @@ ncclResult_t ncclGroupEnd();
 
 namespace ddp_nccl_emu {
 
-/// ncclAllReduce and ncclBroadcast calls of this process that passed argument checks, whatever
+/// ncclAllReduce, ncclBroadcast, ncclReduceScatter and ncclAllGather calls of this process that
+/// passed argument checks, whatever
 /// their outcome (injected failures and count 0 included).
 int64_t collective_count();
 /// Communicators of this process created and not yet destroyed or aborted.

@@ -672,6 +672,66 @@ TEST_CASE("broadcast copies the root's buffer to every rank", "[nccl_emu]") {
   CHECK(shm_leftovers().empty());
 }
 
+TEST_CASE("reduce-scatter keeps each rank's block of the sum; allgather assembles the blocks",
+          "[nccl_emu]") {
+  const int n = 3;
+  // Blocks that straddle the 256-byte staging chunk (64 floats) in every way.
+  for (size_t block : {size_t{1}, size_t{50}, size_t{64}, size_t{333}}) {
+    INFO(block << " floats per rank");
+    const ncclUniqueId id = new_id();
+    require_all_passed(run_ranks(n, {{"DDP_NCCL_EMU_CHUNK_BYTES", "256"}}, [&](int rank) {
+      ncclComm_t comm = init_rank(n, id, rank);
+      if (!comm) return;
+      const size_t total = n * block;
+      std::vector<float> in(total);
+      for (size_t i = 0; i < total; ++i) in[i] = static_cast<float>((rank + 1) * (i % 97 + 1));
+      auto summed = [&](size_t i) { return static_cast<float>(n * (n + 1) / 2 * (i % 97 + 1)); };
+      for (bool in_place : {false, true}) {
+        DeviceBuffer<float> send(total), recv(block);
+        send.upload(in);
+        float* out = in_place ? send.get() + rank * block : recv.get();
+        RANK_NCCL(ncclReduceScatter(send.get(), out, block, ncclFloat, ncclSum, comm, nullptr),
+                  ncclSuccess);
+        const std::vector<float> all = send.download();
+        const std::vector<float> got =
+            in_place
+                ? std::vector<float>(all.begin() + rank * block, all.begin() + (rank + 1) * block)
+                : recv.download();
+        size_t bad = 0;
+        for (size_t i = 0; i < block; ++i) bad += got[i] != summed(rank * block + i);
+        RANK_CHECK(bad == 0);
+        if (!in_place) RANK_CHECK(all == in);  // the input stays untouched
+      }
+      for (bool in_place : {false, true}) {
+        std::vector<float> mine(block), expected(total);
+        for (size_t i = 0; i < block; ++i) mine[i] = static_cast<float>(1000 * rank + i);
+        for (size_t i = 0; i < total; ++i)
+          expected[i] = static_cast<float>(1000 * (i / block) + i % block);
+        DeviceBuffer<float> whole(total), part(block);
+        whole.upload(std::vector<float>(total, -1.0f));
+        const float* from = part.get();
+        if (in_place) {
+          std::vector<float> staged(total, -1.0f);
+          std::copy(mine.begin(), mine.end(), staged.begin() + rank * block);
+          whole.upload(staged);
+          from = whole.get() + rank * block;
+        } else {
+          part.upload(mine);
+        }
+        RANK_NCCL(ncclAllGather(from, whole.get(), block, ncclFloat, comm, nullptr), ncclSuccess);
+        RANK_CHECK(whole.download() == expected);
+      }
+      // A send buffer shorter than nranks x recvcount is refused like NCCL refuses it.
+      DeviceBuffer<float> small(block);
+      RANK_NCCL(
+          ncclReduceScatter(small.get(), small.get(), block, ncclFloat, ncclSum, comm, nullptr),
+          ncclInvalidArgument);
+      RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
+    }));
+  }
+  CHECK(shm_leftovers().empty());
+}
+
 TEST_CASE("ranks that disagree on a collective all get ncclInvalidUsage", "[nccl_emu]") {
   const ncclUniqueId id = new_id();
   require_all_passed(run_ranks(2, {}, [&](int rank) {

@@ -728,12 +728,16 @@ void validate_nccl(const Origin& o, const TrainConfig& c) {
   }
 }
 
-/// The sharded optimizer's collectives exist for CPU ranks (the MPI communicator) only so far.
+/// The sharded optimizer's collectives exist for CPU ranks (MPI) and for NCCL; staging GPU
+/// buckets through host memory (backend mpi on GPUs) has none.
 void validate_sharding(const Origin& o, const TrainConfig& c) {
-  if (!c.distributed.shard_optimizer || c.device != DeviceChoice::Cuda) return;
+  if (!c.distributed.shard_optimizer || c.device != DeviceChoice::Cuda ||
+      c.distributed.backend != BackendChoice::Mpi) {
+    return;
+  }
   fail(o, "distributed.shard_optimizer",
-       "is available with device: cpu only in this version (GPU ranks keep the whole "
-       "optimizer state); set it to false or use device: cpu");
+       "on GPUs needs distributed.backend: nccl (or auto); mpi stages the buckets through host "
+       "memory and has no sharded path");
 }
 
 /// A key of one optimizer set for another is refused (torch.optim.Adam has no momentum): the

@@ -186,7 +186,7 @@ void visit_distributed(DistributedConfig& d, V& v) {
   v.field("shared_memory", d.shared_memory,
           Key().doc("one node: allreduce in an MPI shared-memory window"));
   v.field("shard_optimizer", d.shard_optimizer,
-          Key().doc("each rank keeps 1/N of the optimizer state (ZeRO-1); cpu only"));
+          Key().doc("each rank keeps 1/N of the optimizer state (ZeRO-1)"));
   v.field("gpus", d.gpus, Key().at_least(0).doc("GPU of each local rank; []: local rank % GPUs"));
   v.field("nccl_algo", d.nccl_algo, Key().doc("ring sets NCCL_ALGO=Ring; auto: NCCL's choice"));
   v.field("timeout_s", d.timeout_s, Key().positive().doc("seconds any collective may take"));

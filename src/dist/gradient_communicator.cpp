@@ -8,7 +8,8 @@ namespace ddp {
 namespace {
 [[noreturn]] void no_sharding(const char* what) {
   DDP_THROW(what << ": this gradient communicator has no sharded-optimizer collectives "
-                    "(distributed.shard_optimizer needs the MPI communicator of CPU ranks)");
+                    "(distributed.shard_optimizer needs CPU ranks, or GPU ranks with "
+                    "distributed.backend: nccl)");
 }
 }  // namespace
 

@@ -33,4 +33,19 @@ ShardPlan compute_shard_plan(const BucketPlan& plan, int world, int rank) {
   return shards;
 }
 
+BucketPlan pad_buckets_to_equal_parts(BucketPlan plan, int world) {
+  DDP_CHECK(world >= 1, "pad_buckets_to_equal_parts: " << world << " ranks");
+  const size_t multiple = static_cast<size_t>(world) * kShardAlign;
+  size_t shift = 0;
+  for (BucketPlan::Bucket& b : plan.buckets) {
+    b.offset += shift;
+    for (size_t p : b.params) plan.param_offset[p] += shift;
+    const size_t padded = (b.numel + multiple - 1) / multiple * multiple;
+    shift += padded - b.numel;
+    b.numel = padded;
+  }
+  plan.total_numel += shift;
+  return plan;
+}
+
 }  // namespace ddp

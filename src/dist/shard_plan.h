@@ -33,4 +33,9 @@ struct ShardPlan {
 
 ShardPlan compute_shard_plan(const BucketPlan& plan, int world, int rank);
 
+/// `plan` with every bucket grown (zeros at its end, later buckets moved up) to a multiple of
+/// world x kShardAlign floats, so that every rank's part of it has the same size: what NCCL's
+/// reduce-scatter and allgather need. Alignment of `plan` is kept.
+BucketPlan pad_buckets_to_equal_parts(BucketPlan plan, int world);
+
 }  // namespace ddp

@@ -14,13 +14,16 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 }  // namespace
 
-Replica::Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch)
+Replica::Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch, int world)
     : cfg_(cfg), ctx_(ctx) {
   model_ =
       std::make_unique<Sequential>(cfg.model.layers, cfg.model.activation, max_batch, ctx.device());
   plan_ = compute_bucket_plan(
       model_->parameter_numels(), static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
       static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB), ctx.arena_alignment());
+  // NCCL's reduce-scatter and allgather take equal parts.
+  if (cfg.distributed.shard_optimizer && ctx.device() == Device::CUDA)
+    plan_ = pad_buckets_to_equal_parts(std::move(plan_), world);
   dlogits_ = Buffer(static_cast<size_t>(max_batch * model_->out_features()), ctx.device());
 }
 
@@ -28,12 +31,6 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
                       const TrainConfig& cfg) {
   host_gradients_ = &host_gradients;
   sharded_ = cfg.distributed.shard_optimizer;
-  run_agreed(group, [&] {
-    DDP_CHECK(!sharded_ || ctx_.device() == Device::CPU,
-              "distributed.shard_optimizer: available on CPU ranks only in this version; this "
-              "rank runs on "
-                  << device_name(ctx_.device()) << " (device: auto found a GPU; set device: cpu)");
-  });
   shards_ = compute_shard_plan(plan_, sharded_ ? group.size() : 1, sharded_ ? group.rank() : 0);
   run_agreed(group, [&] {
     device_gradients_ = ctx_.make_gradient_communicator(group, host_gradients, cfg.distributed);
@@ -133,7 +130,8 @@ std::vector<float> Replica::host_optimizer_state(const std::string& name) {
     ctx_.copy_to_host(host.data() + s.offset, state.data + at, s.numel);
     at += s.numel;
   }
-  if (sharded_) gradient_comm().allgather_async(host.data(), shards_.buckets)->wait();
+  // The host communicator gathers host memory on any device.
+  if (sharded_) host_gradients_->allgather_async(host.data(), shards_.buckets)->wait();
   return host;
 }
 

@@ -27,9 +27,9 @@ namespace ddp {
 
 class Replica {
  public:
-  /// The layers (room for batches of max_batch rows), the bucket plan and the arenas; no
-  /// collective. The replica keeps `ctx`.
-  Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch);
+  /// The layers (room for batches of max_batch rows) and the bucket plan (sharded on a GPU:
+  /// buckets padded to `world` equal parts); no collective. The replica keeps `ctx`.
+  Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch, int world);
 
   /// Collective over `group`: the gradient communicator (`host_gradients` itself, or NCCL /
   /// staged on GPUs), its gradient arena (the parameters' gradients become views into the

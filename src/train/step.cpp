@@ -70,13 +70,16 @@ void Step::update_replica(StepRecord& rec) {
 // rank that its gradient buckets are no longer read). Each rank's squared norm and non-finite
 // count of its parts reach every rank and are added in rank order (the same sums everywhere).
 // When the update depends on them (clipping, nan_policy skip_step) they travel first, in a small
-// allgather; otherwise they ride on the parameter allgather and are checked after it (a
-// non-finite gradient still stops every rank), one synchronisation per step fewer.
+// allgather; otherwise, on the CPU, they ride on the parameter allgather and are checked after it
+// (a non-finite gradient still stops every rank), one synchronisation per step fewer. On a GPU
+// the totals make the host wait for the gradients (l2_norm, count_nonfinite): only on steps that
+// need them (clipping, skip_step, logged steps).
 void Step::update_shard(StepRecord& rec, Mark& update_end) {
   const double clip = cfg_.training.clip_grad_norm;
   const bool skip = cfg_.training.nan_policy == NanPolicy::SkipStep;
   const bool check = ctx_.checks_gradients(skip), norm = clip > 0 || rec.log;
-  const bool decide_first = clip > 0 || skip;
+  // NCCL's allgather carries no riders: on GPUs the totals always travel first.
+  const bool decide_first = clip > 0 || skip || ctx_.device() != Device::CPU;
   const bool totals = check || norm;
   std::vector<double> mine = totals ? shard_totals(norm) : std::vector<double>{};
   if (totals && decide_first) {
@@ -99,9 +102,9 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
   ScalarRiders riders;
   if (totals && !decide_first) riders = {mine, std::make_shared<std::vector<double>>()};
   const std::shared_ptr<std::vector<double>> all = riders.all;
-  Work& gathered = *replica_.allgather_parameters(std::move(riders));
+  const std::shared_ptr<Work> gathered = replica_.allgather_parameters(std::move(riders));
   try {
-    gathered.wait();
+    gathered->wait();
   } catch (const Error& e) {
     DDP_THROW(rec.where() << e.message());
   }

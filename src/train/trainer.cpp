@@ -72,7 +72,7 @@ void Trainer::State::setup() {
   run_agreed(comm, [&] {
     ctx = make_device_context(place_rank(cfg, comm));
     data.load(cfg, comm.size(), comm.rank());
-    replica = std::make_unique<Replica>(cfg, *ctx, data.max_batch(cfg));
+    replica = std::make_unique<Replica>(cfg, *ctx, data.max_batch(cfg), comm.size());
     report.open_outputs();
   });
   report.say_each_rank("  rank " + std::to_string(comm.rank()) + ": " + ctx->describe());

@@ -156,7 +156,7 @@ bool Lane::stop_broken() {
 }
 
 std::shared_ptr<Work> Lane::submit(std::string what, std::function<void()> fn,
-                                   const LaneHooks* hooks, bool any_thread) {
+                                   const LaneHooks* hooks, bool any_thread, bool wake) {
   DDP_CHECK(!broken(), what << " refused: an earlier collective timed out and the "
                               "communication lane is stuck");
   auto work = std::make_shared<LaneWork>(*this, std::move(what), std::move(fn),
@@ -165,7 +165,8 @@ std::shared_ptr<Work> Lane::submit(std::string what, std::function<void()> fn,
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(work);
   }
-  work_cv_.notify_one();
+  // Not woken, a busy lane thread still finds it when it finishes (run_front notifies).
+  if (wake || !any_thread) work_cv_.notify_one();
   return work;
 }
 
@@ -182,7 +183,8 @@ void Lane::run_front(std::unique_lock<std::mutex>& lock) {
   running_ = false;
   work->done_ = true;
   done_cv_.notify_all();
-  work_cv_.notify_one();
+  // The lane's thread has something to do only when more is queued (or it must stop).
+  if (!queue_.empty() || stop_) work_cv_.notify_one();
 }
 
 // A waiting thread has nothing better to do than drive the lane itself: it runs the queue up

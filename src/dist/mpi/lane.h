@@ -86,8 +86,12 @@ class Lane {
   ~Lane();
 
   /// Queues `fn` (with `hooks` around it); `any_thread` = false keeps it on the lane's thread.
+  /// wake = false (for a caller that waits for it at once, with any_thread) leaves the lane's
+  /// thread asleep if it is idle: the waiter runs the collective itself, and a rank whose
+  /// threads share one core saves two context switches.
   std::shared_ptr<Work> submit(std::string what, std::function<void()> fn,
-                               const LaneHooks* hooks = nullptr, bool any_thread = true);
+                               const LaneHooks* hooks = nullptr, bool any_thread = true,
+                               bool wake = true);
 
   /// For the collective running now: waits until done() with the lane's timeout; throws the
   /// timeout error naming the collective (and breaks the lane) or a cancellation error.

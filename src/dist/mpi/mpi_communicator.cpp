@@ -225,10 +225,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     if (parameter_window_ != MPI_WIN_NULL && arena == parameters_) {
       // Every rank already reads every part in place: wait until each has written its own
       // (the riders pass through the control window's slots, on the same barrier).
+      // The step waits for it at once: the lane's thread is not woken (see run_here).
       return lane_->submit(
-          "allgather of the parameters (shared memory)", [this, riders = std::move(riders), k] {
+          "allgather of the parameters (shared memory)",
+          [this, riders = std::move(riders), k] {
             shared_memory_allgather(riders.mine.data(), k, k > 0 ? riders.all->data() : nullptr);
-          });
+          },
+          nullptr, /*any_thread=*/true, /*wake=*/false);
     }
     MPI_Comm comm = comm_;
     const int size = size_;
@@ -257,10 +260,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   void allreduce(double* data, size_t count, ReduceOp op) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " doubles is too large");
-    lane_
-        ->submit("allreduce of " + std::to_string(count) + " double(s)",
-                 [this, data, count, op] { polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op)); })
-        ->wait();
+    run_here("allreduce of " + std::to_string(count) + " double(s)",
+             [this, data, count, op] { polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op)); });
   }
 
   void allgather(const double* mine, size_t count, double* all) override {
@@ -268,22 +269,16 @@ class LaneMpiCommunicator final : public MpiCommunicator {
               "allgather of " << count << " doubles per rank is too large");
     std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
     if (barrier_ && count <= ScalarRiders::kMaxDoubles) {
-      lane_
-          ->submit(std::move(what),
-                   [this, mine, count, all] { shared_memory_allgather(mine, count, all); })
-          ->wait();
+      run_here(std::move(what),
+               [this, mine, count, all] { shared_memory_allgather(mine, count, all); });
       return;
     }
-    lane_
-        ->submit(
-            std::move(what),
-            [this, mine, count, all] {
-              MPI_Request request = MPI_REQUEST_NULL;
-              DDP_MPI_CHECK(MPI_Iallgather(mine, static_cast<int>(count), MPI_DOUBLE, all,
-                                           static_cast<int>(count), MPI_DOUBLE, comm_, &request));
-              complete(request);
-            })
-        ->wait();
+    run_here(std::move(what), [this, mine, count, all] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Iallgather(mine, static_cast<int>(count), MPI_DOUBLE, all,
+                                   static_cast<int>(count), MPI_DOUBLE, comm_, &request));
+      complete(request);
+    });
   }
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op) override {
@@ -297,27 +292,21 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   void broadcast(void* data, size_t bytes, int root) override {
     DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
               "broadcast of " << bytes << " bytes is too large");
-    lane_
-        ->submit(
-            "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
-            [this, data, bytes, root] {
-              MPI_Request request = MPI_REQUEST_NULL;
-              DDP_MPI_CHECK(
-                  MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
-              complete(request);
-            })
-        ->wait();
+    run_here(
+        "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+        [this, data, bytes, root] {
+          MPI_Request request = MPI_REQUEST_NULL;
+          DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
+          complete(request);
+        });
   }
 
   void barrier() override {
-    lane_
-        ->submit("barrier",
-                 [this] {
-                   MPI_Request request = MPI_REQUEST_NULL;
-                   DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
-                   complete(request);
-                 })
-        ->wait();
+    run_here("barrier", [this] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+      complete(request);
+    });
   }
 
   void set_timeout(double seconds) override {
@@ -327,6 +316,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   double timeout() const override { return lane_->timeout(); }
 
  private:
+  // A blocking collective: queued behind the others and waited for at once, so the lane's
+  // thread is not woken for it (this thread runs it when the lane is idle).
+  void run_here(std::string what, std::function<void()> fn) {
+    lane_->submit(std::move(what), std::move(fn), nullptr, /*any_thread=*/true, /*wake=*/false)
+        ->wait();
+  }
+
   // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
   // collectives; larger ones are gradient buckets across nodes.
   static constexpr size_t kPolledFloats = 1024;

@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
 #include <thread>
 
 #include "core/clock.h"
 #include "dist/device_communicators.h"
+#include "dist/shard_plan.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -78,6 +82,8 @@ class NcclCommunicator final : public GradientCommunicator {
  public:
   NcclCommunicator(ProcessGroup& group, Backend& backend, const NcclOptions& options)
       : timeout_s_(options.timeout_s) {
+    rank_ = group.rank();
+    size_ = group.size();
     backend_ = dynamic_cast<cuda::CudaBackend*>(&backend);
     DDP_CHECK(backend_ != nullptr, "NCCL needs the CUDA backend, got '" << backend.name() << "'");
     clock_ = backend_->clock();
@@ -124,22 +130,47 @@ class NcclCommunicator final : public GradientCommunicator {
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
                                         const LaneHooks* hooks) override {
     DDP_CHECK(hooks == nullptr, "NCCL runs collectives on its stream; lane hooks do not apply");
-    DDP_CHECK(!aborted_, "NCCL allreduce refused: the communicator was aborted after an error");
-    cudaEvent_t ready = clock_->take(), start = clock_->take(), end = clock_->take();
-    auto work = std::make_shared<NcclWork>(
-        *this, clock_, ready, start, end, "NCCL allreduce of " + std::to_string(count) + " floats");
-    DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-    DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
     const ncclRedOp_t op = average ? ncclAvg : ncclSum;
 #else
     DDP_CHECK(!average, "averaging needs NCCL >= 2.10 (ncclAvg); pre-scale instead");
     const ncclRedOp_t op = ncclSum;
 #endif
-    settle(ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_), "ncclAllReduce");
-    DDP_CUDA_CHECK(cudaEventRecord(end, stream_));
-    return work;
+    return on_stream("NCCL allreduce of " + std::to_string(count) + " floats", [&] {
+      settle(ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_), "ncclAllReduce");
+    });
+  }
+
+  // The sharded optimizer: buckets padded to equal parts (pad_buckets_to_equal_parts), so
+  // rank r's part of a bucket is its r-th block, NCCL's in-place reduce-scatter and allgather.
+  float* parameter_arena(size_t numel, bool) override {
+    DDP_CHECK(parameters_.size() == 0, "parameter_arena() called twice");
+    parameters_ = DeviceArray<float>(numel);
+    if (numel > 0) cuda_zero_bytes(parameters_.data(), numel * sizeof(float));
+    return parameters_.data();
+  }
+
+  std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
+    const size_t part = equal_part(count, "reduce-scatter");
+    return on_stream("NCCL reduce-scatter of " + std::to_string(count) + " floats", [&] {
+      settle(ncclReduceScatter(data, data + static_cast<size_t>(rank_) * part, part, ncclFloat,
+                               ncclSum, comm_, stream_),
+             "ncclReduceScatter");
+    });
+  }
+
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
+                                        ScalarRiders riders) override {
+    DDP_CHECK(riders.mine.empty(), "NCCL's parameter allgather carries no riders");
+    return on_stream("NCCL allgather of the parameters", [&] {
+      for (const Span& b : buckets) {
+        const size_t part = equal_part(b.numel, "allgather");
+        float* bucket = arena + b.offset;
+        settle(ncclAllGather(bucket + static_cast<size_t>(rank_) * part, bucket, part, ncclFloat,
+                             comm_, stream_),
+               "ncclAllGather");
+      }
+    });
   }
 
   void set_timeout(double seconds) override {
@@ -184,6 +215,29 @@ class NcclCommunicator final : public GradientCommunicator {
   }
 
  private:
+  // A collective on the comm stream: it waits for what the compute stream queued before it
+  // (an event), and its Work for the events around it.
+  std::shared_ptr<Work> on_stream(std::string what, const std::function<void()>& issue) {
+    DDP_CHECK(!aborted_, what << " refused: the communicator was aborted after an error");
+    cudaEvent_t ready = clock_->take(), start = clock_->take(), end = clock_->take();
+    auto work = std::make_shared<NcclWork>(*this, clock_, ready, start, end, std::move(what));
+    DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
+    issue();
+    DDP_CUDA_CHECK(cudaEventRecord(end, stream_));
+    return work;
+  }
+
+  // Each rank's part of a bucket of `count` floats, which must be equal for every rank.
+  size_t equal_part(size_t count, const char* what) const {
+    const size_t part = shard_part(count, size_, 0).numel;
+    DDP_CHECK(part * static_cast<size_t>(size_) == count,
+              "NCCL " << what << " of " << count << " floats: the bucket is not padded to " << size_
+                      << " equal parts (pad_buckets_to_equal_parts)");
+    return part;
+  }
+
   // A call on a non-blocking communicator may return ncclInProgress while NCCL finishes
   // connecting; wait for that under the timeout, then check for errors.
   void settle(ncclResult_t rc, const std::string& what) {
@@ -224,7 +278,9 @@ class NcclCommunicator final : public GradientCommunicator {
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
+  int rank_ = 0, size_ = 1;
   DeviceArray<float> arena_;
+  DeviceArray<float> parameters_;  // the sharded optimizer's parameter arena
 };
 
 NcclWork::~NcclWork() {

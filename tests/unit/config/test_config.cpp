@@ -374,11 +374,12 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "training.max_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) {
          c.device = ddp::DeviceChoice::Cuda;
+         c.distributed.backend = ddp::BackendChoice::Mpi;
          c.distributed.shard_optimizer = true;
        },
        ddp::cuda_built()
-           ? "distributed.shard_optimizer: is available with device: cpu only in this version (GPU "
-             "ranks keep the whole optimizer state); set it to false or use device: cpu"
+           ? "distributed.shard_optimizer: on GPUs needs distributed.backend: nccl (or auto); mpi "
+             "stages the buckets through host memory and has no sharded path"
            : "device: cuda is not available in this build (built without the CUDA toolkit); "
              "use cpu or auto"},
       {[](TrainConfig& c) {

@@ -65,3 +65,30 @@ TEST_CASE("shard plan: a rank owns its part of every bucket; the ranks' parts co
     REQUIRE(wrong == 0);
   }
 }
+
+TEST_CASE("buckets padded to equal parts: every rank's part the same size, tensors in place",
+          "[shard]") {
+  const std::vector<size_t> numel = {784 * 256, 256, 256 * 10, 10};
+  const ddp::BucketPlan plan = ddp::compute_bucket_plan(numel, 4096, 65536, /*align=*/4);
+  for (int world : {1, 2, 3, 4}) {
+    INFO(world << " ranks");
+    const ddp::BucketPlan padded = ddp::pad_buckets_to_equal_parts(plan, world);
+    REQUIRE(padded.buckets.size() == plan.buckets.size());
+    size_t grown = 0;
+    for (size_t b = 0; b < padded.buckets.size(); ++b) {
+      const auto& p = padded.buckets[b];
+      const auto& o = plan.buckets[b];
+      REQUIRE(p.params == o.params);
+      REQUIRE(p.offset == o.offset + grown);  // moved up by the padding before it
+      REQUIRE(p.numel % (world * ddp::kShardAlign) == 0);
+      REQUIRE(p.numel >= o.numel);
+      REQUIRE(p.numel - o.numel < world * ddp::kShardAlign);
+      for (size_t q : p.params) REQUIRE(padded.param_offset[q] == plan.param_offset[q] + grown);
+      for (int r = 0; r < world; ++r)
+        REQUIRE(ddp::shard_part(p.numel, world, r) == Span{r * p.numel / world, p.numel / world});
+      grown += p.numel - o.numel;
+    }
+    REQUIRE(padded.total_numel == plan.total_numel + grown);
+    for (size_t q = 0; q < numel.size(); ++q) REQUIRE(padded.param_offset[q] % 4 == 0);
+  }
+}
