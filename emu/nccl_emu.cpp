@@ -910,6 +910,20 @@ ncclResult_t check_collective(const char* fn, ncclComm* c, const void* send, voi
   return ncclSuccess;
 }
 
+// The operator and the type of a reduction, as NCCL checks them (and the types the emulation
+// reduces).
+ncclResult_t check_reduction(const char* fn, ncclRedOp_t op, ncclDataType_t datatype) {
+  if (op < 0 || op >= ncclNumOps) {
+    return fail(ncclInvalidArgument,
+                cat(fn, ": invalid reduction operator ", static_cast<int>(op)));
+  }
+  if (datatype >= 0 && datatype < ncclNumTypes && !reducible(datatype)) {
+    return fail(ncclInvalidArgument, cat(fn, ": ", type_name(datatype),
+                                         " reductions are not supported by the emulation"));
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t async_error_of(ncclComm* c, const char* fn) {
   const auto e = static_cast<ncclResult_t>(c->async_error.load());
   if (e == ncclSuccess) return e;
@@ -1159,16 +1173,9 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
   const char* fn = "ncclAllReduce";
-  if (op < 0 || op >= ncclNumOps) {
-    return fail(ncclInvalidArgument,
-                cat(fn, ": invalid reduction operator ", static_cast<int>(op)));
-  }
-  if (datatype >= 0 && datatype < ncclNumTypes && !reducible(datatype)) {
-    return fail(ncclInvalidArgument, cat(fn, ": ", type_name(datatype),
-                                         " reductions are not supported by the emulation"));
-  }
-  ncclResult_t rc =
-      check_collective(fn, comm, sendbuff, recvbuff, count, count, datatype, -1, stream);
+  ncclResult_t rc = check_reduction(fn, op, datatype);
+  if (rc != ncclSuccess) return rc;
+  rc = check_collective(fn, comm, sendbuff, recvbuff, count, count, datatype, -1, stream);
   if (rc != ncclSuccess) return rc;
   g_collectives.fetch_add(1);
   ++comm->allreduce_calls;
@@ -1203,18 +1210,12 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
   const char* fn = "ncclReduceScatter";
-  if (op < 0 || op >= ncclNumOps) {
-    return fail(ncclInvalidArgument,
-                cat(fn, ": invalid reduction operator ", static_cast<int>(op)));
-  }
-  if (datatype >= 0 && datatype < ncclNumTypes && !reducible(datatype)) {
-    return fail(ncclInvalidArgument, cat(fn, ": ", type_name(datatype),
-                                         " reductions are not supported by the emulation"));
-  }
+  ncclResult_t rc = check_reduction(fn, op, datatype);
+  if (rc != ncclSuccess) return rc;
   const size_t ranks = comm != nullptr && is_live(comm) ? static_cast<size_t>(comm->nranks) : 1;
   if (recvcount > SIZE_MAX / ranks) return fail(ncclInvalidArgument, cat(fn, ": count overflows"));
-  ncclResult_t rc = check_collective(fn, comm, sendbuff, recvbuff, ranks * recvcount, recvcount,
-                                     datatype, -1, stream);
+  rc = check_collective(fn, comm, sendbuff, recvbuff, ranks * recvcount, recvcount, datatype, -1,
+                        stream);
   if (rc != ncclSuccess) return rc;
   g_collectives.fetch_add(1);
   rc = async_error_of(comm, fn);

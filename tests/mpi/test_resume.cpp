@@ -23,6 +23,7 @@
 
 namespace {
 
+using ddp_test::bitwise_equal;
 using ddp_test::max_abs_diff;
 using ddp_test::require_identical_replicas;
 using ddp_test::train;
@@ -56,18 +57,6 @@ int64_t steps_per_epoch(const ddp::TrainConfig& cfg) {
   const int64_t n = world_size(), b = cfg.training.batch_size, a = cfg.training.accumulate_steps;
   const int64_t shard = (cfg.data.train.samples + n - 1) / n;
   return ((shard + b - 1) / b + a - 1) / a;
-}
-
-// Every rank agrees whether a and b are bitwise the same.
-bool bitwise_equal(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp::NamedTensor>& b) {
-  long differ = a.size() != b.size();
-  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
-    differ += a[t].data.size() != b[t].data.size() ||
-              std::memcmp(a[t].data.data(), b[t].data.data(),
-                          std::min(a[t].data.size(), b[t].data.size()) * sizeof(float)) != 0;
-  }
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  return ddp_test::max_over_ranks(*comm, static_cast<double>(differ)) == 0.0;
 }
 
 // Trains `cfg` for `stop_at` steps (checkpointed at the end, in scratch dir `part`), resumes it

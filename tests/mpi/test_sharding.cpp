@@ -15,6 +15,7 @@
 
 namespace {
 
+using ddp_test::bitwise_equal;
 using ddp_test::max_abs_diff;
 using ddp_test::require_identical_replicas;
 using ddp_test::train;
@@ -40,18 +41,6 @@ ddp::TrainConfig sharded(ddp::TrainConfig cfg) {
   cfg.distributed.shard_optimizer = true;
   cfg.output.dir += "_sharded";
   return cfg;
-}
-
-// Every rank agrees whether a and b are bitwise the same.
-bool bitwise_equal(const std::vector<ddp::NamedTensor>& a, const std::vector<ddp::NamedTensor>& b) {
-  long differ = a.size() != b.size();
-  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
-    differ += a[t].shape != b[t].shape || a[t].data.size() != b[t].data.size() ||
-              std::memcmp(a[t].data.data(), b[t].data.data(),
-                          std::min(a[t].data.size(), b[t].data.size()) * sizeof(float)) != 0;
-  }
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  return ddp_test::max_over_ranks(*comm, static_cast<double>(differ)) == 0.0;
 }
 
 struct Case {

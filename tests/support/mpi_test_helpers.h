@@ -120,6 +120,19 @@ inline void require_identical_replicas(const std::vector<ddp::NamedTensor>& w) {
   require_on_all_ranks(*comm, errors, "tensors that differ from rank 0's");
 }
 
+/// Every rank agrees whether a and b are bitwise the same (names' shapes and data).
+inline bool bitwise_equal(const std::vector<ddp::NamedTensor>& a,
+                          const std::vector<ddp::NamedTensor>& b) {
+  long differ = a.size() != b.size();
+  for (size_t t = 0; t < std::min(a.size(), b.size()); ++t) {
+    differ += a[t].shape != b[t].shape || a[t].data.size() != b[t].data.size() ||
+              std::memcmp(a[t].data.data(), b[t].data.data(),
+                          std::min(a[t].data.size(), b[t].data.size()) * sizeof(float)) != 0;
+  }
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  return max_over_ranks(*comm, static_cast<double>(differ)) == 0.0;
+}
+
 /// Trains `cfg` on a communicator over `mpi_comm`; returns the weights (and the summary).
 inline std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
                                            ddp::TrainSummary* summary = nullptr) {
