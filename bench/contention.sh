@@ -63,23 +63,10 @@ if [[ -z "$torch_coretype" ]]; then
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/contention.XXXXXX")"
-load_pids=()
-stop_load() {
-  if ((${#load_pids[@]})); then
-    kill "${load_pids[@]}" 2>/dev/null || true
-    wait "${load_pids[@]}" 2>/dev/null || true
-  fi
-  load_pids=()
-}
+# shellcheck source=bench/background_load.sh
+source "$here/background_load.sh"
 trap 'stop_load; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
-start_load() {  # count
-  local i
-  for ((i = 0; i < $1; i++)); do
-    sh -c 'while :; do :; done' &
-    load_pids+=("$!")
-  done
-}
 
 results="$work/results.txt"  # impl ranks load repeat samples_per_sec|timeout|failed steal%
 : > "$results"

@@ -57,23 +57,10 @@ if [[ "$(id -u)" == 0 ]]; then
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/shard_bench.XXXXXX")"
-load_pids=()
-stop_load() {
-  if ((${#load_pids[@]})); then
-    kill "${load_pids[@]}" 2>/dev/null || true
-    wait "${load_pids[@]}" 2>/dev/null || true
-  fi
-  load_pids=()
-}
+# shellcheck source=bench/background_load.sh
+source "$here/background_load.sh"
 trap 'stop_load; rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
-start_load() {  # count
-  local i
-  for ((i = 0; i < $1; i++)); do
-    sh -c 'while :; do :; done' &
-    load_pids+=("$!")
-  done
-}
 
 optimizer_sets() {  # sgd | adamw: the --set arguments
   if [[ "$1" == sgd ]]; then
