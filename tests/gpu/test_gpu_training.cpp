@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "core/check.h"
@@ -409,7 +410,18 @@ TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane 
     if (kind == ddp::BackendChoice::Mpi) {
       CHECK_THROWS_WITH(comm->allreduce_async(arena + 32, 64, false),
                         Catch::Contains("must lie in this communicator's gradient arena"));
+      // Host-staged buckets have no sharded path.
+      CHECK_THROWS_WITH(comm->reduce_scatter_async(arena, 64),
+                        Catch::Contains("no sharded-optimizer collectives"));
+      continue;
     }
+    // NCCL's parts must be equal: a bucket not padded to them is refused, as are riders.
+    CHECK_THROWS_WITH(comm->reduce_scatter_async(arena, 33), Catch::Contains("is not padded to"));
+    float* params = comm->parameter_arena(64);
+    CHECK_THROWS_WITH(comm->parameter_arena(64), Catch::Contains("parameter_arena() called twice"));
+    ddp::ScalarRiders riders{{1.0}, std::make_shared<std::vector<double>>()};
+    CHECK_THROWS_WITH(comm->allgather_async(params, {ddp::Span{0, 64}}, riders),
+                      Catch::Contains("carries no riders"));
   }
 }
 

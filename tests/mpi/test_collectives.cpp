@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -311,6 +312,13 @@ TEST_CASE("allgather of host memory: every rank's parts of every bucket reach ev
     for (size_t i = b.offset + part.offset; i < b.offset + part.end(); ++i)
       data[i] = static_cast<float>(i * 3 + 1);
   }
+  // At most 4 riders, with room for every rank's.
+  CHECK_THROWS_WITH(
+      comm->allgather_async(data.data(), buckets,
+                            {std::vector<double>(5, 1.0), std::make_shared<std::vector<double>>()}),
+      Catch::Contains("5 riders (at most 4"));
+  CHECK_THROWS_WITH(comm->allgather_async(data.data(), buckets, {{1.0}, nullptr}),
+                    Catch::Contains("riders"));
   comm->allgather_async(data.data(), buckets)->wait();
   long errors = 0;
   for (size_t i = 0; i < data.size(); ++i)

@@ -184,12 +184,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     // the lane's thread only, like a bucket's allreduce), which sums what it receives in rank
     // order: the shared-memory path's sums, bitwise, on any layout of ranks over nodes, with the
     // (N-1)/N of the bucket per rank on the link that a ring reduce-scatter sends. Captured by
-    // value: a lost call may return after the communicator is gone.
+    // value: a lost call may return after the communicator is gone. The receive buffer is the
+    // communicator's, reused (the lane runs one collective at a time), not allocated per call.
     MPI_Comm comm = comm_;
     const int size = size_, rank = rank_;
     return lane_->submit(
         std::move(what),
-        [comm, size, rank, data, count] {
+        [comm, size, rank, data, count, scratch = scratch_] {
           const Span mine = shard_part(count, size, rank);
           const size_t n = static_cast<size_t>(size);
           std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
@@ -200,13 +201,14 @@ class LaneMpiCommunicator final : public MpiCommunicator {
             recv_counts[q] = static_cast<int>(mine.numel);
             recv_offsets[q] = static_cast<int>(q * mine.numel);
           }
-          std::vector<float> received(std::max<size_t>(n * mine.numel, 1));
+          std::vector<float>& received = *scratch;
+          if (received.size() < std::max<size_t>(n * mine.numel, 1))
+            received.resize(std::max<size_t>(n * mine.numel, 1));
           DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
                                       received.data(), recv_counts.data(), recv_offsets.data(),
                                       MPI_FLOAT, comm));
           float* out = data + mine.offset;
-          std::copy(received.begin(), received.begin() + static_cast<std::ptrdiff_t>(mine.numel),
-                    out);
+          std::copy(received.data(), received.data() + mine.numel, out);
           for (size_t q = 1; q < n; ++q) {
             const float* from = received.data() + q * mine.numel;
             for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
@@ -521,6 +523,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   MPI_Win parameter_window_ = MPI_WIN_NULL;
   float* parameters_ = nullptr;  // the parameter arena (sharded optimizer)
   Buffer parameter_storage_;     // the parameter arena when there is no shared window
+  // What the reduce-scatter across nodes receives (shared with its calls, see there).
+  std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
 };
