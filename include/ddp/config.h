@@ -24,6 +24,8 @@ enum class NanPolicy { Abort, SkipStep };
 enum class DataFormat { Idx, Synthetic, Csv };
 /// `distributed.nccl_algo`.
 enum class NcclAlgo { Ring, Auto };
+/// `distributed.compression`: the type gradient buckets are summed in across ranks.
+enum class Compression { None, Bf16, Fp16 };
 /// `optimizer.name`.
 enum class OptimizerName { Sgd, Adam, AdamW };
 /// `scheduler.name`.
@@ -57,6 +59,11 @@ struct EnumNames<NcclAlgo> {
   static constexpr std::array<std::pair<NcclAlgo, const char*>, 2> table{
       {{NcclAlgo::Ring, "ring"}, {NcclAlgo::Auto, "auto"}}};
 };
+template <>
+struct EnumNames<Compression> {
+  static constexpr std::array<std::pair<Compression, const char*>, 3> table{
+      {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Fp16, "fp16"}}};
+};
 
 template <>
 struct EnumNames<OptimizerName> {
@@ -81,6 +88,7 @@ const char* to_string(BackendChoice v);
 const char* to_string(NanPolicy v);
 const char* to_string(DataFormat v);
 const char* to_string(NcclAlgo v);
+const char* to_string(Compression v);
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
 
@@ -187,6 +195,12 @@ struct DistributedConfig {
   /// ZeRO stage 1: each rank keeps the optimizer state of its part of every bucket, gradients
   /// are reduce-scattered and parameters allgathered (on one node: shared, not copied).
   bool shard_optimizer = false;
+  /// Gradient buckets travel and are summed in this 16-bit type (PyTorch's bf16_compress_hook
+  /// and fp16_compress_hook): each rank casts its pre-scaled bucket, the sum rounds to the type
+  /// after every addition, and the result is cast back to float32. Not on one node's
+  /// shared-memory path, which moves no bytes over a link, unless compression_on_node.
+  Compression compression = Compression::None;
+  bool compression_on_node = false;
   /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
   std::vector<int64_t> gpus;
   NcclAlgo nccl_algo = NcclAlgo::Ring;  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO

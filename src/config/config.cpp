@@ -740,6 +740,13 @@ void validate_sharding(const Origin& o, const TrainConfig& c) {
        "memory and has no sharded path");
 }
 
+/// compression_on_node without a format would change nothing the user asked for.
+void validate_compression(const Origin& o, const TrainConfig& c) {
+  if (!c.distributed.compression_on_node || c.distributed.compression != Compression::None) return;
+  fail(o, "distributed.compression_on_node",
+       "true needs distributed.compression: bf16 or fp16 (it is none)");
+}
+
 /// A key of one optimizer set for another is refused (torch.optim.Adam has no momentum): the
 /// user who set it expects it to act.
 void validate_optimizer_keys(const Origin& o, const OptimizerConfig& opt) {
@@ -812,6 +819,7 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
   }
   validate_nccl(o, c);
   validate_sharding(o, c);
+  validate_compression(o, c);
 }
 
 void validate(const Origin& o, const TrainConfig& c) {
@@ -875,6 +883,7 @@ const char* to_string(BackendChoice v) { return enum_name(v); }
 const char* to_string(NanPolicy v) { return enum_name(v); }
 const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
+const char* to_string(Compression v) { return enum_name(v); }
 const char* to_string(OptimizerName v) { return enum_name(v); }
 const char* to_string(SchedulerName v) { return enum_name(v); }
 

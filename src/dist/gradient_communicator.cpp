@@ -1,4 +1,5 @@
-// The sharded optimizer's collectives where a communicator has none (gradient_communicator.h).
+// The sharded optimizer's collectives and gradient compression where a communicator has none
+// (gradient_communicator.h).
 #include "dist/gradient_communicator.h"
 
 #include "core/check.h"
@@ -23,5 +24,11 @@ std::shared_ptr<Work> GradientCommunicator::allgather_async(float*, const std::v
 }
 
 float* GradientCommunicator::parameter_arena(size_t, bool) { no_sharding("parameter arena"); }
+
+void GradientCommunicator::set_compression(Compression format, bool) {
+  DDP_CHECK(format == Compression::None,
+            "distributed.compression: " << to_string(format)
+                                        << ": this gradient communicator sums in float32 only");
+}
 
 }  // namespace ddp

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ddp/config.h"
 #include "dist/work.h"
 
 namespace ddp {
@@ -77,6 +78,13 @@ class GradientCommunicator {
   /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:
   /// each rank writes its parts and reads all of them, with no copy. Ordinary memory otherwise.
   virtual float* parameter_arena(size_t numel, bool shared = true);
+
+  /// distributed.compression, once, before gradient_arena: later gradient collectives
+  /// (allreduce_async, reduce_scatter_async) cast each bucket to `format` (dist/compression.h),
+  /// sum it across ranks in that type, rounding after every addition, and cast the result back
+  /// into the float bucket. The MPI communicator keeps float32 on one node's shared-memory path
+  /// unless `on_node`. The default accepts Compression::None only and throws otherwise.
+  virtual void set_compression(Compression format, bool on_node);
 
   /// How long a bucket's allreduce may take before it is declared lost (a dead or stalled
   /// peer): waiting for it then throws ddp::Error naming the collective and the time, and the

@@ -37,6 +37,8 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
   });
   const bool shared = cfg.distributed.shared_memory;
   run_agreed(group, [&] {
+    gradient_comm().set_compression(cfg.distributed.compression,
+                                    cfg.distributed.compression_on_node);
     grads_ = gradient_comm().gradient_arena(plan_.total_numel, shared);
     if (sharded_) {
       params_ = gradient_comm().parameter_arena(plan_.total_numel, shared);

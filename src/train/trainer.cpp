@@ -64,6 +64,7 @@ struct Trainer::State {
   void setup();
   void describe_run();
   std::string describe_optimizer_state() const;
+  std::string describe_compression() const;
 };
 
 // Collective; every failure ends every rank with one message (run_agreed).
@@ -113,7 +114,25 @@ void Trainer::State::describe_run() {
                ")");
   const std::string gradients = ctx->describe_gradients();
   if (!gradients.empty()) report.say(gradients);
+  const std::string compression = describe_compression();
+  if (!compression.empty()) report.say(compression);
   report.say(describe_optimizer_state());
+}
+
+// What distributed.compression does in this job: MPI's shared-memory path on one node has no
+// link to save bytes on and stays float32 unless compression_on_node says otherwise.
+std::string Trainer::State::describe_compression() const {
+  const DistributedConfig& d = cfg.distributed;
+  if (d.compression == Compression::None || comm.size() == 1) return "";
+  const std::string name = to_string(d.compression);
+  const bool window = ctx->placement().backend != BackendChoice::Nccl && d.shared_memory &&
+                      comm.local_size() == comm.size();
+  if (window && !d.compression_on_node)
+    return "gradients: summed in float32: distributed.compression: " + name +
+           " saves nothing on one node's shared memory (compression_on_node: true applies it)";
+  return "gradients: sent and summed in " + name +
+         " (distributed.compression), 2 bytes a value instead of 4" +
+         (window ? ", on shared memory too (compression_on_node)" : "");
 }
 
 // "optimizer: adamw, state exp_avg exp_avg_sq: 2 x 101,776 floats (0.8 MiB) on rank 0, its

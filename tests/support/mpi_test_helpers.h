@@ -159,13 +159,15 @@ inline double max_abs_diff(const std::vector<ddp::NamedTensor>& a,
   return max_over_ranks(*comm, worst);
 }
 
-/// A 3-feature, 3-class CSV data set whose sample `bad` overflows the first layer of the model
-/// in `init` (layers [3, 8, 3]): 3 x 0.5 x 3e38 exceeds FLT_MAX in any summation order, so
-/// the batch holding it has non-finite logits, loss and gradients. Written by rank 0.
+/// A 3-feature, 3-class CSV data set whose sample `bad` has every feature `value`, and a model
+/// `init` (layers [3, 8, 3]). With the default 3e38, 3 x 0.5 x 3e38 overflows the first layer
+/// in any summation order, so the batch holding it has non-finite logits, loss and gradients.
+/// Written by rank 0.
 struct OverflowData {
   std::string csv, init;
 };
-inline OverflowData write_overflow_data(const std::string& dir, int64_t samples, int64_t bad) {
+inline OverflowData write_overflow_data(const std::string& dir, int64_t samples, int64_t bad,
+                                        double value = 3e38) {
   OverflowData d{dir + "/overflow.csv", dir + "/overflow_init.safetensors"};
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -173,7 +175,7 @@ inline OverflowData write_overflow_data(const std::string& dir, int64_t samples,
     std::ofstream out(d.csv);
     for (int64_t i = 0; i < samples; ++i) {
       if (i == bad) {
-        out << "3e38,3e38,3e38,1\n";
+        out << value << "," << value << "," << value << ",1\n";
       } else {
         out << 0.1 * static_cast<double>(i % 7) << "," << -0.2 * static_cast<double>(i % 3)
             << ",0.5," << (i % 3) << "\n";

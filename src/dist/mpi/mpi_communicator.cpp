@@ -20,6 +20,8 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "dist/compression.h"
+#include "dist/mpi/compressed_collectives.h"
 #include "dist/mpi/lane.h"
 #include "dist/mpi/shm_barrier.h"
 #include "dist/shard_plan.h"
@@ -95,6 +97,12 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   int local_rank() const override { return local_rank_; }
   int local_size() const override { return local_size_; }
 
+  void set_compression(Compression format, bool on_node) override {
+    DDP_CHECK(arena_ == nullptr, "set_compression() after gradient_arena()");
+    format_ = format;
+    on_node_ = on_node;
+  }
+
   float* gradient_arena(size_t numel, bool shared) override {
     DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
     if (!shared || !single_node_ || size_ == 1 || numel == 0) {
@@ -127,6 +135,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
           },
           hooks);
     }
+    if (format_ != Compression::None)
+      return compressed_allreduce_async(data, count, average, hooks);
     if (count <= kPolledFloats) {
       return lane_->submit(
           std::move(what),
@@ -179,6 +189,16 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       const size_t offset = static_cast<size_t>(data - arena_);
       return lane_->submit(std::move(what),
                            [this, offset, count] { shared_memory_reduce_scatter(offset, count); });
+    }
+    if (format_ != Compression::None) {
+      MPI_Comm comm = comm_;
+      const Compression format = format_;
+      return lane_->submit(
+          std::string("compressed ") + to_string(format) + " " + what,
+          [comm, data, count, format, scratch = compressed_] {
+            compressed_reduce_scatter(comm, data, count, format, *scratch);
+          },
+          nullptr, /*any_thread=*/false);
     }
     // Across nodes: every rank sends each part of the bucket to its owner (MPI_Alltoallv, on
     // the lane's thread only, like a bucket's allreduce), which sums what it receives in rank
@@ -325,6 +345,26 @@ class LaneMpiCommunicator final : public MpiCommunicator {
         ->wait();
   }
 
+  // A gradient bucket across nodes in 16 bits (compressed_collectives.h), on the lane's thread
+  // like the float32 MPI_Allreduce it replaces, everything captured by value.
+  std::shared_ptr<Work> compressed_allreduce_async(float* data, size_t count, bool average,
+                                                   const LaneHooks* hooks) {
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    const Compression format = format_;
+    return lane_->submit(
+        std::string("compressed ") + to_string(format) + " allreduce of " + std::to_string(count) +
+            " floats",
+        [comm, size, data, count, average, format, scratch = compressed_] {
+          compressed_allreduce(comm, data, count, format, *scratch);
+          if (average) divide(data, count, size);
+        },
+        hooks, /*any_thread=*/false);
+  }
+
+  // Whether the shared-memory path rounds to the compressed format (compression_on_node).
+  Compression node_format() const { return on_node_ ? format_ : Compression::None; }
+
   // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
   // collectives; larger ones are gradient buckets across nodes.
   static constexpr size_t kPolledFloats = 1024;
@@ -442,6 +482,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       const size_t lo = std::min(count, q * chunk);
       return std::make_pair(lo, std::min(count, lo + chunk));
     };
+    round_own_bucket(offset, count);
     node_barrier(spin_[0]);  // every rank's bucket is written
     const auto [lo, hi] = range(static_cast<size_t>(rank_));
     float* mine = peers_[static_cast<size_t>(rank_)] + offset;
@@ -455,10 +496,19 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     node_barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
   }
 
+  // compression_on_node: this rank's bucket rounded to the format in place, before its peers
+  // read it, so the sums below add values of the format, as the compressed path across nodes.
+  void round_own_bucket(size_t offset, size_t count) {
+    if (node_format() != Compression::None)
+      round_to(node_format(), peers_[static_cast<size_t>(rank_)] + offset, count);
+  }
+
   // The sum over ranks of [offset, offset + count) of every rank's arena, in rank order 0..N-1
-  // (the same bits on every rank and every run, whoever computes it), into this rank's arena.
+  // (the same bits on every rank and every run, whoever computes it), into this rank's arena;
+  // with compression_on_node rounded to the format after every addition.
   void reduce_in_rank_order(size_t offset, size_t count) {
     const size_t n = static_cast<size_t>(size_);
+    const Compression format = node_format();
     float* mine = peers_[static_cast<size_t>(rank_)] + offset;
     constexpr size_t kBlock = 1024;
     float acc[kBlock];
@@ -468,6 +518,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       std::copy(first, first + len, acc);
       for (size_t q = 1; q < n; ++q) {
         const float* src = peers_[q] + offset + b;
+        if (format != Compression::None) {
+          add_rounded(format, src, len, acc);
+          continue;
+        }
         for (size_t i = 0; i < len; ++i) acc[i] += src[i];
       }
       std::copy(acc, acc + len, mine + b);
@@ -478,6 +532,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // (shard_part) of the bucket. No barrier after it: peers may still read this rank's bucket
   // until the parameter allgather that follows every step's reduce-scatters.
   void shared_memory_reduce_scatter(size_t offset, size_t count) {
+    round_own_bucket(offset, count);
     node_barrier(spin_[0]);  // every rank's bucket is written
     const Span part = shard_part(count, size_, rank_);
     reduce_in_rank_order(offset + part.offset, part.numel);
@@ -525,6 +580,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   Buffer parameter_storage_;     // the parameter arena when there is no shared window
   // What the reduce-scatter across nodes receives (shared with its calls, see there).
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();
+  // distributed.compression (set_compression) and the 16-bit buffers of its collectives.
+  Compression format_ = Compression::None;
+  bool on_node_ = false;
+  std::shared_ptr<CompressedScratch> compressed_ = std::make_shared<CompressedScratch>();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
 };

@@ -382,6 +382,9 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
              "stages the buckets through host memory and has no sharded path"
            : "device: cuda is not available in this build (built without the CUDA toolkit); "
              "use cpu or auto"},
+      {[](TrainConfig& c) { c.distributed.compression_on_node = true; },
+       "distributed.compression_on_node: true needs distributed.compression: bf16 or fp16 (it "
+       "is none)"},
       {[](TrainConfig& c) {
          c.device = ddp::DeviceChoice::Cpu;
          c.distributed.backend = ddp::BackendChoice::Nccl;
@@ -560,6 +563,8 @@ TEST_CASE("config: enumerated keys take only their names, read once", "[config]"
        "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
       {"distributed: {nccl_algo: tree}\n",
        "distributed.nccl_algo: must be ring or auto; got 'tree'"},
+      {"distributed: {compression: int8}\n",
+       "distributed.compression: must be one of none, bf16, fp16; got 'int8'"},
       {"optimizer: {name: lion}\n", "optimizer.name: must be one of sgd, adam, adamw; got 'lion'"},
       {"optimizer: {name: adam, betas: [0.9]}\n",
        "optimizer.betas: expected a list of 2 numbers, got 1 entry"},
