@@ -75,15 +75,8 @@ run_model() {  # run_model LABEL where(one|two) model-spec repeat
 }
 
 set_rate() {
-  local dev
-  for dev in "$h1 vsa" "$h2 vsb"; do
-    set -- $dev
-    tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-    # Token bucket: the link's rate, with a 256 KB burst.
-    if [[ "$rate" != unlimited ]]; then
-      tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 50ms
-    fi
-  done
+  netns_set_rate "$h1" vsa "$rate"
+  netns_set_rate "$h2" vsb "$rate"
 }
 
 for ((rep = 1; rep <= repeats; ++rep)); do

@@ -26,6 +26,8 @@ enum class DataFormat { Idx, Synthetic, Csv };
 enum class NcclAlgo { Ring, Auto };
 /// `distributed.compression`: the type gradient buckets are summed in across ranks.
 enum class Compression { None, Bf16, Fp16 };
+/// `distributed.hierarchical`: allreduce within each node first, then across nodes.
+enum class Hierarchy { Auto, On, Off };
 /// `optimizer.name`.
 enum class OptimizerName { Sgd, Adam, AdamW };
 /// `scheduler.name`.
@@ -60,6 +62,11 @@ struct EnumNames<NcclAlgo> {
       {{NcclAlgo::Ring, "ring"}, {NcclAlgo::Auto, "auto"}}};
 };
 template <>
+struct EnumNames<Hierarchy> {
+  static constexpr std::array<std::pair<Hierarchy, const char*>, 3> table{
+      {{Hierarchy::Auto, "auto"}, {Hierarchy::On, "on"}, {Hierarchy::Off, "off"}}};
+};
+template <>
 struct EnumNames<Compression> {
   static constexpr std::array<std::pair<Compression, const char*>, 3> table{
       {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Fp16, "fp16"}}};
@@ -89,6 +96,7 @@ const char* to_string(NanPolicy v);
 const char* to_string(DataFormat v);
 const char* to_string(NcclAlgo v);
 const char* to_string(Compression v);
+const char* to_string(Hierarchy v);
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
 
@@ -201,6 +209,11 @@ struct DistributedConfig {
   /// shared-memory path, which moves no bytes over a link, unless compression_on_node.
   Compression compression = Compression::None;
   bool compression_on_node = false;
+  /// Across nodes: each node sums its ranks' buckets in shared memory, each local rank
+  /// allreduces its chunk of that sum across nodes, and the node shares the result (Horovod's
+  /// hierarchical allreduce). auto: on with more than one node and more than one rank on each,
+  /// for replicated optimizers on the MPI backend.
+  Hierarchy hierarchical = Hierarchy::Auto;
   /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
   std::vector<int64_t> gpus;
   NcclAlgo nccl_algo = NcclAlgo::Ring;  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO

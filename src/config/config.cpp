@@ -740,11 +740,29 @@ void validate_sharding(const Origin& o, const TrainConfig& c) {
        "memory and has no sharded path");
 }
 
-/// compression_on_node without a format would change nothing the user asked for.
-void validate_compression(const Origin& o, const TrainConfig& c) {
-  if (!c.distributed.compression_on_node || c.distributed.compression != Compression::None) return;
-  fail(o, "distributed.compression_on_node",
-       "true needs distributed.compression: bf16 or fp16 (it is none)");
+/// compression_on_node without a format would change nothing the user asked for, and a
+/// hierarchy asked for where it cannot exist would be silently flat.
+void validate_gradient_path(const Origin& o, const TrainConfig& c) {
+  const DistributedConfig& d = c.distributed;
+  if (d.compression_on_node && d.compression == Compression::None) {
+    fail(o, "distributed.compression_on_node",
+         "true needs distributed.compression: bf16 or fp16 (it is none)");
+  }
+  if (d.hierarchical != Hierarchy::On) return;
+  if (d.shard_optimizer) {
+    fail(o, "distributed.hierarchical",
+         "on does not apply to distributed.shard_optimizer, whose reduce-scatter and allgather "
+         "are flat (use auto or off)");
+  }
+  if (!d.shared_memory) {
+    fail(o, "distributed.hierarchical",
+         "on sums each node's buckets in shared memory and needs distributed.shared_memory: true");
+  }
+  if (c.device == DeviceChoice::Cuda && d.backend != BackendChoice::Mpi) {
+    fail(o, "distributed.hierarchical",
+         "on applies to the MPI backend; NCCL builds its own hierarchy across nodes (use auto "
+         "or off, or distributed.backend: mpi)");
+  }
 }
 
 /// A key of one optimizer set for another is refused (torch.optim.Adam has no momentum): the
@@ -819,7 +837,7 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
   }
   validate_nccl(o, c);
   validate_sharding(o, c);
-  validate_compression(o, c);
+  validate_gradient_path(o, c);
 }
 
 void validate(const Origin& o, const TrainConfig& c) {
@@ -884,6 +902,7 @@ const char* to_string(NanPolicy v) { return enum_name(v); }
 const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
 const char* to_string(Compression v) { return enum_name(v); }
+const char* to_string(Hierarchy v) { return enum_name(v); }
 const char* to_string(OptimizerName v) { return enum_name(v); }
 const char* to_string(SchedulerName v) { return enum_name(v); }
 

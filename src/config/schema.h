@@ -191,6 +191,8 @@ void visit_distributed(DistributedConfig& d, V& v) {
           Key().doc("gradients cross ranks and are summed as none, bf16 or fp16"));
   v.field("compression_on_node", d.compression_on_node,
           Key().doc("compress on one node's shared-memory path too"));
+  v.field("hierarchical", d.hierarchical,
+          Key().doc("allreduce within each node, then across nodes; auto: when it helps"));
   v.field("gpus", d.gpus, Key().at_least(0).doc("GPU of each local rank; []: local rank % GPUs"));
   v.field("nccl_algo", d.nccl_algo, Key().doc("ring sets NCCL_ALGO=Ring; auto: NCCL's choice"));
   v.field("timeout_s", d.timeout_s, Key().positive().doc("seconds any collective may take"));

@@ -31,4 +31,8 @@ void GradientCommunicator::set_compression(Compression format, bool) {
                                         << ": this gradient communicator sums in float32 only");
 }
 
+void GradientCommunicator::set_hierarchical(bool on) {
+  DDP_CHECK(!on, "distributed.hierarchical: this gradient communicator has no hierarchical path");
+}
+
 }  // namespace ddp

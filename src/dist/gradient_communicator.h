@@ -86,6 +86,13 @@ class GradientCommunicator {
   /// unless `on_node`. The default accepts Compression::None only and throws otherwise.
   virtual void set_compression(Compression format, bool on_node);
 
+  /// distributed.hierarchical, once, before gradient_arena: with `on`, across nodes with more
+  /// than one rank each, a bucket's allreduce is summed on each node's shared memory, each
+  /// local rank allreduces its chunk of the node's sum with the same chunk of every other node,
+  /// and the node shares the result back (the MPI communicator; compressed across nodes when
+  /// set_compression says so). The default accepts false only and throws otherwise.
+  virtual void set_hierarchical(bool on);
+
   /// How long a bucket's allreduce may take before it is declared lost (a dead or stalled
   /// peer): waiting for it then throws ddp::Error naming the collective and the time, and the
   /// communicator is broken. Default 600 s.

@@ -37,8 +37,7 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
   });
   const bool shared = cfg.distributed.shared_memory;
   run_agreed(group, [&] {
-    gradient_comm().set_compression(cfg.distributed.compression,
-                                    cfg.distributed.compression_on_node);
+    configure_gradient_path(group, cfg);
     grads_ = gradient_comm().gradient_arena(plan_.total_numel, shared);
     if (sharded_) {
       params_ = gradient_comm().parameter_arena(plan_.total_numel, shared);
@@ -53,6 +52,26 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
                                        sharded_);
   optimizer_ = make_optimizer(
       cfg.optimizer, sharded_ ? shards_.owned : whole_arena(plan_.total_numel), ctx_.device());
+}
+
+// distributed.compression and distributed.hierarchical, before the gradient arena exists.
+// Hierarchical on auto: across nodes with more than one rank each, where the buckets go
+// through MPI's shared-memory windows (not NCCL, which builds its own hierarchy; not the
+// sharded optimizer's collectives, which are flat).
+void Replica::configure_gradient_path(const ProcessGroup& group, const TrainConfig& cfg) {
+  const DistributedConfig& d = cfg.distributed;
+  gradient_comm().set_compression(d.compression, d.compression_on_node);
+  const bool several_per_node = group.size() > group.local_size() && group.local_size() > 1;
+  const bool possible =
+      ctx_.placement().backend != BackendChoice::Nccl && !sharded_ && d.shared_memory;
+  hierarchical_ = d.hierarchical == Hierarchy::On ||
+                  (d.hierarchical == Hierarchy::Auto && possible && several_per_node);
+  DDP_CHECK(!hierarchical_ || possible,
+            "distributed.hierarchical: on needs the MPI backend with shared_memory: true and an "
+            "unsharded optimizer (NCCL builds its own hierarchy; the sharded optimizer's "
+            "collectives are flat)");
+  hierarchical_ = hierarchical_ && several_per_node;
+  gradient_comm().set_hierarchical(hierarchical_);
 }
 
 std::shared_ptr<Work> Replica::allgather_parameters(ScalarRiders riders) {

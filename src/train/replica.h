@@ -43,6 +43,8 @@ class Replica {
   Optimizer& optimizer() { return *optimizer_; }
   /// distributed.shard_optimizer: the optimizer updates this rank's parts of the buckets.
   bool sharded() const { return sharded_; }
+  /// distributed.hierarchical as resolved for this job (connect).
+  bool hierarchical() const { return hierarchical_; }
   const ShardPlan& shards() const { return shards_; }
   /// Sharded: starts the allgather that gives every rank the parts the others updated, with
   /// `riders` (see GradientCommunicator::allgather_async, which every sharded step must call).
@@ -77,6 +79,7 @@ class Replica {
 
  private:
   void init_parameters(Sequential& target) const;
+  void configure_gradient_path(const ProcessGroup& group, const TrainConfig& cfg);
   void broadcast_parameters(ProcessGroup& comm);
   /// Collective: the parameters from arena-shaped host memory (sharded: each rank writes its
   /// parts, then the allgather).
@@ -87,6 +90,7 @@ class Replica {
   std::unique_ptr<Sequential> model_;
   BucketPlan plan_;
   bool sharded_ = false;
+  bool hierarchical_ = false;
   ShardPlan shards_;
   Buffer values_, dlogits_;  // values_: the parameter arena unless the communicator has it
   float* params_ = nullptr;  // the parameter arena

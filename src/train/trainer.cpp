@@ -116,6 +116,12 @@ void Trainer::State::describe_run() {
   if (!gradients.empty()) report.say(gradients);
   const std::string compression = describe_compression();
   if (!compression.empty()) report.say(compression);
+  if (replica->hierarchical())
+    report.say("gradients: hierarchical allreduce (distributed.hierarchical), " +
+               std::to_string(comm.size() / comm.local_size()) + " nodes x " +
+               std::to_string(comm.local_size()) +
+               " ranks: each node sums its buckets in shared memory, each local rank "
+               "allreduces its chunk across nodes, the node shares the result");
   report.say(describe_optimizer_state());
 }
 

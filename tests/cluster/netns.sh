@@ -54,6 +54,13 @@ netns_rx_bytes() {
   ip -n "$1" -s link show "$2" | awk '/RX:/ {getline; print $1}'
 }
 
+# netns_set_rate H LINK RATE: LINK in namespace H sends at most RATE (tc's rate syntax, "1gbit"),
+# through a token bucket with a 256 KB burst; "unlimited" removes the limit.
+netns_set_rate() {
+  tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
+  [[ "$3" == unlimited ]] || tc -n "$1" qdisc add dev "$2" root tbf rate "$3" burst 256kb latency 50ms
+}
+
 # netns_mpirun H1 HOSTFILE AGENT SUBNET [MPIRUN_ARGS...] -- PROGRAM ARGS...: mpirun started in
 # H1 (with its host name), remote ranks through AGENT, all MPI traffic on SUBNET; killed after
 # NETNS_TIMEOUT seconds when that is set.

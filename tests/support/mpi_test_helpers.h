@@ -45,6 +45,12 @@ inline int world_size() {
   return n;
 }
 
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 /// A fresh directory under the temporary directory, named after the process and `name`.
 inline std::string scratch_dir(const std::string& prefix, const std::string& name) {
   auto dir =

@@ -51,7 +51,7 @@ void divide(float* data, size_t count, int size) {
 
 class LaneMpiCommunicator final : public MpiCommunicator {
  public:
-  explicit LaneMpiCommunicator(MPI_Comm comm) {
+  LaneMpiCommunicator(MPI_Comm comm, int ranks_per_node) {
     int provided = 0;
     DDP_MPI_CHECK(MPI_Query_thread(&provided));
     DDP_CHECK(provided >= MPI_THREAD_SERIALIZED,
@@ -60,17 +60,39 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
     DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-    MPI_Comm node = MPI_COMM_NULL;
-    DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
-    DDP_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
-    DDP_MPI_CHECK(MPI_Comm_size(node, &local_size_));
-    MPI_Comm_free(&node);
-    single_node_ = local_size_ == size_;
-    // More ranks than cores on this node: a waiting rank spins on a core its peer needs.
+    split_nodes(ranks_per_node);
+    // More ranks than cores on this machine: a waiting rank spins on a core its peer needs.
+    MPI_Comm machine = MPI_COMM_NULL;
+    int machine_ranks = 1;
+    DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &machine));
+    DDP_MPI_CHECK(MPI_Comm_size(machine, &machine_ranks));
+    MPI_Comm_free(&machine);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const bool spin = cores <= 0 || local_size_ <= cores;
+    const bool spin = cores <= 0 || machine_ranks <= cores;
     for (SpinBudget& b : spin_) b = SpinBudget(spin);
     lane_ = std::make_unique<Lane>(spin);
+  }
+
+  // The ranks of this rank's node (those sharing memory, or blocks of ranks_per_node when
+  // given), the ranks of the same local rank on every node, and whether nodes are equal.
+  void split_nodes(int ranks_per_node) {
+    if (ranks_per_node > 0) {
+      DDP_MPI_CHECK(MPI_Comm_split(comm_, rank_ / ranks_per_node, rank_, &node_comm_));
+    } else {
+      DDP_MPI_CHECK(
+          MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_));
+    }
+    DDP_MPI_CHECK(MPI_Comm_rank(node_comm_, &local_rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(node_comm_, &local_size_));
+    DDP_MPI_CHECK(MPI_Comm_split(comm_, local_rank_, rank_, &cross_comm_));
+    int sizes[2] = {local_size_, -local_size_};
+    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
+    uniform_nodes_ = sizes[0] == -sizes[1];
+    single_node_ = local_size_ == size_;
+    // The shared-memory window spans the job on one node, a node when hierarchical.
+    win_comm_ = single_node_ ? comm_ : node_comm_;
+    win_rank_ = single_node_ ? rank_ : local_rank_;
+    win_size_ = single_node_ ? size_ : local_size_;
   }
 
   ~LaneMpiCommunicator() override {
@@ -89,6 +111,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       MPI_Win_unlock_all(*w);
       MPI_Win_free(w);
     }
+    for (MPI_Comm* c : {&node_comm_, &cross_comm_})
+      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     MPI_Comm_free(&comm_);
   }
 
@@ -103,9 +127,17 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     on_node_ = on_node;
   }
 
+  void set_hierarchical(bool on) override {
+    DDP_CHECK(arena_ == nullptr, "set_hierarchical() after gradient_arena()");
+    DDP_CHECK(!on || uniform_nodes_,
+              "distributed.hierarchical: needs the same number of ranks on every node (rank "
+                  << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
+    hierarchical_ = on && !single_node_ && local_size_ > 1;
+  }
+
   float* gradient_arena(size_t numel, bool shared) override {
     DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
-    if (!shared || !single_node_ || size_ == 1 || numel == 0) {
+    if (!shared || !(single_node_ || hierarchical_) || size_ == 1 || numel == 0) {
       arena_storage_ = Buffer(numel);
       arena_ = arena_storage_.data();
       return arena_;
@@ -126,6 +158,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
         window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
     std::string what = "allreduce of " + std::to_string(count) + " floats";
     if (shared) {
+      // Across nodes (hierarchical) each rank's chunk takes a blocking MPI call: on the lane's
+      // thread only, like any bucket across nodes.
       const size_t offset = static_cast<size_t>(data - arena_);
       return lane_->submit(
           std::move(what),
@@ -133,7 +167,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
             shared_memory_allreduce(offset, count);
             if (average) scale(arena_ + offset, count);
           },
-          hooks);
+          hooks, /*any_thread=*/!hierarchical_);
     }
     if (format_ != Compression::None)
       return compressed_allreduce_async(data, count, average, hooks);
@@ -165,6 +199,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   float* parameter_arena(size_t numel, bool shared) override {
     DDP_CHECK(parameters_ == nullptr && parameter_window_ == MPI_WIN_NULL,
               "parameter_arena() called twice");
+    DDP_CHECK(!hierarchical_, "the sharded optimizer's collectives are not hierarchical");
     if (!shared || !single_node_ || size_ == 1 || numel == 0) {
       parameter_storage_ = Buffer(numel);
       parameters_ = parameter_storage_.data();
@@ -290,7 +325,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX) / static_cast<size_t>(size_),
               "allgather of " << count << " doubles per rank is too large");
     std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
-    if (barrier_ && count <= ScalarRiders::kMaxDoubles) {
+    if (barrier_ && single_node_ && count <= ScalarRiders::kMaxDoubles) {
       run_here(std::move(what),
                [this, mine, count, all] { shared_memory_allgather(mine, count, all); });
       return;
@@ -413,10 +448,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     void* base = nullptr;
     const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
     DDP_MPI_CHECK(
-        MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base, &window_));
+        MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, win_comm_, &base, &window_));
     DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_));
-    peers_.resize(static_cast<size_t>(size_));
-    for (int q = 0; q < size_; ++q) {
+    peers_.resize(static_cast<size_t>(win_size_));
+    for (int q = 0; q < win_size_; ++q) {
       MPI_Aint peer_bytes = 0;
       int disp = 0;
       void* peer = nullptr;
@@ -439,10 +474,11 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   void allocate_barrier() {
     void* base = nullptr;
     constexpr size_t kAlign = alignof(ShmBarrierState);
-    const size_t slot_bytes = 2 * static_cast<size_t>(size_) * kSlotDoubles * sizeof(double);
+    const size_t slot_bytes = 2 * static_cast<size_t>(win_size_) * kSlotDoubles * sizeof(double);
     const size_t total = sizeof(ShmBarrierState) + kAlign + slot_bytes;
-    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(total) : 0;
-    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, comm_, &base, &control_window_));
+    const MPI_Aint bytes = win_rank_ == 0 ? static_cast<MPI_Aint>(total) : 0;
+    DDP_MPI_CHECK(
+        MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, win_comm_, &base, &control_window_));
     DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, control_window_));
     MPI_Aint state_bytes = 0;
     int disp = 0;
@@ -453,11 +489,11 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     // Mappings start on a page, so the same offset is aligned in every rank's mapping.
     const size_t pad = (kAlign - reinterpret_cast<uintptr_t>(state) % kAlign) % kAlign;
     void* at = static_cast<char*>(state) + pad;
-    auto* s = rank_ == 0 ? new (at) ShmBarrierState() : static_cast<ShmBarrierState*>(at);
+    auto* s = win_rank_ == 0 ? new (at) ShmBarrierState() : static_cast<ShmBarrierState*>(at);
     slots_ = reinterpret_cast<double*>(static_cast<char*>(at) + sizeof(ShmBarrierState));
     DDP_MPI_CHECK(MPI_Win_sync(control_window_));
-    DDP_MPI_CHECK(MPI_Barrier(comm_));
-    barrier_ = std::make_unique<ShmBarrier>(s, size_);
+    DDP_MPI_CHECK(MPI_Barrier(win_comm_));
+    barrier_ = std::make_unique<ShmBarrier>(s, win_size_);
   }
 
   // The small allgather through the control window: this rank's values into its slots of this
@@ -476,7 +512,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // chunk r (in rank order 0..N-1, so the result is the same bits on every rank and every run)
   // into its own arena; then every rank copies the other chunks from their owners.
   void shared_memory_allreduce(size_t offset, size_t count) {
-    const size_t n = static_cast<size_t>(size_);
+    const size_t n = static_cast<size_t>(win_size_);
     const size_t chunk = (count + n - 1) / n;
     auto range = [&](size_t q) {
       const size_t lo = std::min(count, q * chunk);
@@ -484,32 +520,45 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     };
     round_own_bucket(offset, count);
     node_barrier(spin_[0]);  // every rank's bucket is written
-    const auto [lo, hi] = range(static_cast<size_t>(rank_));
-    float* mine = peers_[static_cast<size_t>(rank_)] + offset;
+    const auto [lo, hi] = range(static_cast<size_t>(win_rank_));
+    float* mine = peers_[static_cast<size_t>(win_rank_)] + offset;
     reduce_in_rank_order(offset + lo, hi - lo);
+    if (hierarchical_) allreduce_across_nodes(mine + lo, hi - lo);
     node_barrier(spin_[1]);  // every chunk is reduced
     for (size_t q = 0; q < n; ++q) {
-      if (q == static_cast<size_t>(rank_)) continue;
+      if (q == static_cast<size_t>(win_rank_)) continue;
       const auto [qlo, qhi] = range(q);
       std::copy(peers_[q] + offset + qlo, peers_[q] + offset + qhi, mine + qlo);
     }
     node_barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
   }
 
+  // Hierarchical: this rank's chunk, summed over its node, allreduced with the same chunk of
+  // every other node (the ranks of the same local rank): in 16 bits with compression.
+  void allreduce_across_nodes(float* chunk, size_t count) {
+    if (count == 0) return;
+    if (format_ != Compression::None) {
+      compressed_allreduce(cross_comm_, chunk, count, format_, *compressed_);
+      return;
+    }
+    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                                cross_comm_));
+  }
+
   // compression_on_node: this rank's bucket rounded to the format in place, before its peers
   // read it, so the sums below add values of the format, as the compressed path across nodes.
   void round_own_bucket(size_t offset, size_t count) {
     if (node_format() != Compression::None)
-      round_to(node_format(), peers_[static_cast<size_t>(rank_)] + offset, count);
+      round_to(node_format(), peers_[static_cast<size_t>(win_rank_)] + offset, count);
   }
 
   // The sum over ranks of [offset, offset + count) of every rank's arena, in rank order 0..N-1
   // (the same bits on every rank and every run, whoever computes it), into this rank's arena;
   // with compression_on_node rounded to the format after every addition.
   void reduce_in_rank_order(size_t offset, size_t count) {
-    const size_t n = static_cast<size_t>(size_);
+    const size_t n = static_cast<size_t>(win_size_);
     const Compression format = node_format();
-    float* mine = peers_[static_cast<size_t>(rank_)] + offset;
+    float* mine = peers_[static_cast<size_t>(win_rank_)] + offset;
     constexpr size_t kBlock = 1024;
     float acc[kBlock];
     for (size_t b = 0; b < count; b += kBlock) {
@@ -561,7 +610,14 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm node_comm_ = MPI_COMM_NULL;   // this rank's node
+  MPI_Comm cross_comm_ = MPI_COMM_NULL;  // this local rank on every node
   bool single_node_ = false;
+  bool uniform_nodes_ = false;  // every node has local_size_ ranks
+  bool hierarchical_ = false;   // set_hierarchical, across nodes with more than one rank each
+  // The shared-memory window's ranks: the job on one node, this node when hierarchical.
+  MPI_Comm win_comm_ = MPI_COMM_NULL;
+  int win_rank_ = 0, win_size_ = 1;
   MPI_Win window_ = MPI_WIN_NULL;
   MPI_Win control_window_ = MPI_WIN_NULL;
   std::unique_ptr<ShmBarrier> barrier_;
@@ -590,8 +646,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
 
 }  // namespace
 
-std::unique_ptr<MpiCommunicator> make_mpi_communicator(MPI_Comm comm) {
-  return std::make_unique<LaneMpiCommunicator>(comm);
+std::unique_ptr<MpiCommunicator> make_mpi_communicator(MPI_Comm comm, int ranks_per_node) {
+  return std::make_unique<LaneMpiCommunicator>(comm, ranks_per_node);
 }
 
 }  // namespace ddp

@@ -24,7 +24,9 @@ class MpiCommunicator : public ProcessGroup, public GradientCommunicator {
 };
 
 /// A communicator over a duplicate of `comm` (MPI must be initialised with at least
-/// MPI_THREAD_SERIALIZED). Must be destroyed before MPI_Finalize.
-std::unique_ptr<MpiCommunicator> make_mpi_communicator(MPI_Comm comm);
+/// MPI_THREAD_SERIALIZED). Must be destroyed before MPI_Finalize. Its nodes are the ranks that
+/// share memory; with ranks_per_node > 0, consecutive blocks of that many ranks instead (tests
+/// that stand in for several nodes on one machine).
+std::unique_ptr<MpiCommunicator> make_mpi_communicator(MPI_Comm comm, int ranks_per_node = 0);
 
 }  // namespace ddp

@@ -382,6 +382,18 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
              "stages the buckets through host memory and has no sharded path"
            : "device: cuda is not available in this build (built without the CUDA toolkit); "
              "use cpu or auto"},
+      {[](TrainConfig& c) {
+         c.distributed.hierarchical = ddp::Hierarchy::On;
+         c.distributed.shard_optimizer = true;
+       },
+       "distributed.hierarchical: on does not apply to distributed.shard_optimizer, whose "
+       "reduce-scatter and allgather are flat (use auto or off)"},
+      {[](TrainConfig& c) {
+         c.distributed.hierarchical = ddp::Hierarchy::On;
+         c.distributed.shared_memory = false;
+       },
+       "distributed.hierarchical: on sums each node's buckets in shared memory and needs "
+       "distributed.shared_memory: true"},
       {[](TrainConfig& c) { c.distributed.compression_on_node = true; },
        "distributed.compression_on_node: true needs distributed.compression: bf16 or fp16 (it "
        "is none)"},
@@ -563,6 +575,8 @@ TEST_CASE("config: enumerated keys take only their names, read once", "[config]"
        "distributed.backend: must be one of auto, mpi, nccl; got 'gloo'"},
       {"distributed: {nccl_algo: tree}\n",
        "distributed.nccl_algo: must be ring or auto; got 'tree'"},
+      {"distributed: {hierarchical: yes}\n",
+       "distributed.hierarchical: must be one of auto, on, off; got 'yes'"},
       {"distributed: {compression: int8}\n",
        "distributed.compression: must be one of none, bf16, fp16; got 'int8'"},
       {"optimizer: {name: lion}\n", "optimizer.name: must be one of sgd, adam, adamw; got 'lion'"},
