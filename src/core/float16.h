@@ -35,12 +35,20 @@ DDP_HOST_DEVICE inline float bits_float(uint32_t u) {
   return f;
 }
 
+// Each function computes every case and keeps one with a mask (ternaries become branches that
+// stop loops over arrays from vectorising).
+DDP_HOST_DEVICE inline uint32_t select_bits(bool keep_a, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(keep_a);
+  return (a & mask) | (b & ~mask);
+}
+
 DDP_HOST_DEVICE inline uint16_t float_to_bf16(float f) {
   const uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
   // Adding 0x7fff plus the lowest kept bit rounds the 16 dropped bits to nearest, ties to even;
   // a carry moves into the exponent (and past the largest finite value, to infinity).
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x0040u;  // quiet, sign and high payload kept
+  return static_cast<uint16_t>(select_bits((x & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
 
 DDP_HOST_DEVICE inline float bf16_to_float(uint16_t h) {
@@ -51,30 +59,30 @@ DDP_HOST_DEVICE inline uint16_t float_to_fp16(float f) {
   const uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
-  if (a < 0x38800000u) {
-    // Below 2^-14, fp16's subnormals are multiples of 2^-24, the spacing of float32 just above
-    // 0.5: adding 0.5 rounds to one of them, ties to even, and leaves it in the low bits.
-    const float shifted = bits_float(a) + 0.5f;
-    return static_cast<uint16_t>(sign | (float_bits(shifted) - 0x3f000000u));
-  }
-  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits as above.
-  const uint32_t rounded = a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (rounded >> 13));
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits as bf16 does.
+  const uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+  // Below 2^-14, fp16's subnormals are multiples of 2^-24, the spacing of float32 just above
+  // 0.5: adding 0.5 rounds to one of them, ties to even, and leaves it in the low bits.
+  const uint32_t subnormal = float_bits(bits_float(a) + 0.5f) - 0x3f000000u;
+  const uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  uint32_t r = select_bits(a < 0x38800000u, subnormal, normal);
+  r = select_bits(a >= 0x477ff000u, 0x7c00u, r);  // 65520 and up: infinity
+  r = select_bits(a > 0x7f800000u, nan, r);
+  return static_cast<uint16_t>(sign | r);
 }
 
 DDP_HOST_DEVICE inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t fraction = h & 0x3ffu;
-  if (exponent == 0x1fu) return bits_float(sign | 0x7f800000u | (fraction << 13));
-  if (exponent == 0) {
-    // Zero or subnormal: fraction x 2^-24, exact in float32.
-    const float magnitude = static_cast<float>(fraction) * bits_float(0x33800000u);
-    return bits_float(sign | float_bits(magnitude));
-  }
-  return bits_float(sign | ((exponent + 112u) << 23) | (fraction << 13));
+  const uint32_t shifted = static_cast<uint32_t>(h & 0x7fffu) << 13;  // exponent and fraction
+  const uint32_t exponent = shifted & 0x0f800000u;
+  const uint32_t normal = shifted + 0x38000000u;   // rebias 15 -> 127
+  const uint32_t special = shifted | 0x7f800000u;  // infinity or NaN
+  // Zero or subnormal: rebiased one step higher, the fraction reads as 1.f x 2^-14; taking
+  // 2^-14 away leaves f x 2^-14 exactly.
+  const uint32_t subnormal = float_bits(bits_float(normal + 0x00800000u) - bits_float(0x38800000u));
+  uint32_t r = select_bits(exponent == 0, subnormal, normal);
+  r = select_bits(exponent == 0x0f800000u, special, r);
+  return bits_float(sign | r);
 }
 
 }  // namespace ddp
