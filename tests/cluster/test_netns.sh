@@ -42,4 +42,39 @@ else
 fi
 compare "mpirun 2 hosts x 2 ranks vs 1 node x 4 ranks" "$WORK/ref4/model.safetensors" \
   "$WORK/netns/model.safetensors"
+if grep -q "hierarchical allreduce (distributed.hierarchical), 2 nodes x 2 ranks" "$WORK/netns.log"; then
+  pass "distributed.hierarchical: auto is on for 2 hosts x 2 ranks"
+else
+  fail "no hierarchical allreduce line in the log"
+fi
+
+# across_hosts NAME SETTING...: the same run with more settings; sets RX to the bytes received.
+across_hosts() {
+  local name="$1" before args=()
+  shift
+  for s in "$@"; do args+=(--set "$s"); done
+  before="$(netns_rx_bytes "$h2" "v${suffix}b")"
+  if NETNS_TIMEOUT=120 netns_mpirun "$h1" "$WORK/hostfile" "$WORK/nsrsh" "$subnet" -np 4 --mca btl tcp,self \
+      -- "$DDP_TRAIN" "${TRAIN_ARGS[@]}" --set output.dir="$WORK/$name" "${args[@]}" >"$WORK/$name.log" 2>&1; then
+    pass "$name: exited 0"
+  else
+    cat "$WORK/$name.log"; fail "$name: failed"
+  fi
+  RX=$(($(netns_rx_bytes "$h2" "v${suffix}b") - before))
+}
+across_hosts flat distributed.hierarchical=off
+grep -q "hierarchical allreduce" "$WORK/flat.log" && fail "flat: a hierarchical line in the log" || pass "flat: no hierarchy"
+compare "flat MPI_Allreduce across 2 hosts vs 1 node x 4 ranks" "$WORK/ref4/model.safetensors" \
+  "$WORK/flat/model.safetensors"
+# A wider model, so that gradients, not message headers, are most of what crosses: bf16 sends
+# half the bytes of float32.
+wide=model.layers=[20,2000,3]
+across_hosts wide_fp32 "$wide"
+fp32_rx=$RX
+across_hosts wide_bf16 "$wide" distributed.compression=bf16
+if ((RX * 2 < fp32_rx * 11 / 10)); then
+  pass "bf16: $RX bytes received by $h2, float32 $fp32_rx"
+else
+  fail "bf16: $RX bytes received by $h2, not about half of float32's $fp32_rx"
+fi
 finish
