@@ -606,6 +606,86 @@ T mul(T a, T b) {
   }
 }
 
+// ----- 16-bit floats -----
+// ncclFloat16 and ncclBfloat16 values, stored as their bit patterns. Written apart from the
+// library's core/float16.h (bit tricks) on purpose, through frexp/ldexp and an explicit
+// round-half-even, so each implementation checks the other. A binary format with kExpBits
+// exponent and kFracBits fraction bits, IEEE-style (subnormals, infinities, NaN).
+template <int kExpBits, int kFracBits>
+class Narrow {
+ public:
+  Narrow() = default;
+  // Rounds to the nearest value of the format, ties to even.
+  explicit Narrow(float v) : bits_(encode(v)) {}
+  explicit operator float() const { return decode(bits_); }
+
+  friend Narrow operator+(Narrow a, Narrow b) { return Narrow(float(a) + float(b)); }
+  friend Narrow operator*(Narrow a, Narrow b) { return Narrow(float(a) * float(b)); }
+  friend bool operator<(Narrow a, Narrow b) { return float(a) < float(b); }
+
+ private:
+  static constexpr int kBias = (1 << (kExpBits - 1)) - 1;
+  static constexpr int kMinExp = 2 - kBias;  // frexp's exponent of the smallest normal value
+  static constexpr int kDigits = kFracBits + 1;
+  static constexpr uint16_t kInf = ((1u << kExpBits) - 1) << kFracBits;
+
+  static uint16_t encode(float v) {
+    const uint16_t sign = std::signbit(v) ? 0x8000u : 0u;
+    if (std::isnan(v)) return sign | kInf | (1u << (kFracBits - 1));  // the quiet NaN
+    if (std::isinf(v)) return sign | kInf;
+    const double a = round_magnitude(std::fabs(static_cast<double>(v)));
+    const double max_finite = std::ldexp(2.0 - std::ldexp(1.0, -kFracBits), kBias);
+    if (a > max_finite) return sign | kInf;
+    if (a == 0.0) return sign;
+    int e = 0;
+    const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    if (e < kMinExp) return sign | static_cast<uint16_t>(std::ldexp(a, kDigits - kMinExp));
+    const auto fraction = static_cast<uint16_t>(std::ldexp(2.0 * m - 1.0, kFracBits));
+    return sign | static_cast<uint16_t>((e - 1 + kBias) << kFracBits) | fraction;
+  }
+
+  // a >= 0 rounded to a multiple of the format's spacing at its binade (fixed below the
+  // normal range: gradual underflow). Scaling by a power of two is exact in double.
+  static double round_magnitude(double a) {
+    int e = 0;
+    std::frexp(a, &e);
+    const int spacing = std::max(e, kMinExp) - kDigits;
+    const double scaled = std::ldexp(a, -spacing);
+    double whole = std::floor(scaled);
+    const double rest = scaled - whole;
+    if (rest > 0.5 || (rest == 0.5 && std::fmod(whole, 2.0) != 0.0)) whole += 1.0;
+    return std::ldexp(whole, spacing);
+  }
+
+  static float decode(uint16_t h) {
+    const double sign = (h & 0x8000u) != 0 ? -1.0 : 1.0;
+    const int field = (h & 0x7fffu) >> kFracBits;
+    const int fraction = h & ((1 << kFracBits) - 1);
+    if (field == (1 << kExpBits) - 1) {
+      return static_cast<float>(fraction != 0 ? std::copysign(NAN, sign) : sign * INFINITY);
+    }
+    if (field == 0) return static_cast<float>(sign * std::ldexp(fraction, kMinExp - kDigits));
+    return static_cast<float>(sign *
+                              std::ldexp(fraction + (1 << kFracBits), field - kBias - kFracBits));
+  }
+
+  uint16_t bits_ = 0;
+};
+
+using Half = Narrow<5, 10>;
+using BFloat16 = Narrow<8, 7>;
+static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2, "stored as their bit patterns");
+
+// ncclAvg's last step; a 16-bit type divides in float, where nranks is exact.
+template <class T>
+T divide(T sum, int nranks) {
+  return static_cast<T>(sum / static_cast<T>(nranks));
+}
+template <int kExpBits, int kFracBits>
+Narrow<kExpBits, kFracBits> divide(Narrow<kExpBits, kFracBits> sum, int nranks) {
+  return Narrow<kExpBits, kFracBits>(static_cast<float>(sum) / static_cast<float>(nranks));
+}
+
 // out = slot[0] op slot[1] op ... op slot[n-1], left to right, so every rank computes the same
 // bits.
 template <class T>
@@ -633,8 +713,7 @@ void reduce(ncclRedOp_t op, const ncclComm* c, size_t set, void* out_bytes, size
     }
   }
   if (op == ncclAvg) {
-    const T n = static_cast<T>(c->nranks);
-    for (size_t i = 0; i < m; ++i) out[i] = static_cast<T>(out[i] / n);
+    for (size_t i = 0; i < m; ++i) out[i] = divide(out[i], c->nranks);
   }
 }
 
@@ -646,8 +725,10 @@ bool reducible(ncclDataType_t t) {
     case ncclUint32:
     case ncclInt64:
     case ncclUint64:
+    case ncclFloat16:
     case ncclFloat32:
     case ncclFloat64:
+    case ncclBfloat16:
       return true;
     default:
       return false;
@@ -673,6 +754,10 @@ void reduce_any(ncclDataType_t t, ncclRedOp_t op, const ncclComm* c, size_t set,
       return reduce<float>(op, c, set, out, m);
     case ncclFloat64:
       return reduce<double>(op, c, set, out, m);
+    case ncclFloat16:
+      return reduce<Half>(op, c, set, out, m);
+    case ncclBfloat16:
+      return reduce<BFloat16>(op, c, set, out, m);
     default:
       return;
   }

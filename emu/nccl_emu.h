@@ -1,6 +1,6 @@
 // A CPU emulation of a subset of NCCL 2.28 for tests only: with DDP_CUDA_EMULATION defined,
-// src/dist/nccl/nccl_api.h includes this header instead of <nccl.h>, so the NCCL communicator runs in
-// CI with several MPI processes (or threads) on one machine, without a GPU or a real NCCL.
+// src/dist/nccl/nccl_api.h includes this header instead of <nccl.h>, so the NCCL communicator runs
+// in CI with several MPI processes (or threads) on one machine, without a GPU or a real NCCL.
 //
 // How it works (and what that means for code using it):
 // - Names, types, values and signatures are NCCL's (nccl.h 2.28.9) for the subset declared here.
@@ -19,8 +19,15 @@
 //   0..n-1. Every rank therefore gets bit-identical, deterministic results. ncclAvg is the sum in
 //   rank order divided by nranks (integer division truncates, like C). Integer sums and products
 //   wrap. ncclMax/ncclMin on NaN keep the earlier operand when a comparison is false.
-//   Reductions support the 8-, 32- and 64-bit integer types, ncclFloat32 and ncclFloat64; the
-//   16- and 8-bit float types are rejected (ncclInvalidArgument). ncclBroadcast takes every type.
+//   Reductions support the 8-, 32- and 64-bit integer types, ncclFloat16 (= ncclHalf),
+//   ncclBfloat16, ncclFloat32 and ncclFloat64; the 8-bit float types are rejected
+//   (ncclInvalidArgument). ncclBroadcast takes every type. A 16-bit float operation is done in
+//   float on the two decoded values and rounded back to the type, to nearest with ties to even,
+//   after every operation (so a sum rounds n-1 times, in rank order): fp16 rounds to infinity
+//   from 65520 up, gradual underflow through the subnormals, a NaN stays a NaN (the type's
+//   quiet NaN, sign kept). ncclAvg there is that rounded sum divided by nranks in float, rounded
+//   once more. (NCCL on a device adds in its own order, and averages floating types by
+//   multiplying each input by 1/nranks first: same type and rounding, not the same bits.)
 //   A collective with count 0 returns at once without meeting the peers (as in NCCL).
 //   ncclReduceScatter reduces nranks x recvcount elements like an allreduce, chunk by chunk, and
 //   keeps rank r's block [r·recvcount, (r+1)·recvcount); ncclAllGather puts rank r's sendcount

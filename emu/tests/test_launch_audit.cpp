@@ -23,6 +23,7 @@
 
 #include "cuda_emu.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/float16_casts.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/reductions.cuh"
 
@@ -113,11 +114,27 @@ void launch_every_elementwise() {
   ddp::cuda::launch_count_nonfinite(nullptr, int64_t{kMaxDim} * 64, nullptr, kMaxSms, nullptr);
 }
 
+// Both 16-bit types, both directions, four at a time (aligned pointers: null) and one by one
+// (pointers 4 bytes off alignment; nothing runs in an audit).
+void launch_every_cast() {
+  using ddp::cuda::Float16Type;
+  const int64_t n = int64_t{kMaxDim} * 64;
+  for (Float16Type type : {Float16Type::Bf16, Float16Type::Fp16}) {
+    for (uintptr_t offset : {uintptr_t{0}, uintptr_t{4}}) {
+      auto* floats = reinterpret_cast<float*>(offset);
+      auto* halves = reinterpret_cast<uint16_t*>(offset);
+      ddp::cuda::launch_cast_to_16bit(type, floats, n, halves, kMaxSms, nullptr);
+      ddp::cuda::launch_cast_from_16bit(type, halves, n, floats, kMaxSms, nullptr);
+    }
+  }
+}
+
 std::vector<AuditedLaunch> audit_everything() {
   ddp_emu::AuditLaunches audit;
   launch_every_gemm();
   launch_every_reduction();
   launch_every_elementwise();
+  launch_every_cast();
   return audit.launches();
 }
 
@@ -170,10 +187,11 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
   }
   // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
   // 7 cross-entropy row kernels and its reduction, the norm's two passes, 6 elementwise ops x 2,
-  // the scale by a device factor x 2, count_nonfinite.
+  // the scale by a device factor x 2, count_nonfinite, the 16-bit casts (2 types x 2
+  // directions x 2).
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 45);
+  CHECK(kernels.size() == 53);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);
@@ -311,8 +329,8 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
       R"(^\s*(alignas\([0-9]+\)\s*)?__shared__\s+[\w:<> ]+?\s(\w+)\s*\[)");
   static const std::regex registered(R"(^\s*DDP_EMU_SHARED\((\w+)\);)");
   int arrays = 0;
-  for (const auto& entry :
-       std::filesystem::recursive_directory_iterator(std::string(DDP_SOURCE_DIR) + "/src/kernels/cuda")) {
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(
+           std::string(DDP_SOURCE_DIR) + "/src/kernels/cuda")) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".cu" && ext != ".cuh") continue;
     std::ifstream in(entry.path());

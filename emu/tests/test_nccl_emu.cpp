@@ -27,6 +27,9 @@
 #include <vector>
 
 #include "nccl_emu.h"
+// The library's 16-bit conversions (bit arithmetic) are the reference for the emulation's own
+// (frexp and ldexp), so each checks the other; header-only and self-contained.
+#include "../../src/core/float16.h"
 
 namespace {
 
@@ -431,9 +434,10 @@ TEST_CASE("argument errors are returned like NCCL returns them", "[nccl_emu]") {
     CHECK_THAT(last(), Contains("datatype 99"));
     CHECK(ncclAllReduce(d, d, 8, ncclFloat, static_cast<ncclRedOp_t>(7), comm, nullptr) ==
           ncclInvalidArgument);
-    CHECK(ncclAllReduce(d, d, 4, ncclFloat16, ncclSum, comm, nullptr) == ncclInvalidArgument);
-    CHECK_THAT(last(), Contains("ncclFloat16"));
-    CHECK(ncclAllReduce(d, d, 4, ncclBfloat16, ncclSum, comm, nullptr) == ncclInvalidArgument);
+    CHECK(ncclAllReduce(d, d, 8, ncclFloat8e4m3, ncclSum, comm, nullptr) == ncclInvalidArgument);
+    CHECK_THAT(last(), Contains("ncclFloat8e4m3"));
+    CHECK(ncclReduceScatter(d, d, 8, ncclFloat8e5m2, ncclSum, comm, nullptr) ==
+          ncclInvalidArgument);
     CHECK(ncclAllReduce(nullptr, d, 8, ncclFloat, ncclSum, comm, nullptr) == ncclInvalidArgument);
     CHECK(ncclAllReduce(d, nullptr, 8, ncclFloat, ncclSum, comm, nullptr) == ncclInvalidArgument);
     // Host memory and overruns are not device memory; the probes leave no CUDA error behind.
@@ -726,6 +730,158 @@ TEST_CASE("reduce-scatter keeps each rank's block of the sum; allgather assemble
       RANK_NCCL(
           ncclReduceScatter(small.get(), small.get(), block, ncclFloat, ncclSum, comm, nullptr),
           ncclInvalidArgument);
+      RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
+    }));
+  }
+  CHECK(shm_leftovers().empty());
+}
+
+// ----- 16-bit floats ----------------------------------------------------------------------------
+
+struct Format16 {
+  ncclDataType_t type;
+  const char* name;
+  uint16_t (*encode)(float);
+  float (*decode)(uint16_t);
+};
+const Format16 kFormats16[] = {{ncclBfloat16, "bf16", ddp::float_to_bf16, ddp::bf16_to_float},
+                               {ncclFloat16, "fp16", ddp::float_to_fp16, ddp::fp16_to_float}};
+
+std::vector<uint16_t> encoded(const Format16& f, const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = f.encode(values[i]);
+  return out;
+}
+
+// Runs an allreduce of rank's 16-bit `in` (in place) and returns the result.
+std::vector<uint16_t> allreduce16(ncclComm_t comm, const Format16& f, ncclRedOp_t op,
+                                  const std::vector<uint16_t>& in) {
+  DeviceBuffer<uint16_t> buf(in.size());
+  buf.upload(in);
+  RANK_NCCL(ncclAllReduce(buf.get(), buf.get(), in.size(), f.type, op, comm, nullptr), ncclSuccess);
+  return buf.download();
+}
+
+// Rank-valued data small enough that every result is exact in both types (bf16 holds the
+// integers to 256 and the averages' halves): results are compared with ==.
+float rank_value(ncclRedOp_t op, int r, size_t i) {
+  if (op == ncclProd) return static_cast<float>(i % 2 == 0 ? r + 1 : 1);
+  return static_cast<float>(r + 1 + 8 * static_cast<int>(i % 4));
+}
+
+float exact_result(ncclRedOp_t op, int n, size_t i) {
+  const float off = static_cast<float>(8 * static_cast<int>(i % 4));
+  const float sum = static_cast<float>(n * (n + 1) / 2) + n * off;
+  switch (op) {
+    case ncclSum:
+      return sum;
+    case ncclProd:
+      return i % 2 == 0 ? static_cast<float>(n == 2 ? 2 : n == 3 ? 6 : 24) : 1.0f;
+    case ncclMax:
+      return static_cast<float>(n) + off;
+    case ncclMin:
+      return 1.0f + off;
+    default:
+      return sum / static_cast<float>(n);  // ncclAvg
+  }
+}
+
+void check_exact16(ncclComm_t comm, int n, int rank, const Format16& f, size_t count) {
+  for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+    std::vector<float> mine(count), want(count);
+    for (size_t i = 0; i < count; ++i) {
+      mine[i] = rank_value(op, rank, i);
+      want[i] = exact_result(op, n, i);
+    }
+    const std::vector<uint16_t> got = allreduce16(comm, f, op, encoded(f, mine));
+    if (got != encoded(f, want)) {
+      rank_failure(__LINE__, std::string(f.name) + " " + op_name(op) + " of " +
+                                 std::to_string(count) + " is not exact");
+    }
+  }
+}
+
+// Values over many binades and of both signs, so that the order of the additions changes the
+// rounded sums.
+std::vector<uint16_t> random16(const Format16& f, int r, size_t count) {
+  std::mt19937 gen(777 + r);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-16, 14);
+  std::vector<float> v(count);
+  for (float& x : v) x = std::ldexp(mant(gen), expo(gen));
+  return encoded(f, v);
+}
+
+// The sum over ranks in the given order, rounded to the type after every addition.
+std::vector<uint16_t> rounded_sum(const Format16& f, const std::vector<int>& order, size_t count) {
+  std::vector<uint16_t> acc = random16(f, order[0], count);
+  for (size_t k = 1; k < order.size(); ++k) {
+    const std::vector<uint16_t> x = random16(f, order[k], count);
+    for (size_t i = 0; i < count; ++i) acc[i] = f.encode(f.decode(acc[i]) + f.decode(x[i]));
+  }
+  return acc;
+}
+
+// Allreduce and reduce-scatter (in place) of random data against the rank-order reference.
+void check_rank_order16(ncclComm_t comm, int n, int rank, const Format16& f, size_t block) {
+  const size_t count = n * block;
+  std::vector<int> order(n);
+  for (int r = 0; r < n; ++r) order[r] = r;
+  const std::vector<uint16_t> want = rounded_sum(f, order, count);
+  if (n >= 3) {  // otherwise the test could not tell rank order from another order
+    std::reverse(order.begin(), order.end());
+    RANK_CHECK(rounded_sum(f, order, count) != want);
+  }
+  RANK_CHECK(allreduce16(comm, f, ncclSum, random16(f, rank, count)) == want);
+  DeviceBuffer<uint16_t> buf(count);
+  buf.upload(random16(f, rank, count));
+  uint16_t* mine = buf.get() + rank * block;
+  RANK_NCCL(ncclReduceScatter(buf.get(), mine, block, f.type, ncclSum, comm, nullptr), ncclSuccess);
+  const std::vector<uint16_t> got = buf.download();
+  RANK_CHECK(std::equal(got.begin() + rank * block, got.begin() + (rank + 1) * block,
+                        want.begin() + rank * block));
+}
+
+// Overflow to infinity (fp16 from 65520, the tie above 65504, up), NaN kept, and the
+// tie-to-even of every addition: 1 + half a unit + half a unit is 1, not 1 + a unit.
+void check_special16(ncclComm_t comm, int rank, const Format16& f) {
+  const bool fp16 = f.type == ncclFloat16;
+  const float big = fp16 ? 40000.0f : 2e38f;
+  const float half_unit = fp16 ? std::ldexp(1.0f, -11) : std::ldexp(1.0f, -8);
+  const float top = fp16 ? (rank == 0 ? 65504.0f : rank == 1 ? 16.0f : 0.0f) : 0.0f;
+  const std::vector<float> in = {big,
+                                 -big,
+                                 rank == 0 ? NAN : 1.0f,
+                                 rank == 0 ? 1.0f : half_unit,
+                                 top,
+                                 rank == 0   ? 65504.0f
+                                 : rank == 1 ? 8.0f
+                                             : 0.0f};
+  const std::vector<uint16_t> got = allreduce16(comm, f, ncclSum, encoded(f, in));
+  RANK_CHECK(std::isinf(f.decode(got[0])) && f.decode(got[0]) > 0);
+  RANK_CHECK(std::isinf(f.decode(got[1])) && f.decode(got[1]) < 0);
+  RANK_CHECK(std::isnan(f.decode(got[2])));
+  RANK_CHECK(f.decode(got[3]) == 1.0f);
+  if (fp16) {
+    RANK_CHECK(std::isinf(f.decode(got[4])));  // 65520 rounds to even: infinity
+    RANK_CHECK(f.decode(got[5]) == 65504.0f);  // 65512 rounds down
+  }
+}
+
+TEST_CASE("16-bit float reductions: exact results, rounding after every addition in rank order",
+          "[nccl_emu]") {
+  for (int n : {2, 3, 4}) {
+    INFO(n << " ranks");
+    const ncclUniqueId id = new_id();
+    // 128 values of 16 bits per 256-byte chunk: the larger counts span chunks.
+    require_all_passed(run_ranks(n, {{"DDP_NCCL_EMU_CHUNK_BYTES", "256"}}, [&](int rank) {
+      ncclComm_t comm = init_rank(n, id, rank);
+      if (!comm) return;
+      for (const Format16& f : kFormats16) {
+        for (size_t count : {1, 7, 128, 1030}) check_exact16(comm, n, rank, f, count);
+        check_rank_order16(comm, n, rank, f, 1001);
+        check_special16(comm, rank, f);
+      }
       RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
     }));
   }

@@ -11,15 +11,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
-#include <limits>
-#include <set>
 #include <vector>
 
+#include "core/float16.h"
 #include "cuda_test_support.h"
 #include "kernel_conformance.h"
 
@@ -43,11 +45,11 @@ using ddp_kernel_test::LinearData;
 using ddp_kernel_test::LinearShape;
 using ddp_kernel_test::make_linear_data;
 using ddp_kernel_test::make_logits;
-using ddp_kernel_test::Reference;
 using ddp_kernel_test::ref_backward_input;
 using ddp_kernel_test::ref_backward_params;
 using ddp_kernel_test::ref_forward;
 using ddp_kernel_test::ref_xent;
+using ddp_kernel_test::Reference;
 using ddp_kernel_test::XentReference;
 namespace kt = ddp_kernel_test;
 
@@ -158,6 +160,125 @@ TEST_CASE("cuda backend conforms: relu, fill, scale, copy, count_nonfinite",
       kt::conform_count_nonfinite(t, rows, cols, seed += 10);
     }
   });
+}
+
+// ---- gradient compression's 16-bit casts -----------------------------------------------------
+
+struct Cast16 {
+  ddp::cuda::Float16Type type;
+  const char* name;
+  uint16_t (*encode)(float);
+  float (*decode)(uint16_t);
+  uint16_t top;  // the largest finite code
+};
+const Cast16 kCasts16[] = {
+    {ddp::cuda::Float16Type::Bf16, "bf16", ddp::float_to_bf16, ddp::bf16_to_float, 0x7f7f},
+    {ddp::cuda::Float16Type::Fp16, "fp16", ddp::float_to_fp16, ddp::fp16_to_float, 0x7bff}};
+
+float float_of_bits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Every float where a rounding is decided, of both signs: each finite code's value, the
+// midpoint to the next code (a tie; above the top code the overflow boundary, fp16's 65520)
+// and the floats either side of it; float32 subnormals, the largest float, infinities, NaNs
+// with payloads (quiet and signalling); and random bit patterns.
+std::vector<float> rounding_probes(const Cast16& c) {
+  std::vector<float> probes;
+  auto both_signs = [&](float v) {
+    probes.push_back(v);
+    probes.push_back(-v);
+  };
+  for (uint32_t h = 0; h <= c.top; ++h) {
+    const double value = c.decode(static_cast<uint16_t>(h));
+    const double next = h < c.top ? c.decode(static_cast<uint16_t>(h + 1))
+                                  : 2 * value - c.decode(static_cast<uint16_t>(h - 1));
+    const auto tie = static_cast<float>((value + next) / 2);  // exact: one bit more than the type
+    for (float v : {static_cast<float>(value), tie, std::nextafter(tie, 0.0f),
+                    std::nextafter(tie, INFINITY)}) {
+      both_signs(v);
+    }
+  }
+  for (uint32_t bits : {0x00000001u, 0x00400000u, 0x007fffffu, 0x00800000u, 0x7f7fffffu,
+                        0x7f800000u, 0x7f800001u, 0x7fa00000u, 0x7fc00000u, 0x7fffffffu}) {
+    both_signs(float_of_bits(bits));
+  }
+  std::mt19937 gen(16);
+  for (int i = 0; i < 20000; ++i) probes.push_back(float_of_bits(static_cast<uint32_t>(gen())));
+  return probes;
+}
+
+// Runs cast(in, out) on device copies of `in`, both `front` values into buffers whose other
+// values are guards (front 1: the one-by-one kernels; 4: four at a time, with 16-bit values
+// 8- but not 16-byte aligned, as a bucket's can be), and returns out; the guards must hold.
+template <typename To, typename From, typename Cast>
+std::vector<To> cast_on_device(const std::vector<From>& in, size_t front, Cast cast) {
+  const size_t n = in.size(), tail = 7;
+  ddp::DeviceArray<From> src(front + n);
+  ddp::DeviceArray<To> dst(front + n + tail);
+  std::vector<From> staged(front + n);
+  std::copy(in.begin(), in.end(), staged.begin() + front);
+  src.upload(staged.data(), staged.size());
+  std::vector<To> guards(dst.size());
+  std::memset(guards.data(), 0x5a, guards.size() * sizeof(To));
+  dst.upload(guards.data(), guards.size());
+  cast(src.data() + front, static_cast<int64_t>(n), dst.data() + front);
+  std::vector<To> all(dst.size());
+  dst.download(all.data(), all.size());
+  const size_t bytes = sizeof(To);
+  INFO("front " << front);
+  CHECK(std::memcmp(all.data(), guards.data(), front * bytes) == 0);
+  CHECK(std::memcmp(all.data() + front + n, guards.data(), tail * bytes) == 0);
+  return std::vector<To>(all.begin() + front, all.begin() + front + n);
+}
+
+// The first index where got and want differ bitwise, or -1.
+template <typename T>
+int64_t first_bitwise_difference(const std::vector<T>& got, const std::vector<T>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  }
+  return got.size() == want.size() ? -1 : static_cast<int64_t>(want.size());
+}
+
+TEST_CASE("cuda 16-bit casts decode every code and round every boundary as the host does",
+          DDP_CUDA_TAGS "[conformance][elementwise]") {
+  auto be = make_cuda();
+  for (const Cast16& c : kCasts16) {
+    INFO(c.name);
+    std::vector<uint16_t> codes(65536);
+    std::vector<float> decoded(codes.size());
+    for (size_t h = 0; h < codes.size(); ++h) {
+      codes[h] = static_cast<uint16_t>(h);
+      decoded[h] = c.decode(codes[h]);
+    }
+    const std::vector<float> probes = rounding_probes(c);
+    std::vector<uint16_t> encoded(probes.size());
+    for (size_t i = 0; i < probes.size(); ++i) encoded[i] = c.encode(probes[i]);
+    for (size_t front : {size_t{1}, size_t{4}}) {
+      const auto got_floats =
+          cast_on_device<float>(codes, front, [&](const uint16_t* in, int64_t n, float* out) {
+            ddp::cast_from_16bit(*be, c.type, in, n, out);
+          });
+      const int64_t bad_decode = first_bitwise_difference(got_floats, decoded);
+      INFO("first code decoded otherwise: " << bad_decode);
+      CHECK(bad_decode == -1);
+      const auto got_codes =
+          cast_on_device<uint16_t>(probes, front, [&](const float* in, int64_t n, uint16_t* out) {
+            ddp::cast_to_16bit(*be, c.type, in, n, out);
+          });
+      const int64_t bad_encode = first_bitwise_difference(got_codes, encoded);
+      INFO("first float encoded otherwise: "
+           << bad_encode << " (" << (bad_encode >= 0 ? probes[bad_encode] : 0.0f) << ")");
+      CHECK(bad_encode == -1);
+    }
+  }
+  // The host reference where it matters most: fp16's overflow tie, a tie to even.
+  CHECK(ddp::float_to_fp16(65520.0f) == 0x7c00);
+  CHECK(ddp::float_to_fp16(std::nextafter(65520.0f, 0.0f)) == 0x7bff);
+  CHECK(ddp::float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);
 }
 
 // The three products on the CUDA backend, through a target that checks the guards.

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "core/check.h"
 #include "core/clock.h"
 #include "ddp/trainer.h"
+#include "dist/compression.h"
 #include "dist/device_communicators.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "kernels/cuda/cuda.h"
@@ -70,6 +72,79 @@ bool gpu_per_rank() {
   double enough = ddp::cuda_device_count() >= comm->local_size() ? 1.0 : 0.0;
   comm->allreduce(&enough, 1, ddp::ReduceOp::Min);
   return enough > 0 && ddp::nccl_built();
+}
+
+// The compression test's arena: three allreduce buckets, then a reduce-scatter bucket of a
+// part per rank.
+constexpr size_t kCompressedBuckets[3] = {3, 1001, 2052};
+constexpr size_t kScattered = 3056, kPart = 512;
+constexpr size_t kOverflow = 1004;  // the third bucket's first value
+
+// What rank r of n puts in that arena: values over many binades (the sum's roundings differ
+// from a single one), fp16 subnormals among them, and at kOverflow 70000 / n, whose sum fp16
+// cannot hold.
+std::vector<float> compression_data(int r, int n) {
+  std::mt19937 gen(99 + r);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-16, 10);
+  std::vector<float> v(kScattered + n * kPart);
+  for (float& x : v) x = std::ldexp(mant(gen), expo(gen));
+  v[kOverflow] = 70000.0f / static_cast<float>(n);
+  return v;
+}
+
+// dist/compression.h's sum: rank 0's values cast, each other rank's added in rank order with
+// a rounding after every addition, the result cast back.
+std::vector<float> compressed_sum(ddp::Compression format, int n) {
+  const size_t total = kScattered + n * kPart;
+  std::vector<uint16_t> acc(total), x(total);
+  ddp::compress(format, compression_data(0, n).data(), total, acc.data());
+  for (int r = 1; r < n; ++r) {
+    ddp::compress(format, compression_data(r, n).data(), total, x.data());
+    ddp::add_compressed(format, x.data(), total, acc.data());
+  }
+  std::vector<float> sum(total);
+  ddp::decompress(format, acc.data(), total, sum.data());
+  return sum;
+}
+
+// Runs every bucket's collective on `mine` in the arena, waits, and returns the arena.
+std::vector<float> run_compression_buckets(ddp::GradientCommunicator& comm, ddp::Backend& backend,
+                                           float* arena, const std::vector<float>& mine) {
+  const size_t total = mine.size();
+  ddp::cuda_copy_bytes(arena, mine.data(), total * sizeof(float));
+  std::vector<std::shared_ptr<ddp::Work>> works;
+  size_t offset = 0;
+  for (const size_t size : kCompressedBuckets) {
+    works.push_back(comm.allreduce_async(arena + offset, size, false));
+    offset += size;
+  }
+  works.push_back(comm.reduce_scatter_async(arena + kScattered, total - kScattered));
+  for (auto& w : works) w->wait();
+  for (auto& w : works) w->synchronize();
+  backend.synchronize();
+  std::vector<float> got(total);
+  ddp::cuda_copy_bytes(got.data(), arena, total * sizeof(float));
+  return got;
+}
+
+bool same_bits(const float* a, const float* b, size_t count) {
+  return std::memcmp(a, b, count * sizeof(float)) == 0;
+}
+
+// Ranges of `got` that differ from the host's compressed sum, or in the reduce-scattered
+// bucket outside this rank's part from this rank's own values, which stay.
+long compression_errors(ddp::Compression format, int rank, int n, const std::vector<float>& got,
+                        const std::vector<float>& mine) {
+  const std::vector<float> want = compressed_sum(format, n);
+  const size_t own = kScattered + rank * kPart, after = own + kPart;
+  long errors = !same_bits(got.data(), want.data(), kScattered);
+  errors += !same_bits(got.data() + own, want.data() + own, kPart);
+  errors += !same_bits(got.data() + kScattered, mine.data() + kScattered, rank * kPart);
+  errors += !same_bits(got.data() + after, mine.data() + after, got.size() - after);
+  if (format == ddp::Compression::Fp16)
+    errors += !(std::isinf(got[kOverflow]) && got[kOverflow] > 0);
+  return errors;
 }
 
 }  // namespace
@@ -165,6 +240,37 @@ TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][s
     CHECK(errors == 0);
   }
   ddp_test::require_on_all_ranks(*host, errors, "elements that differ from the exact sum");
+}
+
+// distributed.compression over NCCL, against the host's compressed sum bitwise: three
+// allreduce buckets (at offsets that are and are not multiples of four values: the casts' two
+// paths) and a reduce-scatter bucket, of which only this rank's part comes back.
+TEST_CASE("GPU compression over NCCL sums buckets in bf16 and fp16 as the host does",
+          "[gpu][nccl][compression]") {
+  if (!gpu_per_rank()) {
+    WARN("skipped: needs a GPU per rank and NCCL");
+    return;
+  }
+  auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const int n = mpi->size(), rank = mpi->rank();
+  const std::vector<float> mine = compression_data(rank, n);
+  long errors = 0;
+  for (const ddp::Compression format : {ddp::Compression::Bf16, ddp::Compression::Fp16}) {
+    INFO(ddp::to_string(format));
+    auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
+    auto comm = ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{});
+    comm->set_compression(format, false);
+    float* arena = comm->gradient_arena(mine.size());
+    CHECK_THROWS_WITH(comm->set_compression(format, false),
+                      Catch::Contains("set_compression() after gradient_arena()"));
+    CHECK_THROWS_WITH(comm->allreduce_async(arena + 1, mine.size(), false),
+                      Catch::Contains("not in this communicator's arena"));
+    const std::vector<float> got = run_compression_buckets(*comm, *backend, arena, mine);
+    const long bad = compression_errors(format, rank, n, got, mine);
+    CHECK(bad == 0);
+    errors += bad;
+  }
+  ddp_test::require_on_all_ranks(*mpi, errors, "compressed sums that differ from the host's");
 }
 
 TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[gpu][nccl]") {

@@ -3,7 +3,9 @@
 // it, records a start event, runs ncclAllReduce, records an end event. Work::wait makes the
 // compute stream wait on the end event (no host synchronisation inside a step);
 // Work::synchronize polls the end event and NCCL's asynchronous error under the timeout,
-// aborting the communicator on failure so no rank is left waiting.
+// aborting the communicator on failure so no rank is left waiting. With
+// distributed.compression, the comm stream casts the bucket to 16 bits before the collective
+// and back after it (PyTorch's bf16/fp16 compress hooks), on one node as across nodes.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -120,10 +122,23 @@ class NcclCommunicator final : public GradientCommunicator {
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
 
+  // on_node does not apply: NCCL moves buckets over NVLink or PCIe on one node too, and
+  // compresses there as PyTorch's hooks do.
+  void set_compression(Compression format, bool) override {
+    DDP_CHECK(arena_.size() == 0, "set_compression() after gradient_arena()");
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
+    DDP_CHECK(format != Compression::Bf16, "distributed.compression: bf16 needs NCCL >= 2.10");
+#endif
+    format_ = format;
+  }
+
   float* gradient_arena(size_t numel, bool) override {
     DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
     arena_ = DeviceArray<float>(numel);
     if (numel > 0) cuda_zero_bytes(arena_.data(), numel * sizeof(float));
+    // Each bucket is cast into this image of the arena at its own offset, so buckets in
+    // flight together never share it and no collective allocates.
+    if (format_ != Compression::None) wire_ = DeviceArray<uint16_t>(numel);
     return arena_.data();
   }
 
@@ -136,6 +151,7 @@ class NcclCommunicator final : public GradientCommunicator {
     DDP_CHECK(!average, "averaging needs NCCL >= 2.10 (ncclAvg); pre-scale instead");
     const ncclRedOp_t op = ncclSum;
 #endif
+    if (format_ != Compression::None) return compressed_allreduce(data, count, op);
     return on_stream("NCCL allreduce of " + std::to_string(count) + " floats", [&] {
       settle(ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_), "ncclAllReduce");
     });
@@ -152,6 +168,7 @@ class NcclCommunicator final : public GradientCommunicator {
 
   std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
     const size_t part = equal_part(count, "reduce-scatter");
+    if (format_ != Compression::None) return compressed_reduce_scatter(data, count, part);
     return on_stream("NCCL reduce-scatter of " + std::to_string(count) + " floats", [&] {
       settle(ncclReduceScatter(data, data + static_cast<size_t>(rank_) * part, part, ncclFloat,
                                ncclSum, comm_, stream_),
@@ -215,6 +232,60 @@ class NcclCommunicator final : public GradientCommunicator {
   }
 
  private:
+  // The bucket cast to 16 bits, summed in them in place, and cast back, all on the comm stream
+  // after the wait for its gradients.
+  std::shared_ptr<Work> compressed_allreduce(float* data, size_t count, ncclRedOp_t op) {
+    uint16_t* wire = wire_of(data, count, "allreduce");
+    return on_stream(compressed_what("allreduce", count), [&] {
+      to_wire(data, count, wire);
+      settle(ncclAllReduce(wire, wire, count, wire_type(), op, comm_, stream_), "ncclAllReduce");
+      from_wire(wire, count, data);
+    });
+  }
+
+  // The same for the sharded optimizer: the whole bucket goes out, only this rank's part of
+  // the sum comes back into the float bucket (the optimizer reads no other part).
+  std::shared_ptr<Work> compressed_reduce_scatter(float* data, size_t count, size_t part) {
+    uint16_t* wire = wire_of(data, count, "reduce-scatter");
+    const size_t mine = static_cast<size_t>(rank_) * part;
+    return on_stream(compressed_what("reduce-scatter", count), [&] {
+      to_wire(data, count, wire);
+      settle(ncclReduceScatter(wire, wire + mine, part, wire_type(), ncclSum, comm_, stream_),
+             "ncclReduceScatter");
+      from_wire(wire + mine, part, data + mine);
+    });
+  }
+
+  std::string compressed_what(const char* collective, size_t count) const {
+    return std::string("NCCL ") + collective + " of " + std::to_string(count) + " floats as " +
+           to_string(format_);
+  }
+
+  void to_wire(const float* data, size_t count, uint16_t* wire) {
+    backend_->cast_to_16bit(cast_type(), data, static_cast<int64_t>(count), wire, stream_);
+  }
+  void from_wire(const uint16_t* wire, size_t count, float* data) {
+    backend_->cast_from_16bit(cast_type(), wire, static_cast<int64_t>(count), data, stream_);
+  }
+
+  // The 16-bit image of data[0, count), which must lie in the gradient arena.
+  uint16_t* wire_of(const float* data, size_t count, const char* what) {
+    DDP_CHECK(data >= arena_.data() && count <= arena_.size() &&
+                  static_cast<size_t>(data - arena_.data()) <= arena_.size() - count,
+              "NCCL compressed " << what << ": the data is not in this communicator's arena");
+    return wire_.data() + (data - arena_.data());
+  }
+
+  cuda::Float16Type cast_type() const {
+    return format_ == Compression::Bf16 ? cuda::Float16Type::Bf16 : cuda::Float16Type::Fp16;
+  }
+  ncclDataType_t wire_type() const {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    if (format_ == Compression::Bf16) return ncclBfloat16;
+#endif
+    return ncclHalf;
+  }
+
   // A collective on the comm stream: it waits for what the compute stream queued before it
   // (an event), and its Work for the events around it.
   std::shared_ptr<Work> on_stream(std::string what, const std::function<void()>& issue) {
@@ -281,6 +352,8 @@ class NcclCommunicator final : public GradientCommunicator {
   int rank_ = 0, size_ = 1;
   DeviceArray<float> arena_;
   DeviceArray<float> parameters_;  // the sharded optimizer's parameter arena
+  Compression format_ = Compression::None;
+  DeviceArray<uint16_t> wire_;  // the gradient arena in format_, when compressed
 };
 
 NcclWork::~NcclWork() {

@@ -48,6 +48,14 @@ class StagedCommunicator final : public GradientCommunicator {
     if (lane_stream_ != nullptr) (void)cudaStreamDestroy(lane_stream_);
   }
 
+  // The host communicator compresses the mirror's buckets on its lane (and on one node's
+  // shared memory only with on_node, as for CPU ranks); the copies stay float32.
+  void set_compression(Compression format, bool on_node) override {
+    host_.set_compression(format, on_node);
+  }
+  // So does its hierarchy across nodes: the mirror is a node's shared-memory window.
+  void set_hierarchical(bool on) override { host_.set_hierarchical(on); }
+
   float* gradient_arena(size_t numel, bool shared) override {
     DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
     arena_ = DeviceArray<float>(numel);

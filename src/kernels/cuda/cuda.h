@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/kernel_args.h"
 
 namespace ddp {
 
@@ -136,6 +137,14 @@ GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, int sm_count, bool vectoriza
 /// of plan_gemm's choice (vectorized is still forced off where operands do not allow it);
 /// nullptr restores the automatic choice.
 void force_gemm_plan(Backend& backend, const GemmPlan* plan);
+
+/// Gradient compression's casts, queued on `cuda_backend`'s compute stream: out[i] = in[i]
+/// rounded to `type` (core/float16.h), and back, exactly, for i in [0, n). For code without the
+/// CUDA headers; the communicators use CudaBackend's forms, which take their own stream.
+void cast_to_16bit(Backend& cuda_backend, cuda::Float16Type type, const float* in, int64_t n,
+                   uint16_t* out);
+void cast_from_16bit(Backend& cuda_backend, cuda::Float16Type type, const uint16_t* in, int64_t n,
+                     float* out);
 
 /// A point in a CUDA backend's compute stream: recording it does not make the host wait;
 /// time() waits until the device got there and says when, on the seconds_now() clock. For the

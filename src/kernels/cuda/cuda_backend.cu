@@ -1,14 +1,16 @@
 // The CUDA backend: every kernel of src/kernels/backend.h as our own kernels
-// (src/kernels/cuda/*.cuh), queued on one stream per backend. Arguments are checked like the CPU
-// backend's (same messages); scratch memory grows to the largest batch seen and is then reused, so
-// a steady training step allocates nothing. The host waits only for results it asks for:
-// softmax_xent, l2_norm and count_nonfinite, and take_xent_totals / take_grad_norm for the deferred
-// forms (which wait for that batch's totals or that norm alone).
+// (src/kernels/cuda/*.cuh), queued on one stream per backend, and gradient compression's casts
+// on a stream the caller names. Arguments are checked like the CPU backend's (same messages);
+// scratch memory grows to the largest batch seen and is then reused, so a steady training step
+// allocates nothing. The host waits only for results it asks for: softmax_xent, l2_norm and
+// count_nonfinite, and take_xent_totals / take_grad_norm for the deferred forms (which wait for
+// that batch's totals or that norm alone).
 #include <cstring>
 
 #include "kernels/backend_checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/float16_casts.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/reductions.cuh"
 
@@ -335,6 +337,18 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
                                  cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaBackend::cast_to_16bit(Float16Type type, const float* in, int64_t n, uint16_t* out,
+                                cudaStream_t stream) {
+  DDP_CHECK(n >= 0, "cast_to_16bit: count " << n);
+  launch_cast_to_16bit(type, in, n, out, sm_count_, stream);
+}
+
+void CudaBackend::cast_from_16bit(Float16Type type, const uint16_t* in, int64_t n, float* out,
+                                  cudaStream_t stream) {
+  DDP_CHECK(n >= 0, "cast_from_16bit: count " << n);
+  launch_cast_from_16bit(type, in, n, out, sm_count_, stream);
+}
+
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
@@ -346,6 +360,27 @@ void force_gemm_plan(Backend& backend, const GemmPlan* plan) {
   DDP_CHECK(cuda_backend != nullptr,
             "force_gemm_plan: backend '" << backend.name() << "' is not the CUDA backend");
   cuda_backend->force_gemm_plan(plan);
+}
+
+namespace {
+cuda::CudaBackend& as_cuda(Backend& backend, const char* what) {
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+  DDP_CHECK(cuda_backend != nullptr,
+            what << ": backend '" << backend.name() << "' is not the CUDA backend");
+  return *cuda_backend;
+}
+}  // namespace
+
+void cast_to_16bit(Backend& backend, cuda::Float16Type type, const float* in, int64_t n,
+                   uint16_t* out) {
+  cuda::CudaBackend& cuda_backend = as_cuda(backend, "cast_to_16bit");
+  cuda_backend.cast_to_16bit(type, in, n, out, cuda_backend.stream());
+}
+
+void cast_from_16bit(Backend& backend, cuda::Float16Type type, const uint16_t* in, int64_t n,
+                     float* out) {
+  cuda::CudaBackend& cuda_backend = as_cuda(backend, "cast_from_16bit");
+  cuda_backend.cast_from_16bit(type, in, n, out, cuda_backend.stream());
 }
 
 namespace {

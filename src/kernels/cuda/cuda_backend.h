@@ -51,6 +51,14 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override;
   void synchronize() override;
 
+  /// Gradient compression's casts, queued on `stream` (this backend's or another stream of its
+  /// device, such as a communicator's): out[i] = in[i] rounded to `type` (core/float16.h), and
+  /// back, exactly, for i in [0, n).
+  void cast_to_16bit(Float16Type type, const float* in, int64_t n, uint16_t* out,
+                     cudaStream_t stream);
+  void cast_from_16bit(Float16Type type, const uint16_t* in, int64_t n, float* out,
+                       cudaStream_t stream);
+
   /// The stream every kernel of this backend is queued on.
   cudaStream_t stream() const { return stream_; }
   int ordinal() const { return device_; }

@@ -49,5 +49,8 @@ struct NormResult {
   float coef;
 };
 
+/// The 16-bit float types of the gradient casts (core/float16.h): bfloat16 and IEEE binary16.
+enum class Float16Type { Bf16, Fp16 };
+
 }  // namespace cuda
 }  // namespace ddp

@@ -46,6 +46,12 @@ void copy_tensor(const Tensor& src, Tensor& dst) {
 std::unique_ptr<Backend> make_cuda_backend(int) { not_built("make_cuda_backend"); }
 void force_gemm_plan(Backend&, const GemmPlan*) { not_built("force_gemm_plan"); }
 std::shared_ptr<StreamMark> mark_stream(Backend&) { not_built("mark_stream"); }
+void cast_to_16bit(Backend&, cuda::Float16Type, const float*, int64_t, uint16_t*) {
+  not_built("cast_to_16bit");
+}
+void cast_from_16bit(Backend&, cuda::Float16Type, const uint16_t*, int64_t, float*) {
+  not_built("cast_from_16bit");
+}
 
 struct BatchUploader::Impl {};
 BatchUploader::BatchUploader(Backend&, int64_t, int64_t) { not_built("BatchUploader"); }
