@@ -7,7 +7,7 @@
 # and results.tsv in OUTDIR.
 #   bench/gradient_path_bench.sh OUTDIR [--rates "10gbit 1gbit"] [--per-node "1 2"]
 #       [--models "fashion wide"] [--variants "none bf16 fp16 hier hier-bf16"] [--repeats R]
-#       [--steps-fashion N] [--steps-wide N] [--set key.path=value ...]
+#       [--steps-fashion N] [--steps-wide N] [--loads "0 1"] [--set key.path=value ...]
 # Variants: none (flat MPI_Allreduce in float32), bf16 and fp16 (distributed.compression),
 # hier (distributed.hierarchical: on), hier-bf16 (both); the hierarchical ones need 2 ranks per
 # node and are left out at 1. Models: fashion is bench/fashion_mnist_bench.yaml
@@ -22,6 +22,8 @@
 #   bf16, fp16: C16 + (F - C) / 2
 #   hier:       C + (F - C) x 2S / B      (S the model's float32 bytes: each node sends S each way)
 #   hier-bf16:  C + (F - C) x S / B
+# --loads: each rate again beside that many busy programs (bench/background_load.sh), rows
+# labelled "RATE+Kbusy" (no prediction: the one-node runs are idle).
 # Needs root, iproute2, util-linux; builds nothing: $DDP_TRAIN (default build/ddp-train).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,7 +31,7 @@ root="$(cd "$here/.." && pwd)"
 out="${1:?usage: gradient_path_bench.sh OUTDIR [options] (see the header)}"
 shift
 rates="10gbit 1gbit"; per_nodes="1 2"; models="fashion wide"; variants="none bf16 fp16 hier hier-bf16"
-repeats=1; steps_fashion=300; steps_wide=12; extra_sets=()
+repeats=1; steps_fashion=300; steps_wide=12; loads="0"; extra_sets=()
 while (($#)); do
   case "$1" in
     --rates) rates="${2:?}"; shift 2 ;;
@@ -39,6 +41,7 @@ while (($#)); do
     --repeats) repeats="${2:?}"; shift 2 ;;
     --steps-fashion) steps_fashion="${2:?}"; shift 2 ;;
     --steps-wide) steps_wide="${2:?}"; shift 2 ;;
+    --loads) loads="${2:?}"; shift 2 ;;
     --set) extra_sets+=(--set "${2:?--set needs key.path=value}"); shift 2 ;;
     *) echo "gradient_path_bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -62,8 +65,10 @@ for v in $variants; do variant_sets "$v" >/dev/null; done
 
 # shellcheck source=tests/cluster/netns.sh
 source "$root/tests/cluster/netns.sh"
+# shellcheck source=bench/background_load.sh
+source "$here/background_load.sh"
 h1=ddpga h2=ddpgb subnet=10.79.0.0/24
-trap 'netns_remove $h1 $h2' EXIT
+trap 'stop_load; netns_remove $h1 $h2' EXIT
 netns_remove $h1 $h2
 netns_pair $h1 $h2 vga vgb 10.79.0 || { echo "gradient_path_bench.sh: $NETNS_ERROR" >&2; exit 2; }
 netns_rsh_agent "$out/nsrsh"
@@ -135,26 +140,30 @@ for ((rep = 1; rep <= repeats; ++rep)); do
       done
     done
   done
-  for rate in $rates; do
+  for rate_load in $(for r in $rates; do for l in $loads; do echo "$r+$l"; done; done); do
+    rate="${rate_load%+*}" load="${rate_load#*+}"
+    label="$rate"; ((load == 0)) || label="$rate+${load}busy"
     netns_set_rate $h1 vga "$rate"
     netns_set_rate $h2 vgb "$rate"
+    start_load "$load"
     for per_node in $per_nodes; do
       for model in $models; do
         steps=$(steps_of "$model")
         for v in $variants; do
           [[ "$v" == hier* && "$per_node" == 1 ]] && continue
           mapfile -t sets < <(variant_sets "$v")
-          tag="$model-2x$per_node-$rate-$v"
+          tag="$model-2x$per_node-$label-$v"
           one=$(two_nodes "$per_node" "$model" 1 "$out/$tag.one.r$rep" "${sets[@]}")
           all=$(two_nodes "$per_node" "$model" "$steps" "$out/$tag.r$rep" "${sets[@]}")
           sec=$(step_seconds "$out/$tag.r$rep/metrics.jsonl")
           per_step=$(((all - one) / (steps - 1)))
-          record "$model" "2x$per_node" "$rate" "$v" "$sec" "$per_step"
+          record "$model" "2x$per_node" "$label" "$v" "$sec" "$per_step"
           echo "$tag (repeat $rep): $(awk "BEGIN {printf \"%.1f\", $sec * 1000}") ms/step," \
             "$((per_step / 1000)) kB/step on the link" >&2
         done
       done
     done
+    stop_load
   done
 done
 

@@ -30,7 +30,7 @@ def predict(runs, model, layout, rate, variant):
     flat = median(runs, (model, layout, rate, "none"), 0)
     flat_bytes = median(runs, (model, layout, rate, "none"), 1)
     compute = median(runs, (model, layout, "one-node", "none"), 0)
-    if None in (flat, flat_bytes, compute) or variant == "none":
+    if None in (flat, flat_bytes, compute) or variant == "none" or "busy" in rate:
         return None
     comm = flat - compute
     size = MODEL_BYTES[model]
