@@ -29,7 +29,7 @@
 #include "nccl_emu.h"
 // The library's 16-bit conversions (bit arithmetic) are the reference for the emulation's own
 // (frexp and ldexp), so each checks the other; header-only and self-contained.
-#include "../../src/core/float16.h"
+#include "core/float16.h"
 
 namespace {
 

@@ -33,22 +33,13 @@ struct Path {
 const Path kPaths[] = {{"MPI across nodes", false, false},
                        {"shared memory, compression_on_node", true, true}};
 
-// Rank r's value i in round k: pseudo-random (a hash), in (-3, 3) x 2^(i % 9 - 4), where the
-// ranks' sums round in both 16-bit types.
-float random_value(int rank, size_t i, int round) {
-  uint64_t z = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(round) << 40) ^ i;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const float unit = static_cast<float>(z >> 40) / static_cast<float>(1 << 24);  // [0, 1)
-  return (6.0f * unit - 3.0f) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4);
-}
+using ddp_test::hashed_value;
 
 // The reference: every rank's value cast, added in rank order with rounding, cast back.
 float reference_sum(Compression format, int ranks, size_t i, int round) {
   uint16_t acc = 0;
   for (int q = 0; q < ranks; ++q) {
-    const float v = random_value(q, i, round);
+    const float v = hashed_value(q, i, round);
     uint16_t h = 0;
     ddp::compress(format, &v, 1, &h);
     if (q == 0) {
@@ -122,7 +113,7 @@ TEST_CASE(
               return got ==
                      static_cast<float>(n * (n + 1) / 2 * static_cast<int>(i % 7 + 1) + n * round);
             });
-        run_rounds(format, path, scatter, 2, random_value,
+        run_rounds(format, path, scatter, 2, hashed_value,
                    [format](int n, size_t i, int round, float got) {
                      const float want = reference_sum(format, n, i, round);
                      return std::memcmp(&got, &want, sizeof got) == 0;
@@ -135,13 +126,13 @@ TEST_CASE(
 TEST_CASE("compression rounds: not float32 sums, and none on shared memory unless asked",
           "[mpi][compression]") {
   auto float_sum = [](int ranks, size_t i, int round) {
-    float s = random_value(0, i, round);
-    for (int q = 1; q < ranks; ++q) s += random_value(q, i, round);
+    float s = hashed_value(0, i, round);
+    for (int q = 1; q < ranks; ++q) s += hashed_value(q, i, round);
     return s;
   };
   // Without compression_on_node the window keeps float32: the rank-order float sums.
   run_rounds(
-      Compression::Bf16, Path{"shared memory", true, false}, false, 1, random_value,
+      Compression::Bf16, Path{"shared memory", true, false}, false, 1, hashed_value,
       [&](int ranks, size_t i, int round, float got) { return got == float_sum(ranks, i, round); });
   // Compressed, most sums differ from float32's (so the rounding did happen) by at most the
   // 16-bit rounding of the ranks' values and of each partial sum.
@@ -149,9 +140,9 @@ TEST_CASE("compression rounds: not float32 sums, and none on shared memory unles
     INFO(ddp::to_string(format));
     const double unit = format == Compression::Bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
     long differ = 0, total = 0;
-    run_rounds(format, kPaths[0], false, 1, random_value, [&](int ranks, size_t i, int, float got) {
+    run_rounds(format, kPaths[0], false, 1, hashed_value, [&](int ranks, size_t i, int, float got) {
       double magnitudes = 0;
-      for (int q = 0; q < ranks; ++q) magnitudes += std::fabs(random_value(q, i, 0));
+      for (int q = 0; q < ranks; ++q) magnitudes += std::fabs(hashed_value(q, i, 0));
       const double err = std::fabs(static_cast<double>(got) - float_sum(ranks, i, 0));
       ++total;
       differ += got != float_sum(ranks, i, 0);
@@ -254,18 +245,8 @@ TEST_CASE("fp16 gradients beyond its range reach the non-finite check, which act
   // row of the second layer sums to 0), so the loss is finite, but the second layer's weight
   // gradient is about 1e7 / (8 x ranks) in float32: beyond fp16's 65504 at 2 and 4 ranks.
   const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, 16 * n, 5, 1e7);
-  ddp::TrainConfig cfg;
-  cfg.model.layers = {3, 8, 3};
-  cfg.model.init_from = data.init;
-  cfg.data.format = ddp::DataFormat::Csv;
-  cfg.data.train.path = data.csv;
-  cfg.data.shuffle = false;
-  cfg.optimizer.lr = 0.1;
-  cfg.training.batch_size = 4;
+  ddp::TrainConfig cfg = ddp_test::overflow_config(data, dir);
   cfg.training.max_steps = 1;  // the step with sample 5
-  cfg.training.log_every = 0;
-  cfg.output.dir = dir + "/out";
-  cfg.output.save_model = false;
   auto finite = [](const std::vector<ddp::NamedTensor>& w) {
     for (const auto& t : w)
       for (float v : t.data)

@@ -36,21 +36,13 @@ std::unique_ptr<ddp::MpiCommunicator> two_nodes() {
   return ddp::make_mpi_communicator(MPI_COMM_WORLD, kRanksPerNode);
 }
 
-// A pseudo-random float of rank r, element i, round k in (-3, 3) x 2^(i % 9 - 4).
-float random_value(int rank, size_t i, int round) {
-  uint64_t z = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(round) << 40) ^ i;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const float unit = static_cast<float>(z >> 40) / static_cast<float>(1 << 24);
-  return (6.0f * unit - 3.0f) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4);
-}
+using ddp_test::hashed_value;
 
 // The hierarchy's sum: each node's ranks in order, then the two nodes' sums (compressed: cast,
 // added in 16 bits, cast back).
 float grouped_sum(Compression format, size_t i, int round) {
-  const float node0 = random_value(0, i, round) + random_value(1, i, round);
-  const float node1 = random_value(2, i, round) + random_value(3, i, round);
+  const float node0 = hashed_value(0, i, round) + hashed_value(1, i, round);
+  const float node1 = hashed_value(2, i, round) + hashed_value(3, i, round);
   if (format == Compression::None) return node0 + node1;
   uint16_t a = 0, b = 0;
   ddp::compress(format, &node0, 1, &a);
@@ -110,7 +102,7 @@ TEST_CASE("hierarchical allreduce: exact on rank-valued data, the grouped sum on
       });
   for (Compression format : {Compression::None, Compression::Bf16, Compression::Fp16}) {
     INFO(ddp::to_string(format));
-    run_rounds(format, 2, random_value, [format](size_t i, int round, bool average, float got) {
+    run_rounds(format, 2, hashed_value, [format](size_t i, int round, bool average, float got) {
       float want = grouped_sum(format, i, round);
       if (average) want *= 1.0f / 4.0f;
       return std::memcmp(&got, &want, sizeof got) == 0;

@@ -334,18 +334,7 @@ TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips 
     const std::string dir = shared_scratch(shard ? "nan_shard" : "nan");
     const int64_t samples = 16 * n;
     const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, samples, 5);
-    ddp::TrainConfig cfg;
-    cfg.model.layers = {3, 8, 3};
-    cfg.model.init_from = data.init;
-    cfg.data.format = ddp::DataFormat::Csv;
-    cfg.data.train.path = data.csv;
-    cfg.data.shuffle = false;  // sample 5 is in the first step's batch, on rank 5 % n
-    cfg.optimizer.lr = 0.1;
-    cfg.training.batch_size = 4;
-    cfg.training.epochs = 2;
-    cfg.training.log_every = 0;
-    cfg.output.dir = dir + "/out";
-    cfg.output.save_model = false;
+    ddp::TrainConfig cfg = ddp_test::overflow_config(data, dir);  // sample 5: step 1, rank 5 % n
     cfg.distributed.shard_optimizer = shard;
 
     auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -196,6 +197,36 @@ inline OverflowData write_overflow_data(const std::string& dir, int64_t samples,
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return d;
+}
+
+/// Training on write_overflow_data's set: the [3, 8, 3] model from its weights, the CSV in file
+/// order (sample k in the batch of step k / (4 x ranks) + 1, on rank k % ranks), lr 0.1, batch
+/// 4, 2 epochs, no progress lines or saved model, output in `dir`/out.
+inline ddp::TrainConfig overflow_config(const OverflowData& d, const std::string& dir) {
+  ddp::TrainConfig cfg;
+  cfg.model.layers = {3, 8, 3};
+  cfg.model.init_from = d.init;
+  cfg.data.format = ddp::DataFormat::Csv;
+  cfg.data.train.path = d.csv;
+  cfg.data.shuffle = false;
+  cfg.optimizer.lr = 0.1;
+  cfg.training.batch_size = 4;
+  cfg.training.epochs = 2;
+  cfg.training.log_every = 0;
+  cfg.output.dir = dir + "/out";
+  cfg.output.save_model = false;
+  return cfg;
+}
+
+/// A pseudo-random float for rank `rank`, element i, round k (a hash: cheap, the same on every
+/// rank), in (-3, 3) x 2^(i % 9 - 4): sums over ranks that round in the 16-bit types.
+inline float hashed_value(int rank, size_t i, int round) {
+  uint64_t z = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(round) << 40) ^ i;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float unit = static_cast<float>(z >> 40) / static_cast<float>(1 << 24);  // [0, 1)
+  return (6.0f * unit - 3.0f) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4);
 }
 
 }  // namespace ddp_test
