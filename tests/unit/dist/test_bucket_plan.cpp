@@ -315,3 +315,15 @@ TEST_CASE("bucket plan with alignment: every tensor starts on a multiple of 4 fl
   }
   REQUIRE_THROWS_AS(compute_bucket_plan(numel, 4 * kKiB, 64 * kKiB, 0), ddp::Error);
 }
+
+TEST_CASE("a gradient communicator without 16-bit or hierarchical paths refuses them by name",
+          "[reducer][compression]") {
+  RecordingComm comm;
+  REQUIRE_NOTHROW(comm.set_compression(ddp::Compression::None, false));
+  REQUIRE_NOTHROW(comm.set_hierarchical(false));
+  CHECK_THROWS_WITH(
+      comm.set_compression(ddp::Compression::Bf16, false),
+      Catch::Contains("distributed.compression: bf16") && Catch::Contains("sums in float32 only"));
+  CHECK_THROWS_WITH(comm.set_hierarchical(true), Catch::Contains("distributed.hierarchical") &&
+                                                     Catch::Contains("no hierarchical path"));
+}
