@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # shard_bench.sh: distributed.shard_optimizer (ZeRO-1) against the unsharded optimizer in the same
-# run: samples/s, the optimizer's time per step on each rank (its trace span: the non-finite
-# check, clipping and the update) and the optimizer state each rank keeps, for SGD with momentum
-# and AdamW, at 2 and 4 ranks, idle and beside busy programs; interleaved repeats, medians; one
-# markdown table.
+# run, its update after backward (overlap_optimizer: false) and fused into the reduce-scatters
+# (true): samples/s, the optimizer's time per step on each rank after backward (its trace span:
+# the non-finite check, clipping and the update; none when fused) and the optimizer state each
+# rank keeps, for SGD with momentum and AdamW, at 2 and 4 ranks, idle and beside busy programs;
+# interleaved repeats, medians; one markdown table.
 #   bench/shard_bench.sh [--model fashion|wide] [--steps N] [--repeats N] [--ranks "2 4"]
 #                        [--loads "0 1"] [--optimizers "sgd adamw"] [--run-timeout S]
 # fashion: bench/fashion_mnist_bench.yaml (784-256-256-10, 269,322 parameters); wide: the same
@@ -13,7 +14,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
@@ -70,21 +71,28 @@ optimizer_sets() {  # sgd | adamw: the --set arguments
   fi
 }
 
-results="$work/results.txt"  # optimizer ranks load sharded repeat samples/s optimizer_ms state_floats | failed
+results="$work/results.txt"  # optimizer ranks load variant repeat samples/s optimizer_ms state_floats | failed
+variant_sets() {  # replicated | sharded | fused
+  case "$1" in
+    replicated) echo "--set distributed.shard_optimizer=false" ;;
+    sharded) echo "--set distributed.shard_optimizer=true --set distributed.overlap_optimizer=false" ;;
+    fused) echo "--set distributed.shard_optimizer=true --set distributed.overlap_optimizer=true" ;;
+  esac
+}
 : > "$results"
-run() {  # optimizer ranks load sharded repeat
+run() {  # optimizer ranks load variant repeat
   local out="$work/$1_n$2_l$3_s$4_r$5" cmd rc=0
   # shellcheck disable=SC2046
   cmd="$(DDP_TRAIN="$train" "$root/launch/ddp-run" --dry-run -n "$2" "$here/fashion_mnist_bench.yaml" \
     --set "model.layers=$layers" --set "distributed.bucket_cap_mb=$bucket_mb" \
     --set "distributed.first_bucket_mb=$bucket_mb" $(optimizer_sets "$1") \
-    --set "distributed.shard_optimizer=$4" --set "training.max_steps=$steps" \
+    $(variant_sets "$4") --set "training.max_steps=$steps" \
     --set "output.trace=true" --set "output.trace_steps=$steps" --set "output.dir=$out")"
   start_load "$3"
   timeout --kill-after=5 "$run_timeout" bash -c "$cmd" > "$out.log" 2>&1 || rc=$?
   stop_load
   if ((rc != 0)); then
-    echo "shard_bench.sh: $1 at $2 ranks, load $3, sharded $4 failed (exit $rc):" >&2
+    echo "shard_bench.sh: $1 at $2 ranks, load $3, $4 failed (exit $rc):" >&2
     tail -5 "$out.log" >&2
     echo "$1 $2 $3 $4 $5 failed" >> "$results"
     return
@@ -99,7 +107,7 @@ for e in json.load(open(out + "/trace.json"))["traceEvents"]:
         spans.setdefault(e["pid"], []).append(e["dur"] / 1000.0)
 # The median step's optimizer time of each rank, averaged over the ranks (the first step
 # allocates and is left out).
-per_rank = [statistics.median(v[1:]) for v in spans.values()]
+per_rank = [statistics.median(v[1:]) for v in spans.values()] or [0.0]
 state = re.search(r"optimizer: \w+, (?:no state|state [^:]*: (\d+) x (\d+) floats)",
                   open(out + ".log").read())
 floats = int(state.group(1)) * int(state.group(2)) if state and state.group(1) else 0
@@ -111,8 +119,8 @@ for ((r = 1; r <= repeats; r++)); do
   for load in $loads_list; do
     for n in $ranks_list; do
       for o in $optimizers; do
-        for s in false true; do
-          echo "shard_bench.sh: repeat $r/$repeats, load $load, $n ranks, $o, sharded $s" >&2
+        for s in replicated sharded fused; do
+          echo "shard_bench.sh: repeat $r/$repeats, load $load, $n ranks, $o, $s" >&2
           run "$o" "$n" "$load" "$s" "$r"
         done
       done
@@ -126,7 +134,7 @@ path, model, steps, layers = sys.argv[1:5]
 runs = {}
 for line in open(path):
     f = line.split()
-    runs.setdefault((f[0], int(f[1]), int(f[2]), f[3] == "true"), []).append(f[5:])
+    runs.setdefault((f[0], int(f[1]), int(f[2]), f[3]), []).append(f[5:])
 def med(key, i):
     vals = runs.get(key, [])
     if not vals or any(v[0] == "failed" for v in vals):
@@ -138,15 +146,19 @@ reps = len(next(iter(runs.values())))
 print(f"{cpu}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores; "
       f"model {layers} ({model}), batch 64 per rank, {steps} steps; median of {reps} interleaved runs")
 print()
-print("| optimizer | ranks | busy programs | samples/s unsharded | samples/s sharded | sharded ÷ unsharded "
-      "| optimizer ms/step per rank, unsharded → sharded | state floats per rank, unsharded → sharded |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| optimizer | ranks | busy programs | samples/s unsharded | sharded | fused "
+      "| sharded ÷ unsharded | fused ÷ unsharded | fused ÷ sharded "
+      "| optimizer ms/step after backward, unsharded → sharded "
+      "| state floats per rank, unsharded → sharded |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+fmt = lambda v, spec: format(v, spec) if v is not None else "failed"
+ratio = lambda x, y: f"{x / y:.2f}×" if x and y else "—"
 for (o, n, load) in sorted({k[:3] for k in runs}, key=lambda k: (k[2], k[0], k[1])):
-    a, b = med((o, n, load, False), 0), med((o, n, load, True), 0)
-    ta, tb = med((o, n, load, False), 1), med((o, n, load, True), 1)
-    fa, fb = med((o, n, load, False), 2), med((o, n, load, True), 2)
-    ratio = f"{b / a:.2f}×" if a and b else "—"
-    fmt = lambda v, spec: format(v, spec) if v is not None else "failed"
-    print(f"| {o} | {n} | {load} | {fmt(a, ',.0f')} | {fmt(b, ',.0f')} | {ratio} | "
+    rate = {v: med((o, n, load, v), 0) for v in ("replicated", "sharded", "fused")}
+    ta, tb = med((o, n, load, "replicated"), 1), med((o, n, load, "sharded"), 1)
+    fa, fb = med((o, n, load, "replicated"), 2), med((o, n, load, "sharded"), 2)
+    a, b, c = rate["replicated"], rate["sharded"], rate["fused"]
+    print(f"| {o} | {n} | {load} | {fmt(a, ',.0f')} | {fmt(b, ',.0f')} | {fmt(c, ',.0f')} | "
+          f"{ratio(b, a)} | {ratio(c, a)} | {ratio(c, b)} | "
           f"{fmt(ta, '.3f')} → {fmt(tb, '.3f')} | {fmt(fa, ',.0f')} → {fmt(fb, ',.0f')} |")
 PY

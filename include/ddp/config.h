@@ -203,6 +203,11 @@ struct DistributedConfig {
   /// ZeRO stage 1: each rank keeps the optimizer state of its part of every bucket, gradients
   /// are reduce-scattered and parameters allgathered (on one node: shared, not copied).
   bool shard_optimizer = false;
+  /// Sharded on CPU ranks: each bucket's reduce-scatter hands this rank's summed part straight
+  /// to the optimizer, during backward (PyTorch ZeroRedundancyOptimizer's overlap_with_ddp), in
+  /// one pass over memory; the same bits as after backward. Not with clip_grad_norm or
+  /// nan_policy skip_step, which need the whole gradient first.
+  bool overlap_optimizer = true;
   /// Gradient buckets travel and are summed in this 16-bit type (PyTorch's bf16_compress_hook
   /// and fp16_compress_hook): each rank casts its pre-scaled bucket, the sum rounds to the type
   /// after every addition, and the result is cast back to float32. Not on one node's

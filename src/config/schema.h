@@ -187,6 +187,8 @@ void visit_distributed(DistributedConfig& d, V& v) {
           Key().doc("one node: allreduce in an MPI shared-memory window"));
   v.field("shard_optimizer", d.shard_optimizer,
           Key().doc("each rank keeps 1/N of the optimizer state (ZeRO-1)"));
+  v.field("overlap_optimizer", d.overlap_optimizer,
+          Key().doc("sharded: update each bucket as its reduce-scatter sums it, in backward"));
   v.field("compression", d.compression,
           Key().doc("gradients cross ranks and are summed as none, bf16 or fp16"));
   v.field("compression_on_node", d.compression_on_node,

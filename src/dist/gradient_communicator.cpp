@@ -18,6 +18,13 @@ std::shared_ptr<Work> GradientCommunicator::reduce_scatter_async(float*, size_t)
   no_sharding("reduce-scatter");
 }
 
+std::shared_ptr<Work> GradientCommunicator::reduce_scatter_into_async(float*, size_t,
+                                                                      PartConsumer) {
+  DDP_THROW(
+      "reduce-scatter: this gradient communicator cannot hand a bucket's sum to the "
+      "optimizer (distributed.overlap_optimizer needs CPU ranks)");
+}
+
 std::shared_ptr<Work> GradientCommunicator::allgather_async(float*, const std::vector<Span>&,
                                                             ScalarRiders) {
   no_sharding("allgather");

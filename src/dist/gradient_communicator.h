@@ -66,6 +66,19 @@ class GradientCommunicator {
   /// rest of the bucket is left as it was. Collectives start in call order.
   virtual std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count);
 
+  /// This rank's summed part of a bucket handed over instead of stored: `at` is where in the
+  /// gradient arena the `n` summed floats belong, `sum` holds them (valid during the call
+  /// only). Called on the communication lane, in arena order, once or more per bucket (on one
+  /// node a block at a time, while the block is still in cache).
+  using PartConsumer = std::function<void(float* at, const float* sum, size_t n)>;
+
+  /// reduce_scatter_async with this rank's part of the sum going to `consume` (the sharded
+  /// optimizer's update fused with its reduce-scatter, distributed.overlap_optimizer);
+  /// afterwards that part of the arena holds the sum or what was there. The MPI communicator
+  /// has it; the others throw ddp::Error.
+  virtual std::shared_ptr<Work> reduce_scatter_into_async(float* data, size_t count,
+                                                          PartConsumer consume);
+
   /// Starts an allgather of the parameters: every rank's part of each of `buckets` of `arena`
   /// goes to every rank, and `riders` (if any) with it. It is also what tells a rank that its
   /// peers have finished reading its gradient buckets, so one must follow every step's

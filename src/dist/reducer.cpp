@@ -66,8 +66,22 @@ Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* g
   work_.resize(plan_.buckets.size());
 }
 
+void Reducer::fuse(GradientCommunicator::PartConsumer consume, std::vector<size_t> layer) {
+  DDP_CHECK(reduce_scatter_ && consume, "Reducer::fuse: needs a sharded optimizer's consumer");
+  DDP_CHECK(layer.size() == names_.size(),
+            "Reducer::fuse: " << layer.size() << " layers for " << names_.size() << " parameters");
+  consume_ = std::move(consume);
+  layer_ = std::move(layer);
+  lowest_layer_.assign(plan_.buckets.size(), SIZE_MAX);
+  for (size_t b = 0; b < plan_.buckets.size(); ++b)
+    for (size_t p : plan_.buckets[b].params)
+      lowest_layer_[b] = std::min(lowest_layer_[b], layer_[p]);
+}
+
 void Reducer::prepare_for_backward(bool sync) {
   sync_ = sync;
+  reached_ = SIZE_MAX;
+  finalizing_ = false;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     pending_[b] = plan_.buckets[b].params.size();
     work_[b].reset();
@@ -85,24 +99,36 @@ void Reducer::mark_ready(size_t param) {
   marked_[param] = 1;
   if (!sync_) return;
   --pending_[plan_.param_bucket[param]];
+  if (consume_) reached_ = std::min(reached_, layer_[param]);
   launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {
   // Buckets start strictly in index order so every rank issues the same sequence of
   // collectives, even when gradients become ready in a different order on different ranks.
-  while (next_to_launch_ < plan_.buckets.size() && pending_[next_to_launch_] == 0) {
+  while (next_to_launch_ < plan_.buckets.size() && pending_[next_to_launch_] == 0 &&
+         released(next_to_launch_)) {
     const auto& bucket = plan_.buckets[next_to_launch_];
     float* data = arena_ + bucket.offset;
     try {
-      work_[next_to_launch_] = reduce_scatter_ ? comm_.reduce_scatter_async(data, bucket.numel)
-                                               : comm_.allreduce_async(data, bucket.numel, false);
+      if (consume_) {
+        work_[next_to_launch_] = comm_.reduce_scatter_into_async(data, bucket.numel, consume_);
+      } else if (reduce_scatter_) {
+        work_[next_to_launch_] = comm_.reduce_scatter_async(data, bucket.numel);
+      } else {
+        work_[next_to_launch_] = comm_.allreduce_async(data, bucket.numel, false);
+      }
     } catch (const Error& e) {
       DDP_THROW("gradient " << collective() << " of " << describe_bucket(next_to_launch_) << ": "
                             << e.message());
     }
     ++next_to_launch_;
   }
+}
+
+// Fused: whether backward has stopped reading the values of the bucket's parameters.
+bool Reducer::released(size_t bucket) const {
+  return !consume_ || finalizing_ || lowest_layer_[bucket] > reached_;
 }
 
 std::string Reducer::describe_bucket(size_t b) const {
@@ -120,6 +146,8 @@ double Reducer::finalize() {
                               << names_[p] << " was never marked ready; buckets cannot complete");
   }
   if (!sync_) return 0.0;
+  finalizing_ = true;  // backward has ended: every remaining bucket may start (fused)
+  launch_ready_buckets();
   const double wait_begin = seconds_now();
   for (size_t b = 0; b < work_.size(); ++b) {
     try {

@@ -2,6 +2,8 @@
 // function of the parameter sizes (identical on every rank); the Reducer counts gradients as
 // they become ready during backward and starts each bucket's allreduce as soon as it is full
 // and every lower-numbered bucket has started, so communication overlaps the rest of backward.
+// A sharded optimizer's update fused into the reduce-scatters (fuse) also waits for backward to
+// stop reading the bucket's parameters.
 #pragma once
 
 #include <cstddef>
@@ -70,6 +72,15 @@ class Reducer {
   Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
           GradientCommunicator& comm, bool reduce_scatter = false);
 
+  /// The sharded optimizer's update fused with the reduce-scatters (distributed.
+  /// overlap_optimizer): each bucket's part of the sum goes to `consume`
+  /// (GradientCommunicator::reduce_scatter_into_async), which updates those parameters during
+  /// backward. `layer[p]` is parameter p's layer: backward reads a layer's parameter values
+  /// until it starts on a layer below, so a complete bucket launches only once a parameter of a
+  /// layer below all of its own is marked ready (or at finalize). Every rank's collective then
+  /// starts after every rank has stopped reading those values. Before prepare_for_backward.
+  void fuse(GradientCommunicator::PartConsumer consume, std::vector<size_t> layer);
+
   /// Starts a backward pass. With sync=false (a no_sync micro-batch) gradients only
   /// accumulate locally and mark_ready/finalize communicate nothing.
   void prepare_for_backward(bool sync);
@@ -102,6 +113,7 @@ class Reducer {
 
  private:
   void launch_ready_buckets();
+  bool released(size_t bucket) const;
   std::string describe_bucket(size_t b) const;
   const char* collective() const { return reduce_scatter_ ? "reduce-scatter" : "allreduce"; }
 
@@ -115,6 +127,12 @@ class Reducer {
   std::vector<char> marked_;     // per parameter: marked in this backward
   std::vector<std::shared_ptr<Work>> work_;
   size_t next_to_launch_ = 0;
+  // fuse(): the consumer, each bucket's lowest layer, and the lowest layer marked ready in
+  // this backward (SIZE_MAX before the first; 0 at finalize releases every bucket).
+  GradientCommunicator::PartConsumer consume_;
+  std::vector<size_t> layer_, lowest_layer_;
+  size_t reached_ = SIZE_MAX;
+  bool finalizing_ = false;
 };
 
 }  // namespace ddp

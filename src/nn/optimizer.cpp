@@ -2,6 +2,7 @@
 #include "nn/optimizer.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "core/check.h"
@@ -11,7 +12,12 @@
 namespace ddp {
 
 Optimizer::Optimizer(std::vector<Span> spans) : spans_(std::move(spans)) {
-  for (const Span& s : spans_) state_numel_ += s.numel;
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    DDP_CHECK(i == 0 || spans_[i].offset >= spans_[i - 1].end(),
+              "optimizer: spans must be in arena order without overlap");
+    state_offsets_.push_back(state_numel_);
+    state_numel_ += spans_[i].numel;
+  }
 }
 
 std::vector<Span> whole_arena(size_t numel) { return {Span{0, numel}}; }
@@ -32,6 +38,21 @@ void Optimizer::step(Backend& be, Tensor params, const Tensor& grads, double lr)
     state_offset += s.numel;
   }
   ++steps_;
+}
+
+void Optimizer::update_range(Backend& be, float* params, size_t offset, const float* grads,
+                             size_t numel, double lr) {
+  // The last span starting at or before offset.
+  const auto after = std::upper_bound(spans_.begin(), spans_.end(), offset,
+                                      [](size_t at, const Span& s) { return at < s.offset; });
+  DDP_CHECK(after != spans_.begin() && offset + numel <= std::prev(after)->end(),
+            "optimizer update of [" << offset << ", " << offset + numel
+                                    << ") outside the spans this optimizer updates");
+  const size_t i = static_cast<size_t>(after - spans_.begin()) - 1;
+  const int64_t n = static_cast<int64_t>(numel);
+  Tensor p{params + offset, 1, n, Device::CPU};
+  const Tensor g{const_cast<float*>(grads), 1, n, Device::CPU};
+  update(be, p, g, state_offsets_[i] + (offset - spans_[i].offset), lr);
 }
 
 std::vector<std::string> Optimizer::state_names() const { return names_; }

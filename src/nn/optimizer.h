@@ -27,6 +27,15 @@ class Optimizer {
   /// averaged `grads` (arena-shaped too) with learning rate `lr` (this step's).
   void step(Backend& be, Tensor params, const Tensor& grads, double lr);
 
+  /// What step() does to [offset, offset + numel) of the arena `params` (host memory), a range
+  /// inside one of spans(), from that range's averaged gradients at `grads` (anywhere in host
+  /// memory): the sharded update fused with the reduce-scatter, a block at a time, during
+  /// backward (train/fused_shard_update.h). Every element gets the bits step() gives it.
+  /// end_step() once every range of the step has been updated.
+  void update_range(Backend& be, float* params, size_t offset, const float* grads, size_t numel,
+                    double lr);
+  void end_step() { ++steps_; }
+
   /// The parts of the arena this optimizer updates: all of it, or this rank's shard
   /// (distributed.shard_optimizer). Its state arrays hold exactly these, one after another.
   const std::vector<Span>& spans() const { return spans_; }
@@ -58,6 +67,7 @@ class Optimizer {
 
  private:
   std::vector<Span> spans_;
+  std::vector<size_t> state_offsets_;  // per span: where its state starts in every state array
   size_t state_numel_ = 0;
   long steps_ = 0;
   std::vector<std::string> names_;

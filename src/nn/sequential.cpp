@@ -60,6 +60,15 @@ std::vector<std::string> Sequential::parameter_names() const {
   return n;
 }
 
+std::vector<size_t> Sequential::parameter_layers() const {
+  std::vector<size_t> layer(params_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const size_t end = i + 1 < layers_.size() ? first_param_[i + 1] : params_.size();
+    for (size_t p = first_param_[i]; p < end; ++p) layer[p] = i;
+  }
+  return layer;
+}
+
 std::string Sequential::describe() const {
   std::ostringstream oss;
   oss << "Sequential(";

@@ -26,6 +26,11 @@ class Sequential {
   const std::vector<Parameter*>& parameters() const { return params_; }
   std::vector<size_t> parameter_numels() const;
   std::vector<std::string> parameter_names() const;
+  /// Each parameter's layer, in registration order (an index that grows with depth). Backward
+  /// reads a layer's parameter values until it starts on the layer below: once a parameter of
+  /// layer k is marked ready, the values of every layer above k may change (dist/reducer.h's
+  /// fuse).
+  std::vector<size_t> parameter_layers() const;
   int64_t in_features() const { return widths_.front(); }
   int64_t out_features() const { return widths_.back(); }
   std::string describe() const;

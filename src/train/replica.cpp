@@ -52,6 +52,21 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
                                        sharded_);
   optimizer_ = make_optimizer(
       cfg.optimizer, sharded_ ? shards_.owned : whole_arena(plan_.total_numel), ctx_.device());
+  fuse_update(cfg);
+}
+
+// distributed.overlap_optimizer: where the update needs nothing of the whole gradient first,
+// each bucket's reduce-scatter hands this rank's sums to the optimizer. The consumer holds what
+// it uses: a collective declared lost may still return after the replica is gone.
+void Replica::fuse_update(const TrainConfig& cfg) {
+  if (!sharded_ || !cfg.distributed.overlap_optimizer || ctx_.device() != Device::CPU ||
+      cfg.training.clip_grad_norm > 0 || cfg.training.nan_policy == NanPolicy::SkipStep) {
+    return;
+  }
+  fused_ = std::make_shared<FusedShardUpdate>(ctx_.backend(), optimizer_, params_, grads_);
+  reducer_->fuse(
+      [fused = fused_](float* at, const float* sum, size_t n) { fused->consume(at, sum, n); },
+      model_->parameter_layers());
 }
 
 // distributed.compression and distributed.hierarchical, before the gradient arena exists.

@@ -22,6 +22,7 @@
 #include "nn/optimizer.h"
 #include "nn/sequential.h"
 #include "train/device_context.h"
+#include "train/fused_shard_update.h"
 
 namespace ddp {
 
@@ -43,6 +44,10 @@ class Replica {
   Optimizer& optimizer() { return *optimizer_; }
   /// distributed.shard_optimizer: the optimizer updates this rank's parts of the buckets.
   bool sharded() const { return sharded_; }
+  /// distributed.overlap_optimizer where it applies (sharded CPU ranks, no clipping, no
+  /// skip_step): the Reducer's reduce-scatters update the parameters during backward.
+  bool fused() const { return fused_ != nullptr; }
+  FusedShardUpdate& fused_update() { return *fused_; }
   /// distributed.hierarchical as resolved for this job (connect).
   bool hierarchical() const { return hierarchical_; }
   const ShardPlan& shards() const { return shards_; }
@@ -80,6 +85,7 @@ class Replica {
  private:
   void init_parameters(Sequential& target) const;
   void configure_gradient_path(const ProcessGroup& group, const TrainConfig& cfg);
+  void fuse_update(const TrainConfig& cfg);
   void broadcast_parameters(ProcessGroup& comm);
   /// Collective: the parameters from arena-shaped host memory (sharded: each rank writes its
   /// parts, then the allgather).
@@ -99,7 +105,8 @@ class Replica {
   std::unique_ptr<GradientCommunicator> device_gradients_;
   float* grads_ = nullptr;  // the gradient arena, owned by the gradient communicator
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::shared_ptr<Optimizer> optimizer_;  // shared with fused_, whose calls may outlive this
+  std::shared_ptr<FusedShardUpdate> fused_;
 };
 
 }  // namespace ddp

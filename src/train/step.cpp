@@ -35,6 +35,7 @@ void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord&
   // because the Reducer sums over ranks, all ranks (DDP's 1/world pre-scale, folded in here).
   // So the step means what one process would do with the global batch.
   const float loss_scale = 1.0f / static_cast<float>(rows * comm_.size());
+  if (replica_.fused()) replica_.fused_update().begin_step(rec.lr, rec.log);
   for (int64_t m = 0; m < micro_batches; ++m) {
     DDP_CHECK(m == 0 || feed.advance(), rec.where() << "the data ended inside the step");
     micro_batch(feed.take(), m == 0, m + 1 == micro_batches, loss_scale, rec);
@@ -66,14 +67,14 @@ void Step::update_replica(StepRecord& rec) {
 }
 
 // ZeRO-1: this rank's parts of the buckets hold the averaged gradient; the optimizer updates
-// them and the allgather brings the others' parts (on skipped steps too: it also tells every
-// rank that its gradient buckets are no longer read). Each rank's squared norm and non-finite
-// count of its parts reach every rank and are added in rank order (the same sums everywhere).
-// When the update depends on them (clipping, nan_policy skip_step) they travel first, in a small
-// allgather; otherwise, on the CPU, they ride on the parameter allgather and are checked after it
-// (a non-finite gradient still stops every rank), one synchronisation per step fewer. On a GPU
-// the totals make the host wait for the gradients (l2_norm, count_nonfinite): only on steps that
-// need them (clipping, skip_step, logged steps).
+// them (fused: it already has, inside the reduce-scatters) and the allgather brings the others'
+// parts (on skipped steps too: it also tells every rank that its gradient buckets are no longer
+// read). Each rank's squared norm and non-finite count of its parts reach every rank and are added
+// in rank order (the same sums everywhere). When the update depends on them (clipping, nan_policy
+// skip_step) they travel first, in a small allgather; otherwise, on the CPU, they ride on the
+// parameter allgather and are checked after it (a non-finite gradient still stops every rank), one
+// synchronisation per step fewer. On a GPU the totals make the host wait for the gradients
+// (l2_norm, count_nonfinite): only on steps that need them (clipping, skip_step, logged steps).
 void Step::update_shard(StepRecord& rec, Mark& update_end) {
   const double clip = cfg_.training.clip_grad_norm;
   const bool skip = cfg_.training.nan_policy == NanPolicy::SkipStep;
@@ -87,7 +88,9 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
     comm_.allgather(mine.data(), mine.size(), all.data());
     apply_totals(all, norm, rec);
   }
-  if (!rec.skipped) {
+  if (replica_.fused()) {
+    mine = replica_.fused_update().end_step();  // the update ran in the reduce-scatters
+  } else if (!rec.skipped) {
     Tensor grads = replica_.gradients();
     const float coef = clip > 0 ? clip_coefficient(rec.grad_norm, clip) : 1.0f;
     if (coef < 1.0f) {  // as Backend::clip_grad_norm_deferred scales
@@ -118,6 +121,7 @@ Tensor Step::part(const Tensor& arena, const Span& s) {
 // This rank's parts: {the squared L2 norm (when `norm`), the non-finite count}.
 std::vector<double> Step::shard_totals(bool norm) {
   std::vector<double> mine = {0.0, 0.0};
+  if (replica_.fused()) return mine;  // taken in the fused pass (end_step)
   const Tensor grads = replica_.gradients();
   for (const Span& s : replica_.shards().owned) {
     const double part_norm = norm ? be_.l2_norm(part(grads, s)) : 0.0;
@@ -195,7 +199,9 @@ void Step::trace_update(const Mark& update_begin, const Mark& update_end, StepRe
   const Mark end = ctx_.mark();
   const std::string what = std::string("optimizer (") + to_string(cfg_.optimizer.name) +
                            (replica_.sharded() ? ", this rank's shard)" : ")");
-  rec.spans.push_back({report_.compute_track(), what, update_begin, update_end});
+  // Fused, the update ran inside each bucket's reduce-scatter (the lane's spans).
+  if (!replica_.fused())
+    rec.spans.push_back({report_.compute_track(), what, update_begin, update_end});
   if (replica_.sharded())
     rec.spans.push_back({report_.compute_track(), "parameter allgather", update_end, end});
   rec.spans.push_back(

@@ -65,6 +65,7 @@ struct Trainer::State {
   void describe_run();
   std::string describe_optimizer_state() const;
   std::string describe_compression() const;
+  std::string describe_update() const;
 };
 
 // Collective; every failure ends every rank with one message (run_agreed).
@@ -123,6 +124,24 @@ void Trainer::State::describe_run() {
                " ranks: each node sums its buckets in shared memory, each local rank "
                "allreduces its chunk across nodes, the node shares the result");
   report.say(describe_optimizer_state());
+  const std::string update = describe_update();
+  if (!update.empty()) report.say(update);
+}
+
+// Sharded: where the update runs (distributed.overlap_optimizer), and why not inside the
+// reduce-scatters when the key asks for it but the step must see the whole gradient first.
+std::string Trainer::State::describe_update() const {
+  if (!replica->sharded()) return "";
+  if (replica->fused())
+    return "optimizer: each bucket's part updated as its reduce-scatter sums it, during backward "
+           "(distributed.overlap_optimizer)";
+  if (!cfg.distributed.overlap_optimizer) return "";
+  std::string why = "on GPUs";
+  if (ctx->device() == Device::CPU)
+    why = cfg.training.clip_grad_norm > 0
+              ? "with training.clip_grad_norm (the global norm first)"
+              : "with training.nan_policy: skip_step (it decides first)";
+  return "optimizer: updates after backward: distributed.overlap_optimizer does not apply " + why;
 }
 
 // What distributed.compression does in this job: MPI's shared-memory path on one node has no

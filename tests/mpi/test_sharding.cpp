@@ -2,9 +2,11 @@
 // buckets from the reduce-scattered gradients and the parameters are allgathered. The sums are
 // the unsharded allreduce's, in the same rank order, and the update is elementwise, so sharded
 // training gives bitwise the unsharded weights, for every optimizer, with clipping, schedules
-// and accumulation; its checkpoints hold the same tensors, and either resumes the other.
+// and accumulation, the update fused into the reduce-scatters or not; its checkpoints hold the same
+// tensors, and either resumes the other.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,20 @@ ddp::TrainConfig sharded(ddp::TrainConfig cfg) {
   return cfg;
 }
 
+// train(), and whether the update ran inside the reduce-scatters (distributed.
+// overlap_optimizer), from rank 0's startup log, on every rank.
+std::vector<ddp::NamedTensor> train_noting_fusion(const ddp::TrainConfig& cfg,
+                                                  ddp::TrainSummary* summary, bool* fused) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  std::ostringstream log;
+  ddp::Trainer trainer(cfg, *comm, *comm, &log);
+  *summary = trainer.run();
+  int said = log.str().find("as its reduce-scatter sums it") != std::string::npos;
+  MPI_Bcast(&said, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  *fused = said != 0;
+  return trainer.weights();
+}
+
 struct Case {
   std::string name;
   ddp::TrainConfig cfg;
@@ -75,17 +91,25 @@ TEST_CASE("sharded optimizer: bitwise the unsharded weights, every optimizer, bo
     REQUIRE(whole_summary.steps >= 8);
     // One node's window sums in rank order; so does the MPI path (an all-to-all of the parts,
     // summed by their owners in rank order), unlike MPI_Allreduce whose order is the library's.
+    // The update runs inside the reduce-scatters during backward, or after backward: fused
+    // wherever nothing of the whole gradient is needed first (not with clipping).
     for (bool shared : {true, false}) {
-      INFO((shared ? "shared-memory window" : "MPI all-to-all reduce-scatter / allgather"));
-      ddp::TrainConfig cfg = sharded(c.cfg);
-      cfg.distributed.shared_memory = shared;
-      cfg.output.dir += shared ? "_shm" : "_mpi";
-      ddp::TrainSummary shard_summary;
-      const auto shard = train(cfg, MPI_COMM_WORLD, &shard_summary);
-      REQUIRE(shard_summary.steps == whole_summary.steps);
-      require_identical_replicas(shard);
-      INFO("max |sharded - unsharded| = " << max_abs_diff(shard, whole));
-      REQUIRE(bitwise_equal(shard, whole));
+      for (bool overlap : {true, false}) {
+        INFO((shared ? "shared-memory window" : "MPI all-to-all reduce-scatter / allgather"));
+        INFO("distributed.overlap_optimizer: " << overlap);
+        ddp::TrainConfig cfg = sharded(c.cfg);
+        cfg.distributed.shared_memory = shared;
+        cfg.distributed.overlap_optimizer = overlap;
+        cfg.output.dir += std::string(shared ? "_shm" : "_mpi") + (overlap ? "_fused" : "");
+        ddp::TrainSummary shard_summary;
+        bool fused = false;
+        const auto shard = train_noting_fusion(cfg, &shard_summary, &fused);
+        REQUIRE(fused == (overlap && c.cfg.training.clip_grad_norm == 0));
+        REQUIRE(shard_summary.steps == whole_summary.steps);
+        require_identical_replicas(shard);
+        INFO("max |sharded - unsharded| = " << max_abs_diff(shard, whole));
+        REQUIRE(bitwise_equal(shard, whole));
+      }
     }
   }
 }

@@ -215,61 +215,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
-    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
-              "reduce-scatter of " << count << " floats is too large");
-    const bool shared =
-        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
-    std::string what = "reduce-scatter of " + std::to_string(count) + " floats";
-    if (shared) {
-      const size_t offset = static_cast<size_t>(data - arena_);
-      return lane_->submit(std::move(what),
-                           [this, offset, count] { shared_memory_reduce_scatter(offset, count); });
-    }
-    if (format_ != Compression::None) {
-      MPI_Comm comm = comm_;
-      const Compression format = format_;
-      return lane_->submit(
-          std::string("compressed ") + to_string(format) + " " + what,
-          [comm, data, count, format, scratch = compressed_] {
-            compressed_reduce_scatter(comm, data, count, format, *scratch);
-          },
-          nullptr, /*any_thread=*/false);
-    }
-    // Across nodes: every rank sends each part of the bucket to its owner (MPI_Alltoallv, on
-    // the lane's thread only, like a bucket's allreduce), which sums what it receives in rank
-    // order: the shared-memory path's sums, bitwise, on any layout of ranks over nodes, with the
-    // (N-1)/N of the bucket per rank on the link that a ring reduce-scatter sends. Captured by
-    // value: a lost call may return after the communicator is gone. The receive buffer is the
-    // communicator's, reused (the lane runs one collective at a time), not allocated per call.
-    MPI_Comm comm = comm_;
-    const int size = size_, rank = rank_;
-    return lane_->submit(
-        std::move(what),
-        [comm, size, rank, data, count, scratch = scratch_] {
-          const Span mine = shard_part(count, size, rank);
-          const size_t n = static_cast<size_t>(size);
-          std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
-          for (size_t q = 0; q < n; ++q) {
-            const Span part = shard_part(count, size, static_cast<int>(q));
-            send_counts[q] = static_cast<int>(part.numel);
-            send_offsets[q] = static_cast<int>(part.offset);
-            recv_counts[q] = static_cast<int>(mine.numel);
-            recv_offsets[q] = static_cast<int>(q * mine.numel);
-          }
-          std::vector<float>& received = *scratch;
-          if (received.size() < std::max<size_t>(n * mine.numel, 1))
-            received.resize(std::max<size_t>(n * mine.numel, 1));
-          DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
-                                      received.data(), recv_counts.data(), recv_offsets.data(),
-                                      MPI_FLOAT, comm));
-          float* out = data + mine.offset;
-          std::copy(received.data(), received.data() + mine.numel, out);
-          for (size_t q = 1; q < n; ++q) {
-            const float* from = received.data() + q * mine.numel;
-            for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
-          }
-        },
-        nullptr, /*any_thread=*/false);
+    return reduce_scatter(data, count, nullptr);
+  }
+
+  std::shared_ptr<Work> reduce_scatter_into_async(float* data, size_t count,
+                                                  PartConsumer consume) override {
+    DDP_CHECK(consume, "reduce_scatter_into_async: no consumer");
+    return reduce_scatter(data, count, std::move(consume));
   }
 
   std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
@@ -373,6 +325,73 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   double timeout() const override { return lane_->timeout(); }
 
  private:
+  // The reduce-scatter of a bucket, its sum stored in this rank's part or handed to `consume`.
+  std::shared_ptr<Work> reduce_scatter(float* data, size_t count, PartConsumer consume) {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "reduce-scatter of " << count << " floats is too large");
+    const bool shared =
+        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
+    std::string what = std::string(consume ? "reduce-scatter + update" : "reduce-scatter") +
+                       " of " + std::to_string(count) + " floats";
+    if (shared) {
+      const size_t offset = static_cast<size_t>(data - arena_);
+      return lane_->submit(std::move(what), [this, offset, count, consume = std::move(consume)] {
+        shared_memory_reduce_scatter(offset, count, consume);
+      });
+    }
+    // Across nodes: MPI, on the lane's thread only, like a bucket's allreduce. Captured by
+    // value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_, rank = rank_;
+    const Compression format = format_;
+    if (format != Compression::None)
+      what = std::string("compressed ") + to_string(format) + " " + what;
+    return lane_->submit(
+        std::move(what),
+        [comm, size, rank, data, count, format, scratch = scratch_, compressed = compressed_,
+         consume = std::move(consume)] {
+          if (format != Compression::None) {
+            compressed_reduce_scatter(comm, data, count, format, *compressed);
+          } else {
+            summed_reduce_scatter(comm, size, rank, data, count, *scratch);
+          }
+          const Span mine = shard_part(count, size, rank);
+          if (consume && mine.numel > 0)
+            consume(data + mine.offset, data + mine.offset, mine.numel);
+        },
+        nullptr, /*any_thread=*/false);
+  }
+
+  // Across nodes: every rank sends each part of the bucket to its owner (MPI_Alltoallv), which
+  // sums what it receives in rank order: the shared-memory path's sums, bitwise, on any layout
+  // of ranks over nodes, with the (N-1)/N of the bucket per rank on the link that a ring
+  // reduce-scatter sends. `received` is the communicator's, reused (the lane runs one
+  // collective at a time), not allocated per call.
+  static void summed_reduce_scatter(MPI_Comm comm, int size, int rank, float* data, size_t count,
+                                    std::vector<float>& received) {
+    const Span mine = shard_part(count, size, rank);
+    const size_t n = static_cast<size_t>(size);
+    std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
+    for (size_t q = 0; q < n; ++q) {
+      const Span part = shard_part(count, size, static_cast<int>(q));
+      send_counts[q] = static_cast<int>(part.numel);
+      send_offsets[q] = static_cast<int>(part.offset);
+      recv_counts[q] = static_cast<int>(mine.numel);
+      recv_offsets[q] = static_cast<int>(q * mine.numel);
+    }
+    if (received.size() < std::max<size_t>(n * mine.numel, 1))
+      received.resize(std::max<size_t>(n * mine.numel, 1));
+    DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
+                                received.data(), recv_counts.data(), recv_offsets.data(), MPI_FLOAT,
+                                comm));
+    float* out = data + mine.offset;
+    std::copy(received.data(), received.data() + mine.numel, out);
+    for (size_t q = 1; q < n; ++q) {
+      const float* from = received.data() + q * mine.numel;
+      for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
+    }
+  }
+
   // A blocking collective: queued behind the others and waited for at once, so the lane's
   // thread is not woken for it (this thread runs it when the lane is idle).
   void run_here(std::string what, std::function<void()> fn) {
@@ -553,9 +572,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   // The sum over ranks of [offset, offset + count) of every rank's arena, in rank order 0..N-1
-  // (the same bits on every rank and every run, whoever computes it), into this rank's arena;
-  // with compression_on_node rounded to the format after every addition.
-  void reduce_in_rank_order(size_t offset, size_t count) {
+  // (the same bits on every rank and every run, whoever computes it), into this rank's arena
+  // or, block by block, to `consume`; with compression_on_node rounded to the format after
+  // every addition.
+  void reduce_in_rank_order(size_t offset, size_t count, const PartConsumer* consume = nullptr) {
     const size_t n = static_cast<size_t>(win_size_);
     const Compression format = node_format();
     float* mine = peers_[static_cast<size_t>(win_rank_)] + offset;
@@ -573,18 +593,23 @@ class LaneMpiCommunicator final : public MpiCommunicator {
         }
         for (size_t i = 0; i < len; ++i) acc[i] += src[i];
       }
-      std::copy(acc, acc + len, mine + b);
+      if (consume != nullptr) {
+        (*consume)(mine + b, acc, len);
+      } else {
+        std::copy(acc, acc + len, mine + b);
+      }
     }
   }
 
   // The sharded optimizer's half of shared_memory_allreduce: this rank sums its part
-  // (shard_part) of the bucket. No barrier after it: peers may still read this rank's bucket
-  // until the parameter allgather that follows every step's reduce-scatters.
-  void shared_memory_reduce_scatter(size_t offset, size_t count) {
+  // (shard_part) of the bucket, into its arena or to `consume`. No barrier after it: peers may
+  // still read this rank's bucket until the parameter allgather that follows every step's
+  // reduce-scatters.
+  void shared_memory_reduce_scatter(size_t offset, size_t count, const PartConsumer& consume) {
     round_own_bucket(offset, count);
     node_barrier(spin_[0]);  // every rank's bucket is written
     const Span part = shard_part(count, size_, rank_);
-    reduce_in_rank_order(offset + part.offset, part.numel);
+    reduce_in_rank_order(offset + part.offset, part.numel, consume ? &consume : nullptr);
   }
 
   // Rank 0's segment of a second window holds the node's one copy of the parameters; the

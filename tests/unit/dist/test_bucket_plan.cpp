@@ -125,9 +125,17 @@ class RecordingComm : public ddp::GradientCommunicator {
   std::vector<float> arena;
   size_t fail_call = SIZE_MAX;  // this call's wait() throws, as a timed-out collective does
   size_t reduce_scatters = 0;
+  size_t consumed = 0;  // floats handed to reduce_scatter_into_async's consumers
   std::shared_ptr<ddp::Work> reduce_scatter_async(float* data, size_t count) override {
     ++reduce_scatters;
     return allreduce_async(data, count, false, nullptr);
+  }
+  // Hands the whole bucket to the consumer, as if this rank owned all of it.
+  std::shared_ptr<ddp::Work> reduce_scatter_into_async(float* data, size_t count,
+                                                       PartConsumer consume) override {
+    consume(data, data, count);
+    consumed += count;
+    return reduce_scatter_async(data, count);
   }
   std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average,
                                              const ddp::LaneHooks*) override {
@@ -219,6 +227,57 @@ TEST_CASE("Reducer of a sharded optimizer reduce-scatters each bucket, in the sa
   for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
   REQUIRE_THROWS_WITH(reducer.finalize(),
                       Catch::Contains("gradient reduce-scatter of bucket 0 (p5)"));
+}
+
+TEST_CASE("Reducer fused with the optimizer launches a bucket once backward has left its layers",
+          "[reducer][shard]") {
+  const std::vector<size_t> numel(6, 256);
+  BucketPlan plan = compute_bucket_plan(numel, kKiB, 2 * kKiB);  // {5} {4,3} {2,1} {0}
+  std::vector<float> arena(plan.total_numel);
+  RecordingComm comm;
+  ddp::Reducer reducer(plan, {"p0", "p1", "p2", "p3", "p4", "p5"}, arena.data(), comm,
+                       /*reduce_scatter=*/true);
+  std::vector<float*> consumed_at;
+  // Three Linear layers (weight, bias) with a ReLU between each: layers 0, 2, 4.
+  reducer.fuse([&](float* at, const float*, size_t) { consumed_at.push_back(at); },
+               {0, 0, 2, 2, 4, 4});
+  reducer.prepare_for_backward(true);
+  reducer.mark_ready(5);  // bucket 0 complete, but layer 4's backward still reads its values
+  reducer.mark_ready(4);
+  REQUIRE(comm.calls.empty());
+  reducer.mark_ready(3);  // layer 2 began: layer 4 is done; bucket 1 holds p3 of layer 2
+  REQUIRE(comm.calls.size() == 1);
+  reducer.mark_ready(2);
+  REQUIRE(comm.calls.size() == 1);
+  reducer.mark_ready(1);  // layer 0 began: bucket 1 goes; bucket 2 holds p1 of layer 0
+  REQUIRE(comm.calls.size() == 2);
+  reducer.mark_ready(0);  // bucket 3 complete, behind bucket 2
+  REQUIRE(comm.calls.size() == 2);
+  reducer.finalize();  // backward has ended: 2 and 3, in order
+  REQUIRE(comm.calls.size() == 4);
+  REQUIRE(comm.reduce_scatters == 4);
+  REQUIRE(comm.consumed == plan.total_numel);
+  for (size_t b = 0; b < 4; ++b) {
+    REQUIRE(comm.calls[b].data == arena.data() + plan.buckets[b].offset);
+    REQUIRE(consumed_at[b] == arena.data() + plan.buckets[b].offset);
+  }
+  // A no_sync micro-batch still communicates nothing.
+  reducer.prepare_for_backward(false);
+  for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
+  reducer.finalize();
+  REQUIRE(comm.calls.size() == 4);
+}
+
+TEST_CASE("Reducer::fuse needs a sharded Reducer and a layer per parameter", "[reducer][shard]") {
+  const std::vector<size_t> numel(2, 8);
+  BucketPlan plan = compute_bucket_plan(numel, kKiB, kKiB);
+  std::vector<float> arena(plan.total_numel);
+  RecordingComm comm;
+  auto consume = [](float*, const float*, size_t) {};
+  ddp::Reducer replicated(plan, {"w", "b"}, arena.data(), comm);
+  REQUIRE_THROWS_WITH(replicated.fuse(consume, {0, 0}), Catch::Contains("sharded optimizer"));
+  ddp::Reducer sharded(plan, {"w", "b"}, arena.data(), comm, /*reduce_scatter=*/true);
+  REQUIRE_THROWS_WITH(sharded.fuse(consume, {0}), Catch::Contains("1 layers for 2 parameters"));
 }
 
 TEST_CASE("Reducer in no_sync mode communicates nothing", "[reducer]") {
@@ -326,4 +385,23 @@ TEST_CASE("a gradient communicator without 16-bit or hierarchical paths refuses 
       Catch::Contains("distributed.compression: bf16") && Catch::Contains("sums in float32 only"));
   CHECK_THROWS_WITH(comm.set_hierarchical(true), Catch::Contains("distributed.hierarchical") &&
                                                      Catch::Contains("no hierarchical path"));
+}
+
+TEST_CASE("a gradient communicator without sharded collectives refuses them by name",
+          "[reducer][shard]") {
+  struct Bare : ddp::GradientCommunicator {
+    std::shared_ptr<ddp::Work> allreduce_async(float*, size_t, bool,
+                                               const ddp::LaneHooks*) override {
+      return nullptr;
+    }
+    float* gradient_arena(size_t, bool) override { return nullptr; }
+    void set_timeout(double) override {}
+    double timeout() const override { return 1.0; }
+  } comm;
+  float x[4] = {};
+  CHECK_THROWS_WITH(comm.reduce_scatter_async(x, 4),
+                    Catch::Contains("no sharded-optimizer collectives"));
+  CHECK_THROWS_WITH(comm.reduce_scatter_into_async(x, 4, [](float*, const float*, size_t) {}),
+                    Catch::Contains("distributed.overlap_optimizer needs CPU ranks"));
+  CHECK_THROWS_WITH(comm.parameter_arena(4, true), Catch::Contains("parameter arena"));
 }

@@ -1,6 +1,7 @@
 // The optimizers over spans of the arena (a sharded optimizer updates its rank's parts only):
 // the ranks' optimizers together give every parameter and every state value the bits of one
 // optimizer over the whole arena, and each keeps state for its own parts alone.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
@@ -85,6 +86,88 @@ TEST_CASE("optimizers over the ranks' shards give bitwise the whole-arena update
   adam.name = ddp::OptimizerName::Adam;
   adam.weight_decay = 0.01;
   SECTION("adam, L2 weight decay") { require_shards_equal_whole(adam); }
+}
+
+// The fused sharded update (update_range) feeds each rank's parts block by block, from sums
+// held elsewhere: every parameter and state value gets the bits of step() over the whole arena.
+void require_ranges_equal_whole(const ddp::OptimizerConfig& cfg) {
+  const std::vector<size_t> numel = {40 * 30, 40, 30 * 7, 7};
+  const ddp::BucketPlan plan = ddp::compute_bucket_plan(numel, 256, 2048);
+  const size_t total = plan.total_numel;
+  auto be = ddp::make_cpu_backend();
+  const int world = 3;
+  std::vector<float> whole_params = random_values(total, 1, 0.5f);
+  std::vector<float> fused_params = whole_params;
+  auto whole = ddp::make_optimizer(cfg, ddp::whole_arena(total), ddp::Device::CPU);
+  std::vector<std::unique_ptr<ddp::Optimizer>> ranks;
+  std::vector<ddp::ShardPlan> shards;
+  for (int r = 0; r < world; ++r) {
+    shards.push_back(ddp::compute_shard_plan(plan, world, r));
+    ranks.push_back(ddp::make_optimizer(cfg, shards.back().owned, ddp::Device::CPU));
+  }
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> grads = random_values(total, 100 + step, 1.0f);
+    const double lr = 0.01 * (step + 1);
+    whole->step(*be, view(whole_params), view(grads), lr);
+    for (int r = 0; r < world; ++r) {
+      ddp::Optimizer& o = *ranks[static_cast<size_t>(r)];
+      for (const ddp::Span& part : shards[static_cast<size_t>(r)].owned) {
+        for (size_t at = 0; at < part.numel;) {  // uneven blocks, each from a copy of the sums
+          const size_t n = std::min<size_t>(part.numel - at, 37 + 11 * static_cast<size_t>(step));
+          const std::vector<float> sums(grads.begin() + static_cast<long>(part.offset + at),
+                                        grads.begin() + static_cast<long>(part.offset + at + n));
+          o.update_range(*be, fused_params.data(), part.offset + at, sums.data(), n, lr);
+          at += n;
+        }
+      }
+      o.end_step();
+    }
+  }
+  REQUIRE(same_bits(fused_params.data(), whole_params.data(), total));
+  for (const std::string& name : whole->state_names()) {
+    INFO("state " << name);
+    const ddp::Tensor w = whole->state(name);
+    for (int r = 0; r < world; ++r) {
+      const ddp::Tensor s = ranks[static_cast<size_t>(r)]->state(name);
+      size_t at = 0;
+      for (const ddp::Span& part : shards[static_cast<size_t>(r)].owned) {
+        REQUIRE(same_bits(s.data + at, w.data + part.offset, part.numel));
+        at += part.numel;
+      }
+    }
+  }
+  REQUIRE(ranks[1]->steps_taken() == 4);
+}
+
+TEST_CASE("the fused update of a shard, block by block, gives bitwise the whole-arena update",
+          "[shard]") {
+  ddp::OptimizerConfig sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  sgd.weight_decay = 0.01;
+  SECTION("sgd, momentum (its first step copies the gradient), weight decay") {
+    require_ranges_equal_whole(sgd);
+  }
+  ddp::OptimizerConfig adamw;
+  adamw.name = ddp::OptimizerName::AdamW;
+  adamw.weight_decay = 0.05;
+  adamw.amsgrad = true;
+  SECTION("adamw, amsgrad (bias correction counts end_step)") { require_ranges_equal_whole(adamw); }
+}
+
+TEST_CASE("a fused update refuses a range outside the optimizer's spans", "[shard]") {
+  ddp::OptimizerConfig sgd;
+  auto be = ddp::make_cpu_backend();
+  auto opt = ddp::make_optimizer(sgd, {ddp::Span{4, 4}, ddp::Span{12, 4}}, ddp::Device::CPU);
+  std::vector<float> p(16), g(8);
+  opt->update_range(*be, p.data(), 13, g.data(), 3, 0.1);  // inside the second span
+  REQUIRE_THROWS_WITH(opt->update_range(*be, p.data(), 2, g.data(), 2, 0.1),
+                      Catch::Contains("[2, 4) outside the spans"));
+  REQUIRE_THROWS_WITH(opt->update_range(*be, p.data(), 6, g.data(), 4, 0.1),
+                      Catch::Contains("[6, 10) outside the spans"));
+  REQUIRE_THROWS_WITH(
+      ddp::make_optimizer(sgd, {ddp::Span{12, 4}, ddp::Span{4, 4}}, ddp::Device::CPU),
+      Catch::Contains("spans must be in arena order"));
 }
 
 TEST_CASE("an optimizer refuses a span outside the arena", "[shard]") {
