@@ -136,6 +136,45 @@ def st():
     write("safetensors", "deep_json", struct.pack("<Q", len(nested)) + nested)
 
 
+# --- npy: "\x93NUMPY", version, header length (2 bytes in 1.0, 4 in 2.0/3.0), the dict
+# padded with spaces and "\n" (to 64 bytes, as numpy.save does), then the data.
+def npy_file(descr, shape, data=b"", major=1, fortran="False", dict_text=None, align=64):
+    text = dict_text or "{'descr': %s, 'fortran_order': %s, 'shape': %s, }" % (
+        descr if descr.startswith("[") else repr(descr), fortran, shape)
+    preamble = 8 + (2 if major == 1 else 4)
+    text += " " * ((align - (preamble + len(text) + 1) % align) % align) + "\n"
+    length = struct.pack("<H" if major == 1 else "<I", len(text))
+    return b"\x93NUMPY" + bytes([major, 0]) + length + text.encode("latin1") + data
+
+
+def npy():
+    f4 = struct.pack("<12f", *[i * 0.5 - 2 for i in range(12)])
+    write("npy", "valid_f4_3x4", npy_file("<f4", "(3, 4)", f4))
+    write("npy", "valid_u1_labels", npy_file("|u1", "(5,)", bytes([0, 1, 9, 3, 255])))
+    write("npy", "valid_u1_images", npy_file("|u1", "(2, 4, 4)", bytes(range(32))))
+    write("npy", "valid_i8_v2", npy_file("<i8", "(2,)", struct.pack("<2q", -1, 7), major=2))
+    write("npy", "valid_f2_v3", npy_file("<f2", "(1, 2)", b"\x00\x3c\x00\xc0", major=3))
+    write("npy", "valid_empty", npy_file("<f8", "(0, 3)"))
+    write("npy", "valid_syntax", npy_file(None, None, struct.pack("<2I", 1, 2), dict_text=
+          "{\"shape\" : ( 2L ,\n ) ,'fortran_order':False,\t'descr':'=u4'}"))
+    write("npy", "big_endian", npy_file(">f4", "(3, 4)", f4))
+    write("npy", "object", npy_file("|O", "(2,)", b"\x80\x04N."))
+    write("npy", "structured", npy_file("[('x', '<f4'), ('y', '<i4')]", "(1,)", b"\0" * 8))
+    write("npy", "fortran", npy_file("<f4", "(3, 4)", f4, fortran="True"))
+    write("npy", "zero_d", npy_file("<f4", "()", b"\0" * 4))
+    write("npy", "huge_dim", npy_file("<f4", "(99999999999999999999,)"))
+    write("npy", "overflow_shape", npy_file("|u1", "(0, 4294967296, 4294967296)"))
+    write("npy", "negative_dim", npy_file("<f4", "(3, -1)"))
+    write("npy", "odd_offset", npy_file("<f4", "(12,)", f4, align=1))
+    write("npy", "truncated_data", npy_file("<f4", "(3, 4)", f4[:-3]))
+    write("npy", "trailing_data", npy_file("<f4", "(3, 4)", f4 + b"\0" * 4))
+    write("npy", "truncated_header", npy_file("<f4", "(3, 4)", f4)[:40])
+    write("npy", "missing_key", npy_file(None, None, dict_text="{'descr': '<f4', 'shape': (3,)}"))
+    write("npy", "version_4", b"\x93NUMPY\x04\x00" + npy_file("<f4", "(1,)")[8:])
+    write("npy", "not_npy", b"PK\x03\x04\x14\x00\x00\x00")
+    write("npy", "empty", b"")
+
+
 def config():
     seed_path = os.path.join(os.path.dirname(ROOT), "..", "..", "configs", "seed.yaml")
     with open(seed_path, "rb") as f:
@@ -171,7 +210,7 @@ def config():
 
 
 def main():
-    for fn in (idx, csv, st, config):
+    for fn in (idx, csv, st, npy, config):
         fn()
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ROOT) for f in fs)
     print(f"corpus: {total} bytes under {ROOT}", file=sys.stderr)
