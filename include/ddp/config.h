@@ -144,6 +144,8 @@ struct DataConfig {
   bool csv_header = false;  ///< csv: first line is a header
   uint64_t seed = 0;        ///< synthetic: generator seed
   int64_t prefetch = 2;     ///< batches assembled ahead by the loader thread
+  /// The ranks of a node map one copy of each split (in /dev/shm), read by the node's first rank.
+  bool share_on_node = true;
   Normalization normalize;  ///< none | standardize | [mean, std]
 };
 

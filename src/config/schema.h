@@ -108,6 +108,8 @@ void visit_data(DataConfig& d, V& v) {
               .doc("seed of the synthetic data generator"));
   v.field("prefetch", d.prefetch,
           Key().at_least(1).doc("batches the loader thread prepares ahead"));
+  v.field("share_on_node", d.share_on_node,
+          Key().doc("a node's ranks map one copy of the data (/dev/shm)"));
   v.field("normalize", d.normalize,
           Key().resume().doc(
               "none; standardize (each feature by the training split's mean, std); [mean, std]"));

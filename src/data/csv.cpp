@@ -60,7 +60,8 @@ int32_t parse_label(std::string_view f, const Place& at, size_t column) {
   return v;
 }
 
-void parse_row(std::string_view line, const Place& at, bool labeled, Dataset& ds) {
+void parse_row(std::string_view line, const Place& at, bool labeled, Dataset& ds,
+               std::vector<float>& x) {
   const auto fields = split_fields(line);
   const int64_t label_fields = labeled ? 1 : 0;
   if (ds.features == 0) {
@@ -73,7 +74,7 @@ void parse_row(std::string_view line, const Place& at, bool labeled, Dataset& ds
             at << ": expected " << ds.features + label_fields
                << " fields (as in the first row), got " << fields.size());
   for (int64_t c = 0; c < ds.features; ++c)
-    ds.x.push_back(parse_feature(fields[static_cast<size_t>(c)], at, static_cast<size_t>(c) + 1));
+    x.push_back(parse_feature(fields[static_cast<size_t>(c)], at, static_cast<size_t>(c) + 1));
   if (labeled) ds.y.push_back(parse_label(fields.back(), at, fields.size()));
   ++ds.size;
 }
@@ -89,6 +90,7 @@ Dataset load_csv(const std::string& path, bool header, bool labeled) {
   DDP_CHECK(!std::filesystem::is_directory(path), path << ": cannot read: it is a directory");
   Dataset ds;
   ds.source = path;
+  std::vector<float> x;
   std::string line;
   int64_t line_no = 0;
   int64_t first_blank = 0;  // blank lines are only allowed after the last row
@@ -101,10 +103,12 @@ Dataset load_csv(const std::string& path, bool header, bool labeled) {
     }
     DDP_CHECK(first_blank == 0, path << ":" << first_blank << ": blank line before more data (line "
                                      << line_no << ")");
-    parse_row(line, Place{path, line_no}, labeled, ds);
+    parse_row(line, Place{path, line_no}, labeled, ds, x);
   }
   DDP_CHECK(!in.bad(), path << ": read error after line " << line_no);
   DDP_CHECK(ds.size > 0, path << ": no data rows" << (header ? " after the header" : ""));
+  x.shrink_to_fit();
+  ds.x = FeatureStore(std::move(x));
   return ds;
 }
 

@@ -39,6 +39,24 @@ Dataset load_source(const DataConfig& data, const SplitSource& split, bool is_te
 
 }  // namespace
 
+void Dataset::read_rows(int64_t first, int64_t n, float* out) const {
+  DDP_CHECK(first >= 0 && n >= 0 && first <= size && n <= size - first,
+            source << ": rows [" << first << ", " << first + n << ") of " << size);
+  const auto d = static_cast<size_t>(features);
+  x.to_float(static_cast<size_t>(first) * d, static_cast<size_t>(n) * d, out);
+  if (transform.identity()) return;
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = out + static_cast<size_t>(i) * d;
+    for (size_t j = 0; j < d; ++j) row[j] = (row[j] - transform.mean[j]) / transform.std[j];
+  }
+}
+
+std::vector<float> Dataset::rows() const {
+  std::vector<float> out(static_cast<size_t>(size * features));
+  read_rows(0, size, out.data());
+  return out;
+}
+
 void check_dataset(const Dataset& ds, int64_t features, int64_t classes, const std::string& what) {
   DDP_CHECK(ds.features == features, what << ": " << ds.source << " has " << ds.features
                                           << " features per sample but model.layers[0] is "

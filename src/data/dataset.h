@@ -1,27 +1,43 @@
-// In-memory datasets: features as row-major float32 [size, features], labels as int32 [size].
-// Loaders for MNIST-style IDX files (.gz or raw), CSV and the seed tutorial's synthetic data;
-// every failure names the file (and line/column) so a user can fix the input.
+// Datasets: features row-major [size, features] in their source's type (data/features.h),
+// read as float32 (and normalised) a row at a time; labels as int32 [size]. Loaders for
+// MNIST-style IDX files (.gz or raw), CSV and the seed tutorial's synthetic data; every failure
+// names the file (and line/column) so a user can fix the input.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "data/features.h"
 #include "ddp/config.h"
 
 namespace ddp {
 
+/// data.normalize's transform: x' = (x - mean[j]) / std[j] for every feature j, in float32.
+struct FeatureTransform {
+  std::vector<float> mean, std;  ///< one per feature; both empty: features as read
+  bool identity() const { return mean.empty(); }
+};
+
 struct Dataset {
   int64_t size = 0;        ///< samples
-  int64_t features = 0;    ///< floats per sample
-  std::vector<float> x;    ///< size*features, row-major
+  int64_t features = 0;    ///< values per sample
+  FeatureStore x;          ///< size*features, row-major, in the source's type
   std::vector<int32_t> y;  ///< size labels
   std::string source;      ///< human-readable origin for messages (file path, "synthetic(seed=0)")
+  FeatureTransform transform;  ///< applied as rows are read (data/normalize.h)
+
+  /// Rows [first, first + n) as the model sees them, into `out` (n * features floats):
+  /// converted to float32, then transformed.
+  void read_rows(int64_t first, int64_t n, float* out) const;
+  /// Every row so (tests, small data).
+  std::vector<float> rows() const;
 };
 
 /// Loads an MNIST/Fashion-MNIST IDX pair (gzipped or raw): images magic 0x00000803 [n, rows,
-/// cols] ubyte scaled to [0,1] by v/255, labels magic 0x00000801 [n] ubyte. Throws ddp::Error
-/// naming the file for: cannot open, wrong magic, truncated header/data, count mismatch, n == 0.
+/// cols] ubyte, kept as bytes and read scaled to [0,1] by v/255, labels magic 0x00000801 [n] ubyte.
+/// Throws ddp::Error naming the file for: cannot open, wrong magic, truncated header/data, count
+/// mismatch, n == 0.
 Dataset load_idx(const std::string& images_path, const std::string& labels_path);
 
 /// The images of an IDX images file alone (no labels: y stays empty), as load_idx reads them.

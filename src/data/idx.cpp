@@ -99,6 +99,9 @@ std::vector<unsigned char> read_payload(GzReader& in, const std::string& path, s
   size_t got = 0;
   while (got < n) {
     const size_t want = std::min(n - got, kChunk);
+    // Doubling up to exactly n: a whole file leaves no unused capacity (the bytes are kept).
+    if (data.capacity() < got + want)
+      data.reserve(std::min(n, std::max(2 * data.capacity(), got + want)));
     data.resize(got + want);
     const size_t r = in.read(data.data() + got, want);
     got += r;
@@ -131,14 +134,13 @@ std::pair<uint64_t, uint64_t> image_counts(const std::vector<uint32_t>& dims,
   return {n, features};
 }
 
-// The images' pixels, scaled to [0, 1] by v / 255.
+// The images' pixels, kept as bytes and read scaled to [0, 1] by v / 255.
 void read_pixels(GzReader& images, const std::string& images_path, uint64_t n, uint64_t features,
                  Dataset& ds) {
-  const auto pixels = read_payload(images, images_path, static_cast<size_t>(n * features), 16);
+  auto pixels = read_payload(images, images_path, static_cast<size_t>(n * features), 16);
   ds.size = static_cast<int64_t>(n);
   ds.features = static_cast<int64_t>(features);
-  ds.x.resize(pixels.size());
-  for (size_t i = 0; i < pixels.size(); ++i) ds.x[i] = static_cast<float>(pixels[i]) / 255.0f;
+  ds.x = FeatureStore::scaled_bytes(std::move(pixels));
 }
 
 }  // namespace

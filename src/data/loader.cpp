@@ -18,7 +18,7 @@ Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t pr
   DDP_CHECK(ds.features > 0 && static_cast<int64_t>(ds.x.size()) == ds.size * ds.features &&
                 static_cast<int64_t>(ds.y.size()) == ds.size,
             "Loader: dataset " << ds.source << " is inconsistent: size " << ds.size << ", features "
-                               << ds.features << ", " << ds.x.size() << " floats, " << ds.y.size()
+                               << ds.features << ", " << ds.x.size() << " values, " << ds.y.size()
                                << " labels");
   slots_.resize(static_cast<size_t>(prefetch + 1));
   for (auto& s : slots_) {
@@ -117,8 +117,7 @@ void Loader::fill(Batch& batch, int64_t batch_index) const {
                                                        << " of the epoch is outside dataset "
                                                        << ds_.source << " (size " << ds_.size
                                                        << ")");
-    std::memcpy(batch.x.data() + static_cast<size_t>(r) * f,
-                ds_.x.data() + static_cast<size_t>(i) * f, f * sizeof(float));
+    ds_.read_rows(i, 1, batch.x.data() + static_cast<size_t>(r) * f);
     batch.y[static_cast<size_t>(r)] = ds_.y[static_cast<size_t>(i)];
   }
   batch.rows = rows;

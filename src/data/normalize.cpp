@@ -15,17 +15,21 @@ constexpr const char* kMeanKey = "ddp.normalize.mean";
 constexpr const char* kStdKey = "ddp.normalize.std";
 
 // Each feature's mean and population standard deviation over the rows of `ds`, in double.
+// The features as stored, converted row by row (not through ds.transform).
 void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<double>& std) {
   const int64_t n = ds.size, d = ds.features;
   mean.assign(d, 0.0);
   std.assign(d, 0.0);
+  std::vector<float> row(static_cast<size_t>(d));
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < d; ++j) mean[j] += ds.x[i * d + j];
+    ds.x.to_float(static_cast<size_t>(i * d), row.size(), row.data());
+    for (int64_t j = 0; j < d; ++j) mean[j] += row[j];
   }
   for (int64_t j = 0; j < d; ++j) mean[j] /= static_cast<double>(n);
   for (int64_t i = 0; i < n; ++i) {
+    ds.x.to_float(static_cast<size_t>(i * d), row.size(), row.data());
     for (int64_t j = 0; j < d; ++j) {
-      const double c = ds.x[i * d + j] - mean[j];
+      const double c = row[j] - mean[j];
       std[j] += c * c;
     }
   }
@@ -80,14 +84,10 @@ FeatureTransform fit_normalization(const Normalization& n, const Dataset& train)
 }
 
 void apply_normalization(const FeatureTransform& t, Dataset& ds) {
-  if (t.identity()) return;
-  const int64_t d = ds.features;
-  DDP_CHECK(static_cast<int64_t>(t.mean.size()) == d,
-            ds.source << ": " << d << " features, the normalisation has " << t.mean.size());
-  for (int64_t i = 0; i < ds.size; ++i) {
-    float* row = ds.x.data() + i * d;
-    for (int64_t j = 0; j < d; ++j) row[j] = (row[j] - t.mean[j]) / t.std[j];
-  }
+  DDP_CHECK(
+      t.identity() || static_cast<int64_t>(t.mean.size()) == ds.features,
+      ds.source << ": " << ds.features << " features, the normalisation has " << t.mean.size());
+  ds.transform = t;
 }
 
 std::map<std::string, std::string> normalization_metadata(const FeatureTransform& t) {

@@ -1,9 +1,9 @@
 // Feature normalisation (data.normalize): x' = (x - mean[j]) / std[j] for every feature j, in
-// float32, on both splits at load time. `standardize` takes each feature's mean and population
-// std over the training split (computed in double in row order, so every rank, which reads the
-// whole training split, gets the same values); a fixed [mean, std] applies to every feature.
-// The transform a model was trained with travels in its model.safetensors metadata, so that
-// evaluation and prediction feed it what training fed it.
+// float32, on both splits as their rows are read (Dataset::transform). `standardize` takes each
+// feature's mean and population std over the training split (computed in double in row order, so
+// every rank, which reads the whole training split, gets the same values); a fixed [mean, std]
+// applies to every feature. The transform a model was trained with travels in its model.safetensors
+// metadata, so that evaluation and prediction feed it what training fed it.
 #pragma once
 
 #include <cstdint>
@@ -16,16 +16,11 @@
 
 namespace ddp {
 
-struct FeatureTransform {
-  std::vector<float> mean, std;  ///< one per feature; both empty: features as read
-  bool identity() const { return mean.empty(); }
-};
-
 /// The transform `n` asks for, fitted on `train` (standardize) or filled in (fixed). A feature
 /// that is constant over the training split keeps std 1 (it becomes 0 everywhere).
 FeatureTransform fit_normalization(const Normalization& n, const Dataset& train);
 
-/// Applies `t` to every sample of `ds` in place (nothing for the identity). Throws ddp::Error
+/// Makes `t` the transform `ds`'s rows are read through (Dataset::read_rows). Throws ddp::Error
 /// when the feature counts differ.
 void apply_normalization(const FeatureTransform& t, Dataset& ds);
 

@@ -48,8 +48,8 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world, int rank
 
 void DistributedSampler::set_epoch(int64_t epoch, int64_t start) {
   DDP_CHECK(epoch >= 0, "DistributedSampler::set_epoch: epoch must be non-negative, got " << epoch);
-  DDP_CHECK(start >= 0 && start < size_, "DistributedSampler::set_epoch: start "
-                                             << start << " is outside [0, " << size_ << ")");
+  DDP_CHECK(start >= 0 && start < size_,
+            "DistributedSampler::set_epoch: start " << start << " is outside [0, " << size_ << ")");
   epoch_ = epoch;
   start_ = start;
   // drop_last: floor(n / world) per rank (torch's ceil((n - world) / world)); else ceil(n / world).

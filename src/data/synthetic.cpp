@@ -16,8 +16,9 @@ Dataset make_synthetic(int64_t samples, int64_t features, int64_t classes, uint6
   ds.source = "synthetic(seed=" + std::to_string(seed) + ")";
   Rng rng(seed);
   // All features first, then all labels: the tutorial's draw order.
-  ds.x.resize(static_cast<size_t>(samples * features));
-  for (auto& v : ds.x) v = static_cast<float>(rng.normal());
+  std::vector<float> x(static_cast<size_t>(samples * features));
+  for (auto& v : x) v = static_cast<float>(rng.normal());
+  ds.x = FeatureStore(std::move(x));
   ds.y.resize(static_cast<size_t>(samples));
   for (auto& l : ds.y) l = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
   return ds;

@@ -86,9 +86,11 @@ int64_t predict_to_csv(const PredictRequest& r) {
   out << "index,predicted";
   for (int64_t c = 0; c < m.classes(); ++c) out << ",p" << c;
   out << (ds.y.empty() ? "\n" : ",label\n");
+  std::vector<float> batch(static_cast<size_t>(kPredictBatch * ds.features));
   for (int64_t first = 0; first < ds.size; first += kPredictBatch) {
     const int64_t rows = std::min(kPredictBatch, ds.size - first);
-    const Tensor x{ds.x.data() + first * ds.features, rows, ds.features, Device::CPU};
+    ds.read_rows(first, rows, batch.data());
+    const Tensor x{batch.data(), rows, ds.features, Device::CPU};
     const Tensor& logits = model.forward(x);
     for (int64_t i = 0; i < rows; ++i)
       write_row(out, first + i, logits.data + i * m.classes(), m.classes(), ds);

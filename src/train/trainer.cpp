@@ -58,6 +58,7 @@ struct Trainer::State {
   std::unique_ptr<CheckpointPolicy> checkpoints;
   TrainingState start;
   bool resumed = false;
+  std::string data_line;  // where the data lives (TrainingData::share)
 
   State(const TrainConfig& c, ProcessGroup& cm, GradientCommunicator& hg, std::ostream* log)
       : cfg(c), comm(cm), host_gradients(hg), report(cfg, cm, log) {}
@@ -73,7 +74,11 @@ void Trainer::State::setup() {
   comm.set_timeout(cfg.distributed.timeout_s);
   run_agreed(comm, [&] {
     ctx = make_device_context(place_rank(cfg, comm));
-    data.load(cfg, comm.size(), comm.rank());
+    data.read(cfg, comm);
+  });
+  data_line = data.share(cfg, comm);  // collective: one copy of the data per node
+  run_agreed(comm, [&] {
+    data.prepare(cfg, comm.size(), comm.rank());
     replica = std::make_unique<Replica>(cfg, *ctx, data.max_batch(cfg), comm.size());
     report.open_outputs();
   });
@@ -107,6 +112,7 @@ void Trainer::State::describe_run() {
              " per rank per epoch; global batch " + std::to_string(cfg.global_batch(comm.size())) +
              " = " + std::to_string(b) + " per rank x " + std::to_string(comm.size()) +
              " ranks x " + std::to_string(cfg.training.accumulate_steps) + " accumulation step(s)");
+  if (!data_line.empty()) report.say(data_line);
   if (cfg.data.normalize.mode != Normalization::Mode::None)
     report.say("data: features normalised (data.normalize: " +
                std::string(cfg.data.normalize.mode == Normalization::Mode::Standardize

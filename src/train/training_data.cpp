@@ -2,18 +2,82 @@
 #include "train/training_data.h"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <string>
 
 #include "core/check.h"
+#include "data/dataset_image.h"
+#include "dist/agreement.h"
+#include "dist/node_shared_memory.h"
 
 namespace ddp {
 
-void TrainingData::load(const TrainConfig& cfg, int world, int rank) {
+bool TrainingData::shares(const TrainConfig& cfg, const ProcessGroup& comm) const {
+  return cfg.data.share_on_node && comm.local_size() > 1;
+}
+
+void TrainingData::read_splits(const TrainConfig& cfg) {
   const int64_t features = cfg.model.layers.front();
   const int64_t classes = cfg.model.layers.back();
   train = load_split(cfg.data, cfg.data.train, false, features, classes);
   has_test = cfg.data.test.configured();
   if (has_test) test = load_split(cfg.data, cfg.data.test, true, features, classes);
+}
+
+void TrainingData::read(const TrainConfig& cfg, const ProcessGroup& comm) {
+  has_test = cfg.data.test.configured();
+  if (!shares(cfg, comm) || comm.local_rank() == 0) read_splits(cfg);
+}
+
+namespace {
+
+// One split through the node's shared memory: the first rank's copy written once, every rank
+// (the first too) viewing it. Empty on every rank when the node cannot share.
+bool share_split(ProcessGroup& comm, Dataset& ds, std::string& why_not) {
+  double bytes = comm.local_rank() == 0 ? static_cast<double>(image_bytes(ds)) : 0.0;
+  comm.allreduce(&bytes, 1, ReduceOp::Max);
+  const NodeSharedMemory mem =
+      share_on_node(comm, static_cast<size_t>(bytes), [&](void* out) { write_image(ds, out); });
+  if (!mem.data) {
+    why_not = mem.why_not;
+    return false;
+  }
+  ds = view_image(mem.data.get(), mem.bytes, mem.data);
+  return true;
+}
+
+std::string mib(size_t bytes) {
+  std::ostringstream oss;
+  oss << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1024.0 * 1024.0)
+      << " MiB";
+  return oss.str();
+}
+
+}  // namespace
+
+std::string TrainingData::share(const TrainConfig& cfg, ProcessGroup& comm) {
+  const std::string stored = std::string(" (") + to_string(train.x.type()) + ")";
+  if (!shares(cfg, comm)) {
+    if (comm.local_size() == 1) return "";
+    return "data: a copy per rank (data.share_on_node: false), " + mib(train.x.bytes()) +
+           " of training features each" + stored;
+  }
+  std::string why_not;
+  bool shared = share_split(comm, train, why_not);
+  if (shared && has_test) shared = share_split(comm, test, why_not);
+  if (!shared) {
+    run_agreed(comm, [&] {
+      if (comm.local_rank() != 0) read_splits(cfg);
+    });
+    return "data: a copy per rank: " + why_not;
+  }
+  return "data: one copy per node, mapped by its " + std::to_string(comm.local_size()) +
+         " ranks (data.share_on_node): " + mib(train.x.bytes()) + " of training features" +
+         std::string(" (") + to_string(train.x.type()) + ")";
+}
+
+void TrainingData::prepare(const TrainConfig& cfg, int world, int rank) {
   transform = fit_normalization(cfg.data.normalize, train);
   apply_normalization(transform, train);
   if (has_test) apply_normalization(transform, test);

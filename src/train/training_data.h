@@ -1,38 +1,53 @@
-// What a rank trains and evaluates on: both splits in memory, the sampler that gives this rank
-// its shard of every epoch's global order, and the loaders that assemble batches ahead.
+// What a rank trains and evaluates on: both splits (in their stored type; with
+// data.share_on_node one copy per node, mapped by every rank of it), the sampler that gives this
+// rank its shard of every epoch's global order, and the loaders that assemble batches ahead.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/normalize.h"
 #include "data/sampler.h"
 #include "ddp/config.h"
+#include "dist/process_group.h"
 
 namespace ddp {
 
 /// Rows of an evaluation batch.
 constexpr int64_t kEvalBatch = 1024;
 
-struct TrainingData {
+class TrainingData {
+ public:
   Dataset train, test;
   bool has_test = false;
   FeatureTransform transform;  ///< data.normalize, applied to both splits (model metadata)
   std::unique_ptr<DistributedSampler> sampler;
   std::unique_ptr<Loader> train_loader, test_loader;
 
-  /// Reads both splits (checked against the model's input and class counts), normalises them
-  /// (data.normalize, fitted on the training split) and checks that every one of `world` ranks
-  /// gets samples, and a whole batch when drop_last is set.
-  void load(const TrainConfig& cfg, int world, int rank);
-  /// The sampler and the loaders (after load()).
+  /// Reads both splits, checked against the model's input and class counts: on every rank, or
+  /// with data.share_on_node and more than one rank on the node, on its first rank only. Not
+  /// collective.
+  void read(const TrainConfig& cfg, const ProcessGroup& comm);
+  /// Collective, after read(): with data.share_on_node, every rank of a node views one copy of
+  /// each split that the node's first rank wrote; where that cannot be, every rank reads its
+  /// own. Returns the log line that says which.
+  std::string share(const TrainConfig& cfg, ProcessGroup& comm);
+  /// Normalises both splits (data.normalize, fitted on the training split) and checks that
+  /// every one of `world` ranks gets samples, and a whole batch when drop_last is set.
+  void prepare(const TrainConfig& cfg, int world, int rank);
+  /// The sampler and the loaders (after prepare()).
   void start(const TrainConfig& cfg, int world, int rank);
   /// Optimizer steps in a whole epoch of this rank (after start()).
   int64_t steps_per_epoch(const TrainConfig& cfg) const;
   /// The largest batch any pass computes on.
   int64_t max_batch(const TrainConfig& cfg) const;
+
+ private:
+  bool shares(const TrainConfig& cfg, const ProcessGroup& comm) const;
+  void read_splits(const TrainConfig& cfg);
 };
 
 }  // namespace ddp

@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     require(ds.size > 0 && ds.features > 0, "a loaded CSV has rows and features");
     require(ds.x.size() == static_cast<size_t>(ds.size * ds.features), "x holds size*features");
     require(ds.y.size() == static_cast<size_t>(ds.size), "y holds one label per row");
-    for (float v : ds.x) require(std::isfinite(v), "features are finite");
+    for (float v : ds.x.floats()) require(std::isfinite(v), "features are finite");
     for (int32_t l : ds.y) require(l >= 0, "labels are non-negative");
     ddp::check_dataset(ds, ds.features, 3, "fuzz");
   });

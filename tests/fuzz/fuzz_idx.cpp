@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     require(ds.size > 0 && ds.features > 0, "a loaded IDX set has samples and pixels");
     require(ds.x.size() == static_cast<size_t>(ds.size * ds.features), "x holds size*features");
     require(ds.y.size() == static_cast<size_t>(ds.size), "y holds one label per sample");
-    for (float v : ds.x) require(v >= 0.0f && v <= 1.0f, "pixels scale into [0, 1]");
+    for (float v : ds.x.floats()) require(v >= 0.0f && v <= 1.0f, "pixels scale into [0, 1]");
     for (int32_t l : ds.y) require(l >= 0 && l <= 255, "labels are bytes");
     // Labels are bytes, so 256 classes accept every file; 10 exercises the rejection path.
     ddp::check_dataset(ds, ds.features, 256, "fuzz");

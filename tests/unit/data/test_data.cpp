@@ -90,6 +90,8 @@ void require_small_idx(const Dataset& ds) {
   REQUIRE(ds.size == 3);
   REQUIRE(ds.features == 6);
   REQUIRE(ds.x.size() == kPixels.size());
+  REQUIRE(ds.x.type() == ddp::FeatureType::U8Over255);  // kept as bytes, read as floats
+  REQUIRE(ds.x.bytes() == kPixels.size());
   for (size_t i = 0; i < kPixels.size(); ++i) {
     INFO("pixel " << i);
     REQUIRE(ds.x[i] == static_cast<float>(kPixels[i]) / 255.0f);
@@ -263,7 +265,7 @@ TEST_CASE("load_idx reads the real Fashion-MNIST test set", "[data][idx]") {
   REQUIRE(counts == std::vector<int>(10, 1000));  // the test set is balanced
   REQUIRE(ds.y[0] == 9);                          // an ankle boot, as in every tutorial
   float lo = 1.0f, hi = 0.0f;
-  for (float v : ds.x) lo = std::min(lo, v), hi = std::max(hi, v);
+  for (float v : ds.x.floats()) lo = std::min(lo, v), hi = std::max(hi, v);
   REQUIRE(lo == 0.0f);
   REQUIRE(hi == 1.0f);
   double first_sum = 0.0;  // byte sum 33456 of image 0, computed independently with Python
@@ -280,7 +282,7 @@ TEST_CASE("load_csv parses rows with and without a header", "[data][csv]") {
     const Dataset ds = ddp::load_csv(dir.file("a.csv"), false);
     REQUIRE(ds.size == 3);
     REQUIRE(ds.features == 3);
-    REQUIRE(ds.x == want_x);
+    REQUIRE(ds.x.floats() == want_x);
     REQUIRE(ds.y == std::vector<int32_t>{2, 0, 11});
     REQUIRE(ds.source == dir.file("a.csv"));
   }
@@ -288,14 +290,14 @@ TEST_CASE("load_csv parses rows with and without a header", "[data][csv]") {
     write_text(dir.file("b.csv"), "f1,f2,f3,label\n" + body);
     const Dataset ds = ddp::load_csv(dir.file("b.csv"), true);
     REQUIRE(ds.size == 3);
-    REQUIRE(ds.x == want_x);
+    REQUIRE(ds.x.floats() == want_x);
     REQUIRE(ds.y == std::vector<int32_t>{2, 0, 11});
   }
   SECTION("no trailing newline") {
     write_text(dir.file("c.csv"), "1,2,3");
     const Dataset ds = ddp::load_csv(dir.file("c.csv"), false);
     REQUIRE(ds.size == 1);
-    REQUIRE(ds.x == std::vector<float>{1.0f, 2.0f});
+    REQUIRE(ds.x.floats() == std::vector<float>{1.0f, 2.0f});
     REQUIRE(ds.y == std::vector<int32_t>{3});
   }
 }
@@ -375,9 +377,9 @@ TEST_CASE("make_synthetic is determined by its seed", "[data][synthetic]") {
   REQUIRE(a.size == 50);
   REQUIRE(a.features == 4);
   REQUIRE(a.source == "synthetic(seed=7)");
-  REQUIRE(a.x == b.x);
+  REQUIRE(a.x.floats() == b.x.floats());
   REQUIRE(a.y == b.y);
-  REQUIRE(a.x != c.x);
+  REQUIRE(a.x.floats() != c.x.floats());
   REQUIRE(a.y != c.y);
   // The draw order is part of the contract (features first, then labels, one stream).
   ddp::Rng rng(7);
@@ -389,7 +391,7 @@ TEST_CASE("make_synthetic draws standard normals and uniform labels", "[data][sy
   const int64_t n = 100000, classes = 5;
   const Dataset ds = ddp::make_synthetic(n, 1, classes, 123);
   double sum = 0.0, sum_sq = 0.0;
-  for (float v : ds.x) sum += v, sum_sq += double{v} * v;
+  for (float v : ds.x.floats()) sum += v, sum_sq += double{v} * v;
   const double mean = sum / n;
   const double stddev = std::sqrt(sum_sq / n - mean * mean);
   // Standard errors are ~0.003 (mean) and ~0.002 (std): these bounds are > 5 sigma.
@@ -415,7 +417,7 @@ TEST_CASE("check_dataset matches the data to the model shape", "[data]") {
   Dataset ds;
   ds.size = 3;
   ds.features = 2;
-  ds.x = {0, 0, 0, 0, 0, 0};
+  ds.x = ddp::FeatureStore(std::vector<float>{0, 0, 0, 0, 0, 0});
   ds.y = {0, 2, 1};
   ds.source = "toy.csv";
   REQUIRE_NOTHROW(ddp::check_dataset(ds, 2, 3, "data.train"));
@@ -466,7 +468,7 @@ TEST_CASE("load_split builds each format from the config", "[data]") {
     data.csv_header = true;
     data.test.path = "t.csv";
     const Dataset ds = ddp::load_split(data, data.test, true, 2, 2);
-    REQUIRE(ds.x == std::vector<float>{1, 2, 3, 4});
+    REQUIRE(ds.x.floats() == std::vector<float>{1, 2, 3, 4});
     REQUIRE(ds.y == std::vector<int32_t>{1, 0});
     REQUIRE_THROWS_WITH(ddp::load_split(data, data.test, true, 3, 2),
                         Contains("data.test: " + dir.file("t.csv") +
@@ -486,9 +488,9 @@ TEST_CASE("load_split builds each format from the config", "[data]") {
     const Dataset test = ddp::load_split(data, data.test, true, 5, 3);
     const Dataset want_train = ddp::make_synthetic(20, 5, 3, 41);
     const Dataset want_test = ddp::make_synthetic(20, 5, 3, 42);
-    REQUIRE(train.x == want_train.x);
+    REQUIRE(train.x.floats() == want_train.x.floats());
     REQUIRE(train.y == want_train.y);
-    REQUIRE(test.x == want_test.x);
+    REQUIRE(test.x.floats() == want_test.x.floats());
     REQUIRE(test.y == want_test.y);
     data.test.samples = 0;
     REQUIRE_THROWS_WITH(ddp::load_split(data, data.test, true, 5, 3),
@@ -505,14 +507,14 @@ TEST_CASE("IDX images alone and CSV rows without labels: the data predict reads"
   CHECK(imgs.size == 3);
   CHECK(imgs.features == 6);
   CHECK(imgs.y.empty());
-  CHECK(imgs.x == ddp::load_idx(images, labels).x);
+  CHECK(imgs.x.floats() == ddp::load_idx(images, labels).x.floats());
   const std::string csv = dir.file("features.csv");
   write_text(csv, "1.5,2,3\n4,5,6.25\n");
   const Dataset rows = ddp::load_csv(csv, false, /*labeled=*/false);
   CHECK(rows.features == 3);
   CHECK(rows.size == 2);
   CHECK(rows.y.empty());
-  CHECK(rows.x == std::vector<float>{1.5f, 2, 3, 4, 5, 6.25f});
+  CHECK(rows.x.floats() == std::vector<float>{1.5f, 2, 3, 4, 5, 6.25f});
   write_text(csv, "1,2\n3\n");
   CHECK_THROWS_WITH(ddp::load_csv(csv, false, false),
                     Contains(csv + ":2: expected 2 fields (as in the first row), got 1"));

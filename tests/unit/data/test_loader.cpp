@@ -25,10 +25,12 @@ Dataset numbered_dataset(int64_t n, int64_t f) {
   ds.size = n;
   ds.features = f;
   ds.source = "numbered";
+  std::vector<float> x;
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < f; ++j) ds.x.push_back(static_cast<float>(i * 100 + j));
+    for (int64_t j = 0; j < f; ++j) x.push_back(static_cast<float>(i * 100 + j));
     ds.y.push_back(static_cast<int32_t>(i % 7));
   }
+  ds.x = ddp::FeatureStore(std::move(x));
   return ds;
 }
 
@@ -196,4 +198,42 @@ TEST_CASE("loader wait_seconds accumulates time blocked in next()", "[data][load
   REQUIRE(batches == 125);
   REQUIRE(loader.wait_seconds() >= 0.0);
   REQUIRE(loader.wait_seconds() <= elapsed);
+}
+
+TEST_CASE("Loader converts bytes and normalises while assembling: the float32 copy's batches",
+          "[data][loader]") {
+  // IDX-style bytes read as v / 255, then (x - mean) / std: what a normalised float32 copy of
+  // the data set held, value for value.
+  const int64_t n = 23, f = 5;
+  std::vector<uint8_t> bytes(static_cast<size_t>(n * f));
+  for (size_t k = 0; k < bytes.size(); ++k) bytes[k] = static_cast<uint8_t>((k * 37 + 11) % 256);
+  Dataset ds;
+  ds.size = n;
+  ds.features = f;
+  ds.source = "bytes";
+  ds.x = ddp::FeatureStore::scaled_bytes(bytes);
+  for (int64_t i = 0; i < n; ++i) ds.y.push_back(static_cast<int32_t>(i % 3));
+  ds.transform.mean = {0.5f, 0.25f, 0.0f, 0.75f, 0.1f};
+  ds.transform.std = {0.3f, 1.0f, 2.0f, 0.7f, 0.01f};
+  std::vector<float> want(bytes.size());
+  for (size_t k = 0; k < bytes.size(); ++k) {
+    const size_t j = k % static_cast<size_t>(f);
+    const float x = static_cast<float>(bytes[k]) / 255.0f;
+    want[k] = (x - ds.transform.mean[j]) / ds.transform.std[j];
+  }
+  REQUIRE(ds.x.bytes() == bytes.size());
+  Indices order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = (i * 7) % n;
+  Loader loader(ds, 4, false, 2);
+  loader.start_epoch(order);
+  int64_t rows = 0;
+  while (const Batch* b = loader.next()) {
+    for (int64_t r = 0; r < b->rows; ++r) {
+      const int64_t i = order[static_cast<size_t>(b->index * 4 + r)];
+      for (int64_t j = 0; j < f; ++j)
+        REQUIRE(b->x[static_cast<size_t>(r * f + j)] == want[static_cast<size_t>(i * f + j)]);
+    }
+    rows += b->rows;
+  }
+  REQUIRE(rows == n);
 }

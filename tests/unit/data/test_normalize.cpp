@@ -1,5 +1,6 @@
 // Feature normalisation: standardize against a double-precision reference, a fixed [mean, std],
 // constant features, the metadata round trip (every float back exactly) and its refusals.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -17,8 +18,10 @@ namespace {
 
 Dataset random_dataset(int64_t n, int64_t d, uint64_t seed) {
   Dataset ds = ddp::make_synthetic(n, d, 3, seed);
-  for (int64_t i = 0; i < n; ++i) ds.x[i * d + 1] = 3.0f * ds.x[i * d + 1] + 7.0f;  // shifted
-  for (int64_t i = 0; i < n; ++i) ds.x[i * d + 2] = 0.5f;                           // constant
+  std::vector<float> x = ds.x.floats();
+  for (int64_t i = 0; i < n; ++i) x[i * d + 1] = 3.0f * x[i * d + 1] + 7.0f;  // shifted
+  for (int64_t i = 0; i < n; ++i) x[i * d + 2] = 0.5f;                        // constant
+  ds.x = ddp::FeatureStore(std::move(x));
   return ds;
 }
 
@@ -52,11 +55,16 @@ TEST_CASE("normalize: standardize is each feature's mean and population std, in 
   }
   Dataset x = train;
   ddp::apply_normalization(t, x);
+  const std::vector<float> rows = x.rows();  // read through the transform
   for (int64_t i = 0; i < x.size; ++i) {
     for (int64_t j = 0; j < 5; ++j)
-      REQUIRE(x.x[i * 5 + j] == (train.x[i * 5 + j] - t.mean[j]) / t.std[j]);
+      REQUIRE(rows[i * 5 + j] == (train.x[i * 5 + j] - t.mean[j]) / t.std[j]);
   }
-  CHECK(x.x[2] == 0.0f);
+  CHECK(rows[2] == 0.0f);
+  CHECK(train.rows() == train.x.floats());  // the copy's transform is its own
+  std::vector<float> row(5);
+  x.read_rows(7, 1, row.data());
+  CHECK(std::equal(row.begin(), row.end(), rows.begin() + 7 * 5));
 }
 
 TEST_CASE("normalize: none is the identity, [mean, std] is the same for every feature",
@@ -65,7 +73,7 @@ TEST_CASE("normalize: none is the identity, [mean, std] is the same for every fe
   CHECK(ddp::fit_normalization(Normalization{}, train).identity());
   Dataset same = train;
   ddp::apply_normalization(FeatureTransform{}, same);
-  CHECK(same.x == train.x);
+  CHECK(same.rows() == train.x.floats());
   const FeatureTransform t =
       ddp::fit_normalization(mode(Normalization::Mode::Fixed, 0.25, 0.5), train);
   CHECK(t.mean == std::vector<float>(4, 0.25f));

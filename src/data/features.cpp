@@ -1,0 +1,66 @@
+// Features in their source's type (features.h).
+#include "data/features.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/check.h"
+
+namespace ddp {
+
+const char* to_string(FeatureType type) {
+  switch (type) {
+    case FeatureType::F32:
+      return "float32";
+    case FeatureType::U8Over255:
+      return "uint8 / 255";
+  }
+  return "?";
+}
+
+size_t feature_bytes(FeatureType type) { return type == FeatureType::U8Over255 ? 1 : 4; }
+
+FeatureStore::FeatureStore(std::vector<float> values) {
+  auto owned = std::make_shared<const std::vector<float>>(std::move(values));
+  data_ = owned->data();
+  count_ = owned->size();
+  owner_ = std::move(owned);
+}
+
+FeatureStore FeatureStore::scaled_bytes(std::vector<uint8_t> bytes) {
+  auto owned = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
+  return FeatureStore(FeatureType::U8Over255, owned->data(), owned->size(), owned);
+}
+
+FeatureStore::FeatureStore(FeatureType type, const void* data, size_t count,
+                           std::shared_ptr<const void> owner)
+    : type_(type), data_(data), count_(count), owner_(std::move(owner)) {
+  DDP_CHECK(data != nullptr || count == 0, "FeatureStore: no memory for " << count << " elements");
+}
+
+void FeatureStore::to_float(size_t first, size_t n, float* out) const {
+  DDP_CHECK(first <= count_ && n <= count_ - first,
+            "FeatureStore: elements [" << first << ", " << first + n << ") of " << count_);
+  if (type_ == FeatureType::F32) {
+    const float* from = static_cast<const float*>(data_) + first;
+    std::copy(from, from + n, out);
+    return;
+  }
+  // As the IDX reader always scaled: one float division, so the floats are those of before.
+  const uint8_t* from = static_cast<const uint8_t*>(data_) + first;
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(from[i]) / 255.0f;
+}
+
+float FeatureStore::operator[](size_t i) const {
+  float v = 0.0f;
+  to_float(i, 1, &v);
+  return v;
+}
+
+std::vector<float> FeatureStore::floats() const {
+  std::vector<float> out(count_);
+  to_float(0, count_, out.data());
+  return out;
+}
+
+}  // namespace ddp

@@ -1,0 +1,53 @@
+// A data set's features in the type its source stores them in (one byte per IDX pixel, float32
+// for CSV and synthetic data), converted to float32 row by row as batches are assembled: the
+// same floats a float32 copy would hold, for a quarter of the memory from IDX. The bytes are
+// immutable once loaded and shared by every copy of the store (and, later, by the ranks of a
+// node), so copying a Dataset copies no features.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ddp {
+
+/// How a stored element becomes the float the model sees.
+enum class FeatureType {
+  F32,        ///< float32, as is
+  U8Over255,  ///< an unsigned byte v, as float(v) / 255 (IDX pixels, scaled to [0, 1])
+};
+
+const char* to_string(FeatureType type);
+size_t feature_bytes(FeatureType type);
+
+class FeatureStore {
+ public:
+  FeatureStore() = default;
+  /// Owns `values` (float32).
+  explicit FeatureStore(std::vector<float> values);
+  /// Owns `bytes`, each read as float(v) / 255.
+  static FeatureStore scaled_bytes(std::vector<uint8_t> bytes);
+  /// `count` elements of `type` at `data`, kept alive by `owner` (a mapping, shared memory).
+  FeatureStore(FeatureType type, const void* data, size_t count, std::shared_ptr<const void> owner);
+
+  FeatureType type() const { return type_; }
+  size_t size() const { return count_; }  ///< elements
+  size_t bytes() const { return count_ * feature_bytes(type_); }
+  const void* data() const { return data_; }
+
+  /// Elements [first, first + n) as floats into `out`.
+  void to_float(size_t first, size_t n, float* out) const;
+  /// Element i as a float.
+  float operator[](size_t i) const;
+  /// Every element as a float (tests, small data).
+  std::vector<float> floats() const;
+
+ private:
+  FeatureType type_ = FeatureType::F32;
+  const void* data_ = nullptr;
+  size_t count_ = 0;
+  std::shared_ptr<const void> owner_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,141 @@
+// One copy of the data per node (data.share_on_node): the node's first rank writes each split
+// into memory every rank of the node maps, and training reads it there. The same batches as a
+// copy per rank, so bitwise the same weights, from IDX bytes and from CSV floats; the mapping's
+// fallback and failure paths reach every rank alike.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "ddp/trainer.h"
+#include "dist/mpi/mpi_communicator.h"
+#include "dist/node_shared_memory.h"
+#include "mpi_test_helpers.h"
+
+namespace {
+
+using ddp_test::bitwise_equal;
+using ddp_test::require_identical_replicas;
+
+std::string shared_scratch(const std::string& name) {
+  return ddp_test::shared_scratch_dir("ddp_node_data_", name);
+}
+
+void put_be32(std::ofstream& out, uint32_t v) {
+  const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 8), static_cast<char>(v)};
+  out.write(b, 4);
+}
+
+// Raw (not gzipped) IDX files of `n` 2x3 images with varied bytes and labels in [0, 5).
+void write_idx(const std::string& images, const std::string& labels, uint32_t n, uint32_t salt) {
+  std::ofstream img(images, std::ios::binary), lbl(labels, std::ios::binary);
+  put_be32(img, 0x00000803);
+  put_be32(img, n);
+  put_be32(img, 2);
+  put_be32(img, 3);
+  put_be32(lbl, 0x00000801);
+  put_be32(lbl, n);
+  for (uint32_t i = 0; i < n; ++i) {
+    for (uint32_t j = 0; j < 6; ++j) img.put(static_cast<char>((i * 37 + j * 11 + salt) % 256));
+    lbl.put(static_cast<char>((i * 3 + salt) % 5));
+  }
+}
+
+ddp::TrainConfig idx_config(const std::string& dir) {
+  ddp::TrainConfig cfg = ddp_test::small_training_config(dir);
+  cfg.model.layers = {6, 16, 5};
+  cfg.data.format = ddp::DataFormat::Idx;
+  cfg.data.dir = dir;
+  cfg.data.train.images = "train-images";
+  cfg.data.train.labels = "train-labels";
+  cfg.data.test.images = "test-images";
+  cfg.data.test.labels = "test-labels";
+  cfg.data.normalize.mode = ddp::Normalization::Mode::Standardize;
+  cfg.training.batch_size = 5;
+  cfg.training.epochs = 2;
+  return cfg;
+}
+
+// train(), and whether rank 0's startup log says the node shares one copy, on every rank.
+std::vector<ddp::NamedTensor> train_noting_sharing(const ddp::TrainConfig& cfg, bool* shared) {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  std::ostringstream log;
+  ddp::Trainer trainer(cfg, *comm, *comm, &log);
+  trainer.run();
+  int said = log.str().find("data: one copy per node") != std::string::npos;
+  MPI_Bcast(&said, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  *shared = said != 0;
+  return trainer.weights();
+}
+
+}  // namespace
+
+TEST_CASE("one copy of the data per node trains bitwise as a copy per rank", "[mpi][data]") {
+  const int n = ddp_test::world_size();
+  const std::string dir = shared_scratch("train");
+  if (ddp_test::world_rank() == 0) {
+    write_idx(dir + "/train-images", dir + "/train-labels", 97, 1);
+    write_idx(dir + "/test-images", dir + "/test-labels", 31, 2);
+    std::ofstream csv(dir + "/train.csv");
+    for (int i = 0; i < 90; ++i)
+      csv << (i % 13) * 0.25 << ',' << -(i % 7) * 1.5 << ',' << i * 0.01 << ',' << i % 3 << '\n';
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ddp::TrainConfig csv = ddp_test::small_training_config(dir + "/csv");
+  csv.model.layers = {3, 8, 3};
+  csv.data.format = ddp::DataFormat::Csv;
+  csv.data.train.path = dir + "/train.csv";
+  for (const ddp::TrainConfig& base : {idx_config(dir), csv}) {
+    INFO("data.format " << (base.data.format == ddp::DataFormat::Idx ? "idx (bytes)" : "csv"));
+    ddp::TrainConfig own = base, shared = base;
+    own.data.share_on_node = false;
+    own.output.dir += "_own";
+    shared.output.dir += "_shared";
+    bool own_said = true, shared_said = false;
+    const auto a = train_noting_sharing(own, &own_said);
+    const auto b = train_noting_sharing(shared, &shared_said);
+    CHECK_FALSE(own_said);
+    CHECK(shared_said == (n > 1));  // every rank of these tests runs on one node
+    require_identical_replicas(b);
+    REQUIRE(bitwise_equal(a, b));
+  }
+}
+
+TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls back everywhere",
+          "[mpi][data]") {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const std::string dir = shared_scratch("shm");
+  const size_t bytes = 4096 + 3;
+  auto fill = [&](void* out) {
+    auto* p = static_cast<unsigned char*>(out);
+    for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7 + 1);
+  };
+  const ddp::NodeSharedMemory mem = ddp::share_on_node(*comm, bytes, fill, dir);
+  REQUIRE(mem.data != nullptr);
+  REQUIRE(mem.bytes == bytes);
+  long wrong = 0;
+  const auto* p = static_cast<const unsigned char*>(mem.data.get());
+  for (size_t i = 0; i < bytes; ++i) wrong += p[i] != static_cast<unsigned char>(i * 7 + 1);
+  ddp_test::require_on_all_ranks(*comm, wrong, "bytes that differ from the first rank's");
+  // The name is gone once every rank has the mapping: nothing is left behind.
+  comm->barrier();
+  CHECK(std::filesystem::is_empty(dir));
+
+  // A directory that cannot hold it: every rank learns so, and why.
+  const ddp::NodeSharedMemory none = ddp::share_on_node(*comm, bytes, fill, dir + "/missing");
+  CHECK(none.data == nullptr);
+  CHECK_THAT(none.why_not,
+             Catch::Contains(dir + "/missing/ddp-") && Catch::Contains("cannot create"));
+
+  // A failing fill fails every rank, and leaves nothing behind.
+  auto failing = [](void*) { DDP_THROW("data.train: x.idx: truncated data"); };
+  CHECK_THROWS_WITH(ddp::share_on_node(*comm, bytes, failing, dir),
+                    Catch::Contains("x.idx: truncated data"));
+  comm->barrier();
+  CHECK(std::filesystem::is_empty(dir));
+}
