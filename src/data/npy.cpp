@@ -17,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ddp {
@@ -27,7 +28,6 @@ constexpr size_t kMagicBytes = 6;
 constexpr size_t kArrayAlign = 64;           // numpy's ARRAY_ALIGN
 constexpr size_t kGrowthAxisDigits = 21;     // numpy's GROWTH_AXIS_MAX_DIGITS (numpy >= 1.24)
 constexpr uint64_t kMaxBytes = PTRDIFF_MAX;  // an array must be addressable once mapped
-constexpr size_t kWriteChunk = size_t{1} << 30;
 
 struct TypeInfo {
   NpyType type;
@@ -339,69 +339,6 @@ std::string encode_header(NpyType type, const std::vector<int64_t>& shape,
   return out + dict + std::string(pad, ' ') + '\n';
 }
 
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-/// A temporary file that becomes `final_path` on commit(); destruction before that removes it.
-class TempFile {
- public:
-  explicit TempFile(std::string final_path)
-      : tmp_path_(final_path + ".tmp." + std::to_string(::getpid())),
-        final_path_(std::move(final_path)) {
-    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(errno, "create temporary file");
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(tmp_path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  void write(const void* data, uint64_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n =
-          ::write(fd_, p, static_cast<size_t>(std::min<uint64_t>(bytes, kWriteChunk)));
-      const int err = n < 0 ? errno : ENOSPC;  // a zero-byte write is a full disk in practice
-      if (n < 0 && err == EINTR) continue;
-      if (n <= 0) fail(err, "write temporary file");
-      p += n;
-      bytes -= static_cast<uint64_t>(n);
-    }
-  }
-
-  void commit() {
-    if (::fsync(fd_) != 0) fail(errno, "fsync temporary file");
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) fail(errno, "close temporary file");  // deferred errors (NFS, quota)
-    if (::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) fail(errno, "rename temporary file");
-    renamed_ = true;
-    // Without this the rename itself may not survive a crash; EINVAL: cannot sync directories.
-    const int dir =
-        ::open(parent_directory(final_path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0) return;
-    const int rc = ::fsync(dir);
-    const int err = errno;
-    ::close(dir);
-    if (rc != 0 && err != EINVAL) fail(err, "fsync the directory of");
-  }
-
- private:
-  [[noreturn]] void fail(int err, const char* action) const {
-    DDP_THROW("cannot write npy file '" << final_path_ << "': " << action << " '" << tmp_path_
-                                        << "': " << std::strerror(err));
-  }
-
-  std::string tmp_path_;
-  std::string final_path_;
-  int fd_ = -1;
-  bool renamed_ = false;
-};
-
 }  // namespace
 
 const char* to_string(NpyType type) { return info(type).descr; }
@@ -524,7 +461,7 @@ void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>
   const uint64_t bytes = checked_bytes(shape, npy_item_size(type), header.size(), context).second;
   DDP_CHECK(data != nullptr || bytes == 0,
             context << "no data for shape " << shape_repr(shape) << " (" << bytes << " bytes)");
-  TempFile file(path);
+  AtomicFile file(path, "npy file");
   file.write(header.data(), header.size());
   if (bytes > 0) file.write(data, bytes);
   file.commit();

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/tensor.h"
 
@@ -93,80 +94,6 @@ std::string encode_header(const std::string& where, const std::vector<NamedTenso
   text.append((kLengthFieldBytes - text.size() % kLengthFieldBytes) % kLengthFieldBytes, ' ');
   return encode_length(text.size()) + text;
 }
-
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// A temporary file that becomes `final_path` on commit(); until then, destruction removes it,
-// so every failure path (including exceptions) leaves no debris and the old file untouched.
-class TempFile {
- public:
-  TempFile(std::string tmp_path, std::string final_path)
-      : tmp_path_(std::move(tmp_path)), final_path_(std::move(final_path)) {
-    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(errno, "create temporary file", tmp_path_);
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(tmp_path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  /// Writes all `bytes` or throws; write() may legally write less than asked, so loop.
-  void write(const void* data, size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, bytes);
-      const int err = n < 0 ? errno : ENOSPC;
-      if (n < 0 && err == EINTR) continue;
-      // A zero-byte write makes no progress; report it as the full disk it almost always is.
-      if (n <= 0) fail(err, "write temporary file", tmp_path_);
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-  }
-
-  /// Makes the data durable, then atomically replaces final_path with it.
-  void commit() {
-    if (::fsync(fd_) != 0) fail(errno, "fsync temporary file", tmp_path_);
-    const int fd = fd_;
-    fd_ = -1;
-    // close() can report deferred write errors (NFS, quota), so it is checked too.
-    if (::close(fd) != 0) fail(errno, "close temporary file", tmp_path_);
-    if (::rename(tmp_path_.c_str(), final_path_.c_str()) != 0) {
-      fail(errno, "rename (over it) temporary file", tmp_path_);
-    }
-    renamed_ = true;
-    sync_directory(parent_directory(final_path_));
-  }
-
- private:
-  // Takes errno first and no temporaries, so nothing can clobber errno before it is read.
-  [[noreturn]] void fail(int err, const char* action, const std::string& file) const {
-    DDP_THROW("cannot save safetensors '" << final_path_ << "': " << action << " '" << file
-                                          << "': " << std::strerror(err));
-  }
-
-  // Without this the rename itself may not survive a crash.
-  void sync_directory(const std::string& dir) const {
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) fail(errno, "open (to fsync) directory", dir);
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    // EINVAL: this file system cannot sync directories, so there is nothing more we can do.
-    if (rc != 0 && err != EINVAL) fail(err, "fsync directory", dir);
-  }
-
-  std::string tmp_path_;
-  std::string final_path_;
-  int fd_ = -1;
-  bool renamed_ = false;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Reading
@@ -378,8 +305,7 @@ void save_safetensors(const std::string& path, const std::vector<NamedTensor>& t
   require_little_endian();
   const std::string header =
       encode_header("cannot save safetensors '" + path + "'", tensors, metadata);
-  // Same directory as the target, so rename() is atomic; the pid keeps concurrent ranks apart.
-  TempFile file(path + ".tmp." + std::to_string(::getpid()), path);
+  AtomicFile file(path, "safetensors");
   file.write(header.data(), header.size());
   for (const NamedTensor& t : tensors) file.write(t.data.data(), t.data.size() * sizeof(float));
   file.commit();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,7 +30,13 @@ bool same_bits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-void require_shards_equal_whole(const ddp::OptimizerConfig& cfg) {
+// Each of 3 ranks' optimizers over its shard, stepped by `step_rank`, against one optimizer over
+// the whole arena for 4 steps: every parameter and every state value has the same bits.
+using StepRank =
+    std::function<void(ddp::Backend&, ddp::Optimizer&, const ddp::ShardPlan&,
+                       std::vector<float>& params, std::vector<float>& grads, double lr, int step)>;
+
+void require_ranks_equal_whole(const ddp::OptimizerConfig& cfg, const StepRank& step_rank) {
   const std::vector<size_t> numel = {40 * 30, 40, 30 * 7, 7};
   const ddp::BucketPlan plan = ddp::compute_bucket_plan(numel, 256, 2048);
   const size_t total = plan.total_numel;
@@ -49,7 +56,10 @@ void require_shards_equal_whole(const ddp::OptimizerConfig& cfg) {
     std::vector<float> grads = random_values(total, 100 + step, 1.0f);
     const double lr = 0.01 * (step + 1);
     whole->step(*be, view(whole_params), view(grads), lr);
-    for (auto& o : ranks) o->step(*be, view(shard_params), view(grads), lr);
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<size_t>(r);
+      step_rank(*be, *ranks[i], shards[i], shard_params, grads, lr, step);
+    }
   }
   REQUIRE(same_bits(shard_params.data(), whole_params.data(), total));
   for (const std::string& name : whole->state_names()) {
@@ -65,7 +75,33 @@ void require_shards_equal_whole(const ddp::OptimizerConfig& cfg) {
       REQUIRE(static_cast<int64_t>(at) == s.numel());
     }
   }
-  REQUIRE(ranks[0]->steps_taken() == 4);
+  REQUIRE(ranks[1]->steps_taken() == 4);
+}
+
+// A sharded optimizer's step() over its spans.
+void require_shards_equal_whole(const ddp::OptimizerConfig& cfg) {
+  require_ranks_equal_whole(cfg, [](ddp::Backend& be, ddp::Optimizer& o, const ddp::ShardPlan&,
+                                    std::vector<float>& params, std::vector<float>& grads,
+                                    double lr, int) { o.step(be, view(params), view(grads), lr); });
+}
+
+// The fused sharded update (update_range): each rank's parts block by block, uneven blocks,
+// from sums held elsewhere (a copy), then end_step().
+void require_ranges_equal_whole(const ddp::OptimizerConfig& cfg) {
+  require_ranks_equal_whole(
+      cfg, [](ddp::Backend& be, ddp::Optimizer& o, const ddp::ShardPlan& shard,
+              std::vector<float>& params, std::vector<float>& grads, double lr, int step) {
+        for (const ddp::Span& part : shard.owned) {
+          for (size_t at = 0; at < part.numel;) {
+            const size_t n = std::min<size_t>(part.numel - at, 37 + 11 * static_cast<size_t>(step));
+            const auto first = grads.begin() + static_cast<long>(part.offset + at);
+            const std::vector<float> sums(first, first + static_cast<long>(n));
+            o.update_range(be, params.data(), part.offset + at, sums.data(), n, lr);
+            at += n;
+          }
+        }
+        o.end_step();
+      });
 }
 
 }  // namespace
@@ -86,57 +122,6 @@ TEST_CASE("optimizers over the ranks' shards give bitwise the whole-arena update
   adam.name = ddp::OptimizerName::Adam;
   adam.weight_decay = 0.01;
   SECTION("adam, L2 weight decay") { require_shards_equal_whole(adam); }
-}
-
-// The fused sharded update (update_range) feeds each rank's parts block by block, from sums
-// held elsewhere: every parameter and state value gets the bits of step() over the whole arena.
-void require_ranges_equal_whole(const ddp::OptimizerConfig& cfg) {
-  const std::vector<size_t> numel = {40 * 30, 40, 30 * 7, 7};
-  const ddp::BucketPlan plan = ddp::compute_bucket_plan(numel, 256, 2048);
-  const size_t total = plan.total_numel;
-  auto be = ddp::make_cpu_backend();
-  const int world = 3;
-  std::vector<float> whole_params = random_values(total, 1, 0.5f);
-  std::vector<float> fused_params = whole_params;
-  auto whole = ddp::make_optimizer(cfg, ddp::whole_arena(total), ddp::Device::CPU);
-  std::vector<std::unique_ptr<ddp::Optimizer>> ranks;
-  std::vector<ddp::ShardPlan> shards;
-  for (int r = 0; r < world; ++r) {
-    shards.push_back(ddp::compute_shard_plan(plan, world, r));
-    ranks.push_back(ddp::make_optimizer(cfg, shards.back().owned, ddp::Device::CPU));
-  }
-  for (int step = 0; step < 4; ++step) {
-    std::vector<float> grads = random_values(total, 100 + step, 1.0f);
-    const double lr = 0.01 * (step + 1);
-    whole->step(*be, view(whole_params), view(grads), lr);
-    for (int r = 0; r < world; ++r) {
-      ddp::Optimizer& o = *ranks[static_cast<size_t>(r)];
-      for (const ddp::Span& part : shards[static_cast<size_t>(r)].owned) {
-        for (size_t at = 0; at < part.numel;) {  // uneven blocks, each from a copy of the sums
-          const size_t n = std::min<size_t>(part.numel - at, 37 + 11 * static_cast<size_t>(step));
-          const std::vector<float> sums(grads.begin() + static_cast<long>(part.offset + at),
-                                        grads.begin() + static_cast<long>(part.offset + at + n));
-          o.update_range(*be, fused_params.data(), part.offset + at, sums.data(), n, lr);
-          at += n;
-        }
-      }
-      o.end_step();
-    }
-  }
-  REQUIRE(same_bits(fused_params.data(), whole_params.data(), total));
-  for (const std::string& name : whole->state_names()) {
-    INFO("state " << name);
-    const ddp::Tensor w = whole->state(name);
-    for (int r = 0; r < world; ++r) {
-      const ddp::Tensor s = ranks[static_cast<size_t>(r)]->state(name);
-      size_t at = 0;
-      for (const ddp::Span& part : shards[static_cast<size_t>(r)].owned) {
-        REQUIRE(same_bits(s.data + at, w.data + part.offset, part.numel));
-        at += part.numel;
-      }
-    }
-  }
-  REQUIRE(ranks[1]->steps_taken() == 4);
 }
 
 TEST_CASE("the fused update of a shard, block by block, gives bitwise the whole-arena update",
