@@ -1,6 +1,7 @@
 // A Dataset as one flat block (dataset_image.h).
 #include "data/dataset_image.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -50,9 +51,11 @@ void write_image(const Dataset& ds, void* out) {
                  ds.y.size(),
                  ds.source.size()};
   std::memcpy(base, &h, sizeof h);
-  std::memcpy(base + l.source, ds.source.data(), ds.source.size());
-  std::memcpy(base + l.labels, ds.y.data(), ds.y.size() * sizeof(int32_t));
-  std::memcpy(base + l.features, ds.x.data(), ds.x.bytes());
+  // copy() rather than memcpy: an empty part (no labels) may have no pointer at all.
+  std::copy(ds.source.begin(), ds.source.end(), base + l.source);
+  std::copy(ds.y.begin(), ds.y.end(), reinterpret_cast<int32_t*>(base + l.labels));
+  const auto* x = static_cast<const char*>(ds.x.data());
+  std::copy(x, x + ds.x.bytes(), base + l.features);
 }
 
 Dataset view_image(const void* image, size_t bytes, std::shared_ptr<const void> keep) {
@@ -71,8 +74,8 @@ Dataset view_image(const void* image, size_t bytes, std::shared_ptr<const void> 
   ds.size = static_cast<int64_t>(h.size);
   ds.features = static_cast<int64_t>(h.features);
   ds.source.assign(base + l.source, h.source_bytes);
-  ds.y.resize(h.labels);
-  std::memcpy(ds.y.data(), base + l.labels, h.labels * sizeof(int32_t));
+  const auto* labels = reinterpret_cast<const int32_t*>(base + l.labels);
+  ds.y.assign(labels, labels + h.labels);
   ds.x = FeatureStore(type, base + l.features, count, std::move(keep));
   return ds;
 }
