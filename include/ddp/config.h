@@ -21,7 +21,7 @@ enum class BackendChoice { Auto, Mpi, Nccl };
 /// `training.nan_policy`.
 enum class NanPolicy { Abort, SkipStep };
 /// `data.format`.
-enum class DataFormat { Idx, Synthetic, Csv };
+enum class DataFormat { Idx, Synthetic, Csv, Npy };
 /// `distributed.nccl_algo`.
 enum class NcclAlgo { Ring, Auto };
 /// `distributed.compression`: the type gradient buckets are summed in across ranks.
@@ -53,8 +53,11 @@ struct EnumNames<NanPolicy> {
 };
 template <>
 struct EnumNames<DataFormat> {
-  static constexpr std::array<std::pair<DataFormat, const char*>, 3> table{
-      {{DataFormat::Idx, "idx"}, {DataFormat::Synthetic, "synthetic"}, {DataFormat::Csv, "csv"}}};
+  static constexpr std::array<std::pair<DataFormat, const char*>, 4> table{
+      {{DataFormat::Idx, "idx"},
+       {DataFormat::Synthetic, "synthetic"},
+       {DataFormat::Csv, "csv"},
+       {DataFormat::Npy, "npy"}}};
 };
 template <>
 struct EnumNames<NcclAlgo> {
@@ -108,13 +111,14 @@ struct ModelConfig {
 
 /// One split's source. Which fields apply depends on data.format.
 struct SplitSource {
-  std::string images;   ///< idx: images file (.gz or raw)
-  std::string labels;   ///< idx: labels file (.gz or raw)
-  std::string path;     ///< csv: the file (features..., label per row)
-  int64_t samples = 0;  ///< synthetic: number of samples
+  std::string images;    ///< idx: images file (.gz or raw)
+  std::string features;  ///< npy: features .npy, [samples, ...] uint8, float16 or float32
+  std::string labels;    ///< idx: labels file (.gz or raw); npy: labels .npy, [samples] integers
+  std::string path;      ///< csv: the file (features..., label per row)
+  int64_t samples = 0;   ///< synthetic: number of samples
   /// True when a source was configured (test split is optional: no test → no evaluation).
   bool configured() const {
-    return !images.empty() || !labels.empty() || !path.empty() || samples > 0;
+    return !images.empty() || !features.empty() || !labels.empty() || !path.empty() || samples > 0;
   }
 };
 

@@ -2,6 +2,7 @@
 //   mpirun -n 2 ddp-train --config configs/fashion_mnist.yaml [--set key.path=value ...]
 //   mpirun -n 2 ddp-train evaluate --config C --model runs/x/model.safetensors
 //   ddp-train predict --model runs/x/model.safetensors --data FILE --out predictions.csv
+//   ddp-train convert --format idx --images I --labels L --out DIR   (or --format csv --data F)
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT/SIGUSR1
 // end it at the next step with a checkpoint and exit code 75 (resume with --resume auto). Every
@@ -12,6 +13,7 @@
 
 #include "config/schema.h"
 #include "core/check.h"
+#include "data/convert.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
 #include "dist/agreement.h"
@@ -23,7 +25,7 @@
 
 namespace {
 
-enum class Command { Train, Evaluate, Predict };
+enum class Command { Train, Evaluate, Predict, Convert };
 
 struct Options {
   Command command = Command::Train;
@@ -33,6 +35,7 @@ struct Options {
   bool print_config = false;
   std::string model;            // evaluate, predict
   ddp::PredictRequest predict;  // predict
+  ddp::ConvertRequest convert;  // convert
 };
 
 // Collective: the saved model on the config's test split; rank 0 prints the report.
@@ -45,20 +48,40 @@ int evaluate(const Options& opt) {
   return 0;
 }
 
-// One process: every rank but the first has nothing to do.
-int predict(const Options& opt, int world) {
-  if (world != 1) {  // every rank knows: a clean exit on all of them
-    throw ddp::CollectiveError("predict runs in one process (it was launched on " +
-                               std::to_string(world) + " ranks)");
-  }
-  int64_t rows = 0;
+// predict and convert run in one process: launched on more, every rank refuses alike.
+void require_one_process(const char* command, int world) {
+  if (world == 1) return;
+  throw ddp::CollectiveError(std::string(command) + " runs in one process (it was launched on " +
+                             std::to_string(world) + " ranks)");
+}
+
+// `work` in the one process: its errors end it cleanly (no MPI_Abort).
+template <typename Work>
+void in_one_process(const char* command, int world, Work work) {
+  require_one_process(command, world);
   try {
-    rows = ddp::predict_to_csv(opt.predict);
+    work();
   } catch (const ddp::Error& e) {
-    throw ddp::CollectiveError(e.message());  // the one process: a clean exit, no MPI_Abort
+    throw ddp::CollectiveError(e.message());
   }
+}
+
+int predict(const Options& opt, int world) {
+  int64_t rows = 0;
+  in_one_process("predict", world, [&] { rows = ddp::predict_to_csv(opt.predict); });
   std::cout << "predict: " << rows << " predictions of " << opt.predict.model << " for "
             << opt.predict.data << " in " << opt.predict.out << "\n";
+  return 0;
+}
+
+int convert(const Options& opt, int world) {
+  ddp::ConvertResult r;
+  in_one_process("convert", world, [&] { r = ddp::convert_to_npy(opt.convert); });
+  std::cout << "convert: " << r.samples << " samples of " << r.features << " features ("
+            << ddp::to_string(r.type) << ") in " << r.features_path << " ("
+            << r.features_bytes / 1024 << " KiB) and " << r.labels_path << "\n"
+            << "  train on them with: data: {format: npy, train: {features: " << r.features_path
+            << ", labels: " << r.labels_path << "}}\n";
   return 0;
 }
 
@@ -98,6 +121,7 @@ int run_rank(const Options& opt, int rank, int world) {
   try {
     if (opt.command == Command::Evaluate) return evaluate(opt);
     if (opt.command == Command::Predict) return predict(opt, world);
+    if (opt.command == Command::Convert) return convert(opt, world);
     return train(opt);
   } catch (const ddp::CollectiveError& e) {
     // Every rank has this error: one message, clean exit with a failure code everywhere.
@@ -159,9 +183,23 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"idx", "csv"}));
   pred->add_flag("--csv-header", opt.predict.csv_header, "csv: the first line is a header");
   pred->add_option("-o,--out", opt.predict.out, "the CSV file to write")->required();
+  CLI::App* conv = app.add_subcommand(
+      "convert",
+      "an IDX pair or a labeled CSV as the features.npy and labels.npy that data.format npy "
+      "memory-maps (one process)");
+  conv->add_option("-f,--format", opt.convert.format, "idx or csv")
+      ->required()
+      ->check(CLI::IsMember({"idx", "csv"}));
+  conv->add_option("--images", opt.convert.images, "idx: the images file (.gz or raw)");
+  conv->add_option("--labels", opt.convert.labels, "idx: the labels file (.gz or raw)");
+  conv->add_option("-d,--data", opt.convert.data, "csv: the features, then the integer label");
+  conv->add_flag("--csv-header", opt.convert.csv_header, "csv: the first line is a header");
+  conv->add_option("-o,--out", opt.convert.out, "directory for features.npy and labels.npy")
+      ->required();
   CLI11_PARSE(app, argc, argv);
   if (*eval) opt.command = Command::Evaluate;
   if (*pred) opt.command = Command::Predict;
+  if (*conv) opt.command = Command::Convert;
   if (opt.command == Command::Train && opt.config.empty()) {
     std::cerr << "--config is required\nRun with --help for more information.\n";
     return 2;

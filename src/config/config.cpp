@@ -355,7 +355,7 @@ class Writer {
 
   template <typename T>
   void field(const char* key, T& value, const Key& k) {
-    if (k.owner && *k.owner != format_) return;
+    if (!k.applies_to(format_)) return;
     out_ << std::string(2 * depth_, ' ') << key << ": " << format_value(value) << "\n";
   }
 
@@ -384,7 +384,7 @@ class RowLister {
     row.type = type_name(value);
     row.default_value = format_value(value);
     row.allowed = allowed(value, k);
-    row.format = k.owner ? to_string(*k.owner) : "";
+    row.format = k.owners_text();
     row.resume = k.must_match;
     row.doc = k.text;
     rows_.push_back(row);
@@ -642,11 +642,11 @@ class Validator {
   template <typename T>
   void field(const char* key, T& value, const Key& k) {
     const std::string path = join_path(path_, key);
-    if (!k.owner || *k.owner == format_) return check_rule(origin_, path, value, k);
+    if (k.applies_to(format_)) return check_rule(origin_, path, value, k);
     if (value == T{}) return;
     fail(origin_, path,
          std::string("does not apply to data.format ") + to_string(format_) + " (only to " +
-             to_string(*k.owner) + k.misuse + ")");
+             k.owners_text() + k.misuse + ")");
   }
 
   template <typename Visit>
@@ -676,26 +676,33 @@ void require_set(const Origin& o, const std::string& path, const std::string& v,
   if (v.empty()) fail(o, path, std::string("required for data.format ") + to_string(format));
 }
 
-void validate_idx(const Origin& o, const DataConfig& d) {
-  require_set(o, "data.train.images", d.train.images, DataFormat::Idx);
-  require_set(o, "data.train.labels", d.train.labels, DataFormat::Idx);
-  require_file(o, "data.train.images", resolve_data_path(d, d.train.images));
+/// A format whose splits are a pair of files (idx: images and labels; npy: features and labels):
+/// the training pair is required, a test pair is whole or absent, and every file set exists.
+void validate_file_pair(const Origin& o, const DataConfig& d, const char* first,
+                        std::string SplitSource::*member) {
+  const std::string train_first = std::string("data.train.") + first;
+  const std::string test_first = std::string("data.test.") + first;
+  require_set(o, train_first, d.train.*member, d.format);
+  require_set(o, "data.train.labels", d.train.labels, d.format);
+  require_file(o, train_first, resolve_data_path(d, d.train.*member));
   require_file(o, "data.train.labels", resolve_data_path(d, d.train.labels));
-  if (d.test.images.empty() != d.test.labels.empty()) {
-    bool images_missing = d.test.images.empty();
-    fail(o, images_missing ? "data.test.images" : "data.test.labels",
-         std::string("required when ") +
-             (images_missing ? "data.test.labels" : "data.test.images") +
-             " is set (a test split needs both images and labels)");
+  const std::string& test = d.test.*member;
+  if (test.empty() != d.test.labels.empty()) {
+    const bool first_missing = test.empty();
+    fail(o, first_missing ? test_first : "data.test.labels",
+         "required when " + (first_missing ? std::string("data.test.labels") : test_first) +
+             " is set (a test split needs both " + first + " and labels)");
   }
-  if (d.test.images.empty()) return;
-  require_file(o, "data.test.images", resolve_data_path(d, d.test.images));
+  if (test.empty()) return;
+  require_file(o, test_first, resolve_data_path(d, test));
   require_file(o, "data.test.labels", resolve_data_path(d, d.test.labels));
 }
 
 void validate_data_files(const Origin& o, const DataConfig& d) {
   if (d.format == DataFormat::Idx) {
-    validate_idx(o, d);
+    validate_file_pair(o, d, "images", &SplitSource::images);
+  } else if (d.format == DataFormat::Npy) {
+    validate_file_pair(o, d, "features", &SplitSource::features);
   } else if (d.format == DataFormat::Csv) {
     require_set(o, "data.train.path", d.train.path, DataFormat::Csv);
     require_file(o, "data.train.path", resolve_data_path(d, d.train.path));

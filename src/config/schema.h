@@ -6,7 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -29,12 +29,12 @@ struct Key {
     Equals
   };
   Rule rule = Rule::None;
-  int64_t min = 0;                  ///< AtLeast: the smallest integer (each entry of a list)
-  const char* only = "";            ///< Equals: the one accepted string
-  std::optional<DataFormat> owner;  ///< the one data.format the key applies to
-  const char* misuse = "";          ///< added when the key is set for another format
-  bool must_match = false;          ///< a resume must keep this key's value
-  const char* text = "";            ///< the one-line doc
+  int64_t min = 0;          ///< AtLeast: the smallest integer (each entry of a list)
+  const char* only = "";    ///< Equals: the one accepted string
+  uint32_t owners = 0;      ///< a bit per data.format the key applies to; 0: to every one
+  const char* misuse = "";  ///< added when the key is set for another format
+  bool must_match = false;  ///< a resume must keep this key's value
+  const char* text = "";    ///< the one-line doc
 
   Key& at_least(int64_t lo) {
     min = lo;
@@ -51,10 +51,19 @@ struct Key {
     only = value;
     return set(Rule::Equals);
   }
-  Key& only_for(DataFormat format, const char* note = "") {
-    owner = format;
+  Key& only_for(std::initializer_list<DataFormat> formats, const char* note = "") {
+    for (const DataFormat f : formats) owners |= bit(f);
     misuse = note;
     return *this;
+  }
+  bool applies_to(DataFormat format) const { return owners == 0 || (owners & bit(format)) != 0; }
+  /// The formats the key applies to, as "idx" or "idx or npy"; "" for every format.
+  std::string owners_text() const {
+    std::string out;
+    for (const auto& [format, name] : EnumNames<DataFormat>::table) {
+      if (owners & bit(format)) out += (out.empty() ? "" : " or ") + std::string(name);
+    }
+    return out;
   }
   Key& resume() {
     must_match = true;
@@ -70,6 +79,7 @@ struct Key {
     rule = r;
     return *this;
   }
+  static uint32_t bit(DataFormat f) { return 1u << static_cast<unsigned>(f); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -77,16 +87,24 @@ struct Key {
 
 template <typename V>
 void visit_split(SplitSource& s, V& v, bool train) {
-  v.field("images", s.images, Key().only_for(DataFormat::Idx).doc("IDX images file (.gz or raw)"));
-  v.field("labels", s.labels, Key().only_for(DataFormat::Idx).doc("IDX labels file (.gz or raw)"));
+  v.field("images", s.images,
+          Key().only_for({DataFormat::Idx}).doc("IDX images file (.gz or raw)"));
+  v.field("features", s.features,
+          Key()
+              .only_for({DataFormat::Npy})
+              .doc(".npy [samples, ...] of uint8 (read as v/255), float16 or float32"));
+  v.field("labels", s.labels,
+          Key()
+              .only_for({DataFormat::Idx, DataFormat::Npy})
+              .doc("IDX labels file (.gz or raw), or .npy [samples] of integers"));
   v.field("path", s.path,
-          Key().only_for(DataFormat::Csv).doc("CSV file: the features, then the integer label"));
+          Key().only_for({DataFormat::Csv}).doc("CSV file: the features, then the integer label"));
   if (train) {
     v.field("samples", s.samples,
-            Key().only_for(DataFormat::Synthetic).at_least(1).resume().doc("generated samples"));
+            Key().only_for({DataFormat::Synthetic}).at_least(1).resume().doc("generated samples"));
   } else {
     v.field("samples", s.samples,
-            Key().only_for(DataFormat::Synthetic).at_least(0).doc("generated samples; 0: none"));
+            Key().only_for({DataFormat::Synthetic}).at_least(0).doc("generated samples; 0: none"));
   }
 }
 
@@ -100,10 +118,10 @@ void visit_data(DataConfig& d, V& v) {
           Key().resume().doc("reshuffle every epoch (training.seed + epoch)"));
   v.field("drop_last", d.drop_last, Key().resume().doc("drop an epoch's leftover samples"));
   v.field("csv_header", d.csv_header,
-          Key().only_for(DataFormat::Csv).resume().doc("the first CSV line is a header"));
+          Key().only_for({DataFormat::Csv}).resume().doc("the first CSV line is a header"));
   v.field("seed", d.seed,
           Key()
-              .only_for(DataFormat::Synthetic, "; the shuffle seed is training.seed")
+              .only_for({DataFormat::Synthetic}, "; the shuffle seed is training.seed")
               .resume()
               .doc("seed of the synthetic data generator"));
   v.field("prefetch", d.prefetch,

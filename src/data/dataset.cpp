@@ -25,6 +25,11 @@ Dataset load_source(const DataConfig& data, const SplitSource& split, bool is_te
                 what << ": data.format is idx but " << what << ".images and " << what
                      << ".labels are not both set");
       return load_idx(resolve(data, split.images), resolve(data, split.labels));
+    case DataFormat::Npy:
+      DDP_CHECK(!split.features.empty() && !split.labels.empty(),
+                what << ": data.format is npy but " << what << ".features and " << what
+                     << ".labels are not both set");
+      return load_npy(resolve(data, split.features), resolve(data, split.labels));
     case DataFormat::Csv:
       DDP_CHECK(!split.path.empty(),
                 what << ": data.format is csv but " << what << ".path is not set");

@@ -43,6 +43,22 @@ Dataset load_idx(const std::string& images_path, const std::string& labels_path)
 /// The images of an IDX images file alone (no labels: y stays empty), as load_idx reads them.
 Dataset load_idx_images(const std::string& images_path);
 
+/// Maps a NumPy .npy pair: features of shape [samples, ...] (every element after the first
+/// dimension is a feature: 784 for [n, 28, 28]) in C order as uint8 (read as v/255, like IDX
+/// pixels), float16 or float32, and labels of shape [samples] of any integer dtype (widened to
+/// int32). The features are read in place from the mapping as batches are assembled, never
+/// whole: they may exceed memory, and every process mapping the file shares its page-cache
+/// pages. Throws ddp::Error naming the file and field for any npy header or size error
+/// (NpyFile::open), features of fewer than 2 dimensions, zero samples or features, another
+/// dtype, labels not 1-D or not integers, a label no int32 holds, and a count mismatch.
+Dataset load_npy(const std::string& features_path, const std::string& labels_path);
+
+/// Writes `ds` as the .npy pair load_npy reads back to the same floats and labels: features
+/// [size, features] in their stored type (uint8, float16 or float32), labels as uint8 when every
+/// one is in [0, 256), else int32; no labels file when `labels_path` is empty. Each file is
+/// replaced atomically (write_npy). Throws ddp::Error for a normalised data set.
+void save_npy(const Dataset& ds, const std::string& features_path, const std::string& labels_path);
+
 /// Loads a CSV with rows "f1,...,fd,label" (label last, a non-negative integer), skipping the
 /// first line when `header`. Trailing blank lines are ignored. Throws ddp::Error naming the file,
 /// line and column for: cannot open, ragged row, non-numeric or non-finite field, bad label,

@@ -64,7 +64,7 @@ Dataset view_image(const void* image, size_t bytes, std::shared_ptr<const void> 
   std::memcpy(&h, image, sizeof h);
   DDP_CHECK(h.magic == kMagic, "data image: not a data set image");
   const auto type = static_cast<FeatureType>(h.type);
-  DDP_CHECK(type == FeatureType::F32 || type == FeatureType::U8Over255,
+  DDP_CHECK(type == FeatureType::F32 || type == FeatureType::U8Over255 || type == FeatureType::F16,
             "data image: unknown feature type " << h.type);
   const size_t count = static_cast<size_t>(h.size * h.features);
   const Layout l = layout(h.source_bytes, h.labels, count * feature_bytes(type));

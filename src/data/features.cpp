@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/float16.h"
 
 namespace ddp {
 
@@ -14,11 +15,23 @@ const char* to_string(FeatureType type) {
       return "float32";
     case FeatureType::U8Over255:
       return "uint8 / 255";
+    case FeatureType::F16:
+      return "float16";
   }
   return "?";
 }
 
-size_t feature_bytes(FeatureType type) { return type == FeatureType::U8Over255 ? 1 : 4; }
+size_t feature_bytes(FeatureType type) {
+  switch (type) {
+    case FeatureType::U8Over255:
+      return 1;
+    case FeatureType::F16:
+      return 2;
+    case FeatureType::F32:
+      break;
+  }
+  return 4;
+}
 
 FeatureStore::FeatureStore(std::vector<float> values) {
   auto owned = std::make_shared<const std::vector<float>>(std::move(values));
@@ -44,6 +57,11 @@ void FeatureStore::to_float(size_t first, size_t n, float* out) const {
   if (type_ == FeatureType::F32) {
     const float* from = static_cast<const float*>(data_) + first;
     std::copy(from, from + n, out);
+    return;
+  }
+  if (type_ == FeatureType::F16) {
+    const uint16_t* from = static_cast<const uint16_t*>(data_) + first;
+    for (size_t i = 0; i < n; ++i) out[i] = fp16_to_float(from[i]);
     return;
   }
   // As the IDX reader always scaled: one float division, so the floats are those of before.

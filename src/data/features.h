@@ -1,5 +1,5 @@
 // A data set's features in the type its source stores them in (one byte per IDX pixel, float32
-// for CSV and synthetic data), converted to float32 row by row as batches are assembled: the
+// for CSV and synthetic data, the dtype of a .npy file), converted to float32 row by row as batches are assembled: the
 // same floats a float32 copy would hold, for a quarter of the memory from IDX. The bytes are
 // immutable once loaded and shared by every copy of the store (and, later, by the ranks of a
 // node), so copying a Dataset copies no features.
@@ -16,6 +16,7 @@ namespace ddp {
 enum class FeatureType {
   F32,        ///< float32, as is
   U8Over255,  ///< an unsigned byte v, as float(v) / 255 (IDX pixels, scaled to [0, 1])
+  F16,        ///< IEEE binary16, widened exactly
 };
 
 const char* to_string(FeatureType type);

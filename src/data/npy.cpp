@@ -72,12 +72,6 @@ std::string excerpt(const std::string& text, size_t pos) {
   return "'" + out.str() + (end < text.size() ? "...'" : "'");
 }
 
-std::string shape_repr(const std::vector<int64_t>& shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + (shape.size() == 1 ? ",)" : ")");
-}
-
 // Bytes of one row (item size * product of shape[1:]) and of the whole array, checked so that
 // neither, nor `offset` plus the array, exceeds kMaxBytes; `context` prefixes the refusal.
 std::pair<uint64_t, uint64_t> checked_bytes(const std::vector<int64_t>& shape, size_t item,
@@ -86,12 +80,12 @@ std::pair<uint64_t, uint64_t> checked_bytes(const std::vector<int64_t>& shape, s
   uint64_t row = item;
   for (size_t i = 1; i < shape.size(); ++i) {
     const auto d = static_cast<uint64_t>(shape[i]);
-    DDP_CHECK(d == 0 || row <= limit / d, context << "shape " << shape_repr(shape)
+    DDP_CHECK(d == 0 || row <= limit / d, context << "shape " << npy_shape_repr(shape)
                                                   << " is too large: its size in bytes overflows");
     row *= d;
   }
   const auto n = static_cast<uint64_t>(shape[0]);
-  DDP_CHECK(row == 0 || n <= limit / row, context << "shape " << shape_repr(shape)
+  DDP_CHECK(row == 0 || n <= limit / row, context << "shape " << npy_shape_repr(shape)
                                                   << " is too large: its size in bytes overflows");
   return {row, row * n};
 }
@@ -313,13 +307,14 @@ std::string encode_header(NpyType type, const std::vector<int64_t>& shape,
                           const std::string& context) {
   DDP_CHECK(!shape.empty(), context << "shape is empty; need at least one dimension");
   for (int64_t d : shape) {
-    DDP_CHECK(d >= 0, context << "negative dimension " << d << " in shape " << shape_repr(shape));
+    DDP_CHECK(d >= 0,
+              context << "negative dimension " << d << " in shape " << npy_shape_repr(shape));
   }
   checked_bytes(shape, npy_item_size(type), 0, context);
   // numpy.lib.format._write_array_header: sorted keys, repr() values, then room for the first
   // axis to grow to 21 digits in place; _wrap_header pads to 64 (a full 64 when already aligned).
   std::string dict = std::string("{'descr': '") + to_string(type) +
-                     "', 'fortran_order': False, 'shape': " + shape_repr(shape) + ", }";
+                     "', 'fortran_order': False, 'shape': " + npy_shape_repr(shape) + ", }";
   dict.append(kGrowthAxisDigits - std::to_string(shape[0]).size(), ' ');
   const size_t hlen = dict.size() + 1;  // the final '\n'
   int major = 1;
@@ -383,6 +378,10 @@ NpyHeader parse_npy_header(const std::string& file, const uint8_t* bytes, size_t
   return header;
 }
 
+void NpyFile::advise_random() const {
+  if (base_ != nullptr) ::madvise(const_cast<uint8_t*>(base_), mapped_, MADV_RANDOM);
+}
+
 NpyFile NpyFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DDP_CHECK(fd >= 0, "cannot open " << where(path) << ": " << std::strerror(errno));
@@ -407,14 +406,14 @@ NpyFile NpyFile::open(const std::string& path) {
   f.header_ = parse_npy_header(path, f.base_, f.mapped_);
   const uint64_t expected = f.header_.data_offset + f.header_.data_bytes;
   DDP_CHECK(f.mapped_ >= expected,
-            where(path) << ": truncated data: shape " << shape_repr(f.header_.shape) << " of "
+            where(path) << ": truncated data: shape " << npy_shape_repr(f.header_.shape) << " of "
                         << to_string(f.header_.type) << " needs " << f.header_.data_bytes
                         << " bytes after the " << f.header_.data_offset
                         << "-byte header, but the file has " << f.mapped_ - f.header_.data_offset
                         << " (expected " << expected << " bytes in all, got " << f.mapped_ << ")");
   DDP_CHECK(f.mapped_ == expected,
             where(path) << ": " << f.mapped_ - expected << " bytes after the end of the array "
-                        << "(shape " << shape_repr(f.header_.shape) << " of "
+                        << "(shape " << npy_shape_repr(f.header_.shape) << " of "
                         << to_string(f.header_.type) << " ends at byte " << expected
                         << "); several arrays saved into one file?");
   f.row_elements_ = 1;
@@ -449,6 +448,12 @@ void NpyFile::release() {
   mapped_ = 0;
 }
 
+std::string npy_shape_repr(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
 std::string npy_header(NpyType type, const std::vector<int64_t>& shape) {
   return encode_header(type, shape, "npy header: ");
 }
@@ -460,7 +465,7 @@ void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>
   const std::string header = encode_header(type, shape, context);
   const uint64_t bytes = checked_bytes(shape, npy_item_size(type), header.size(), context).second;
   DDP_CHECK(data != nullptr || bytes == 0,
-            context << "no data for shape " << shape_repr(shape) << " (" << bytes << " bytes)");
+            context << "no data for shape " << npy_shape_repr(shape) << " (" << bytes << " bytes)");
   AtomicFile file(path, "npy file");
   file.write(header.data(), header.size());
   if (bytes > 0) file.write(data, bytes);

@@ -65,6 +65,10 @@ class NpyFile {
   int64_t rows() const { return header_.shape.empty() ? 0 : header_.shape[0]; }
   /// Product of shape[1:] (1 for a 1-D array): elements per sample, 784 for [n, 28, 28].
   int64_t row_elements() const { return row_elements_; }
+  /// Tells the kernel that rows are read in no order (a shuffled sampler's): a page fault then
+  /// reads that page alone instead of the 128 KiB around it, which would evict pages still to
+  /// be read when the file is larger than the memory the job may use.
+  void advise_random() const;
 
  private:
   void release();
@@ -74,6 +78,9 @@ class NpyFile {
   NpyHeader header_;
   int64_t row_elements_ = 0;
 };
+
+/// A shape as numpy prints it, for messages: "(60000, 28, 28)", "(60000,)".
+std::string npy_shape_repr(const std::vector<int64_t>& shape);
 
 /// The preamble and header numpy.save writes for a C-order array of `type` and `shape`
 /// (version 1.0 unless the header needs 2.0; padded with spaces and a final '\n' so the data

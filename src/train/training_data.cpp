@@ -13,8 +13,9 @@
 
 namespace ddp {
 
+// A .npy file's mapping already is the node's one copy (the page cache), on every rank.
 bool TrainingData::shares(const TrainConfig& cfg, const ProcessGroup& comm) const {
-  return cfg.data.share_on_node && comm.local_size() > 1;
+  return cfg.data.share_on_node && comm.local_size() > 1 && cfg.data.format != DataFormat::Npy;
 }
 
 void TrainingData::read_splits(const TrainConfig& cfg) {
@@ -58,6 +59,11 @@ std::string mib(size_t bytes) {
 
 std::string TrainingData::share(const TrainConfig& cfg, ProcessGroup& comm) {
   const std::string stored = std::string(" (") + to_string(train.x.type()) + ")";
+  if (cfg.data.format == DataFormat::Npy) {
+    return "data: features read in place from the memory-mapped .npy files (one copy per node, "
+           "in the page cache): " +
+           mib(train.x.bytes()) + " of training features" + stored;
+  }
   if (!shares(cfg, comm)) {
     if (comm.local_size() == 1) return "";
     return "data: a copy per rank (data.share_on_node: false), " + mib(train.x.bytes()) +

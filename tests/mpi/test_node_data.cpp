@@ -1,7 +1,8 @@
 // One copy of the data per node (data.share_on_node): the node's first rank writes each split
 // into memory every rank of the node maps, and training reads it there. The same batches as a
-// copy per rank, so bitwise the same weights, from IDX bytes and from CSV floats; the mapping's
-// fallback and failure paths reach every rank alike.
+// copy per rank, so bitwise the same weights, from IDX bytes and from CSV floats, and from the
+// .npy conversion of the IDX files, which every rank maps; the mapping's fallback and failure
+// paths reach every rank alike.
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "data/convert.h"
 #include "ddp/trainer.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "dist/node_shared_memory.h"
@@ -61,13 +63,15 @@ ddp::TrainConfig idx_config(const std::string& dir) {
   return cfg;
 }
 
-// train(), and whether rank 0's startup log says the node shares one copy, on every rank.
-std::vector<ddp::NamedTensor> train_noting_sharing(const ddp::TrainConfig& cfg, bool* shared) {
+// train(), and whether rank 0's startup log says `line` (by default: the node shares one copy),
+// on every rank.
+std::vector<ddp::NamedTensor> train_noting_sharing(const ddp::TrainConfig& cfg, bool* shared,
+                                                   const char* line = "data: one copy per node") {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   std::ostringstream log;
   ddp::Trainer trainer(cfg, *comm, *comm, &log);
   trainer.run();
-  int said = log.str().find("data: one copy per node") != std::string::npos;
+  int said = log.str().find(line) != std::string::npos;
   MPI_Bcast(&said, 1, MPI_INT, 0, MPI_COMM_WORLD);
   *shared = said != 0;
   return trainer.weights();
@@ -104,6 +108,42 @@ TEST_CASE("one copy of the data per node trains bitwise as a copy per rank", "[m
     require_identical_replicas(b);
     REQUIRE(bitwise_equal(a, b));
   }
+}
+
+TEST_CASE("IDX files and their .npy conversion train bitwise alike, the .npy mapped by every rank",
+          "[mpi][data]") {
+  const std::string dir = shared_scratch("npy");
+  if (ddp_test::world_rank() == 0) {
+    write_idx(dir + "/train-images", dir + "/train-labels", 97, 3);
+    write_idx(dir + "/test-images", dir + "/test-labels", 31, 4);
+    for (const std::string split : {"train", "test"}) {
+      ddp::ConvertRequest r;
+      r.format = "idx";
+      r.images = dir + "/" + split + "-images";
+      r.labels = dir + "/" + split + "-labels";
+      r.out = dir + "/" + split;
+      ddp::convert_to_npy(r);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const ddp::TrainConfig idx = idx_config(dir);  // shared per node where there are 2+ ranks
+  ddp::TrainConfig npy = idx;
+  npy.data.format = ddp::DataFormat::Npy;
+  npy.output.dir += "_npy";
+  for (const std::string split : {"train", "test"}) {
+    ddp::SplitSource& s = split == "train" ? npy.data.train : npy.data.test;
+    s.images.clear();
+    s.features = split + "/features.npy";
+    s.labels = split + "/labels.npy";
+  }
+  bool unused = false, mapped = false;
+  const auto a = train_noting_sharing(idx, &unused);
+  const auto b = train_noting_sharing(npy, &mapped,
+                                      "data: features read in place from the "
+                                      "memory-mapped .npy files");
+  CHECK(mapped);
+  require_identical_replicas(b);
+  REQUIRE(bitwise_equal(a, b));
 }
 
 TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls back everywhere",

@@ -85,6 +85,7 @@ void require_same(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.data.dir == b.data.dir);
   for (auto split : {&ddp::DataConfig::train, &ddp::DataConfig::test}) {
     CHECK((a.data.*split).images == (b.data.*split).images);
+    CHECK((a.data.*split).features == (b.data.*split).features);
     CHECK((a.data.*split).labels == (b.data.*split).labels);
     CHECK((a.data.*split).path == (b.data.*split).path);
     CHECK((a.data.*split).samples == (b.data.*split).samples);
@@ -284,8 +285,7 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
         "nan_policy, clip_grad_norm)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
-        "images, "
-        "labels, path, samples)");
+        "images, features, labels, path, samples)");
   CHECK(parse_error(kMinimal + "training:\n  epochs: 2\n  epochs: 3\n") ==
         "run.yaml: training.epochs: duplicate key");
   CHECK(parse_error(kMinimal + "? [a, b]\n: 1\n") ==
@@ -595,7 +595,7 @@ TEST_CASE("config: enumerated keys take only their names, read once", "[config]"
     CHECK(parse_error(kMinimal + extra) == "run.yaml: " + message);
   }
   CHECK(parse_error("model: {layers: [4, 3]}\ndata: {format: parquet}\n") ==
-        "run.yaml: data.format: must be one of idx, synthetic, csv; got 'parquet'");
+        "run.yaml: data.format: must be one of idx, synthetic, csv, npy; got 'parquet'");
   CHECK(parse_error(kMinimal, {"device=tpu"}) ==
         "--set device: must be one of cpu, cuda, auto; got 'tpu'");
   const TrainConfig c = parse_min(
@@ -716,6 +716,33 @@ TEST_CASE("config: unreadable and malformed files", "[config]") {
   CHECK(c.training.epochs == 2);
 }
 
+TEST_CASE("config: npy data files must exist, and no key of another format is taken", "[config]") {
+  TempDir tmp;
+  tmp.file("x.npy");
+  tmp.file("y.npy");
+  std::string head = "model: {layers: [4, 3]}\ndata:\n  format: npy\n  dir: " + tmp.path() + "\n";
+  const TrainConfig c = parse(head + "  train: {features: x.npy, labels: y.npy}\n");
+  CHECK(c.data.format == ddp::DataFormat::Npy);
+  CHECK(c.data.train.features == "x.npy");
+  CHECK(parse_error(head + "  train: {labels: y.npy}\n") ==
+        "run.yaml: data.train.features: required for data.format npy");
+  CHECK(parse_error(head + "  train: {features: x.npy}\n") ==
+        "run.yaml: data.train.labels: required for data.format npy");
+  CHECK(parse_error(head + "  train: {features: no.npy, labels: y.npy}\n") ==
+        "run.yaml: data.train.features: file not found: " + tmp.path() + "/no.npy");
+  CHECK(
+      parse_error(head + "  train: {features: x.npy, labels: y.npy}\n  test: {labels: y.npy}\n") ==
+      "run.yaml: data.test.features: required when data.test.labels is set (a test split needs "
+      "both features and labels)");
+  CHECK(parse_error(head + "  train: {features: x.npy, labels: y.npy}\n"
+                           "  test: {features: x.npy, labels: ty.npy}\n") ==
+        "run.yaml: data.test.labels: file not found: " + tmp.path() + "/ty.npy");
+  CHECK(parse_error(head + "  train: {features: x.npy, labels: y.npy, images: x.npy}\n") ==
+        "run.yaml: data.train.images: does not apply to data.format npy (only to idx)");
+  CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, features: x.npy}\n") ==
+        "run.yaml: data.train.features: does not apply to data.format synthetic (only to npy)");
+}
+
 TEST_CASE("config: idx data files must exist, resolved against data.dir", "[config]") {
   TempDir tmp;
   tmp.file("img.gz");
@@ -786,7 +813,7 @@ TEST_CASE("config: keys of another data.format are rejected", "[config]") {
   std::string csv_head =
       "model: {layers: [2, 3]}\ndata:\n  format: csv\n  train: {path: " + csv + "}\n";
   CHECK(parse_error(csv_head, {"data.test.labels=" + lab}) ==
-        "--set data.test.labels: does not apply to data.format csv (only to idx)");
+        "--set data.test.labels: does not apply to data.format csv (only to idx or npy)");
   CHECK(
       parse_error(csv_head, {"data.seed=3"}) ==
       "--set data.seed: does not apply to data.format csv (only to synthetic; the shuffle seed is "
@@ -821,18 +848,31 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   TrainConfig idx = valid_config();
   idx.data.format = ddp::DataFormat::Idx;
   idx.data.dir = tmp.path();
-  idx.data.train = {tmp.file("a"), "b", "", 0};
-  tmp.file("b");
-  idx.data.test = {"a", "b", "", 0};
   idx.data.train.samples = 0;
+  idx.data.train.images = tmp.file("a");
+  idx.data.train.labels = "b";
+  tmp.file("b");
+  idx.data.test.images = "a";
+  idx.data.test.labels = "b";
   idx.optimizer.dampening = 0.75;
 
   TrainConfig csv = valid_config();
   csv.data.format = ddp::DataFormat::Csv;
-  csv.data.train = {"", "", tmp.file("d.csv"), 0};
+  csv.data.train.samples = 0;
+  csv.data.train.path = tmp.file("d.csv");
   csv.data.csv_header = true;
 
-  for (const TrainConfig* c : {&syn, &idx, &csv}) {
+  TrainConfig npy = valid_config();
+  npy.data.format = ddp::DataFormat::Npy;
+  npy.data.train.samples = 0;
+  npy.data.dir = tmp.path();
+  npy.data.train.features = "x.npy";
+  npy.data.train.labels = "y.npy";
+  npy.data.test.features = tmp.file("tx.npy");
+  npy.data.test.labels = "ty.npy";
+  for (const char* name : {"x.npy", "y.npy", "ty.npy"}) tmp.file(name);
+
+  for (const TrainConfig* c : {&syn, &idx, &csv, &npy}) {
     std::string text = ddp::to_yaml(*c);
     INFO(text);
     TrainConfig back = ddp::parse_config(text, "x");
@@ -842,6 +882,8 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
     CHECK((text.find("samples:") != std::string::npos) ==
           (c->data.format == ddp::DataFormat::Synthetic));
     CHECK((text.find("path:") != std::string::npos) == (c->data.format == ddp::DataFormat::Csv));
+    CHECK((text.find("features:") != std::string::npos) ==
+          (c->data.format == ddp::DataFormat::Npy));
   }
   std::string defaults = ddp::to_yaml(TrainConfig());
   for (auto line : {"device: \"cpu\"", "  bucket_cap_mb: 25.0", "  save_model: true", "  lr: 0.01",

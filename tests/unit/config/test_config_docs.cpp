@@ -76,7 +76,8 @@ TEST_CASE("the schema declares exactly the keys the loader writes, for every dat
           "[config]") {
   std::set<std::string> written;
   for (const ddp::DataFormat format :
-       {ddp::DataFormat::Idx, ddp::DataFormat::Csv, ddp::DataFormat::Synthetic}) {
+       {ddp::DataFormat::Idx, ddp::DataFormat::Csv, ddp::DataFormat::Synthetic,
+        ddp::DataFormat::Npy}) {
     ddp::TrainConfig cfg;
     cfg.data.format = format;
     for (const std::string& line : ddp::config_lines(cfg))
