@@ -6,19 +6,21 @@
 # every rank). Fashion-MNIST (bench/fashion_mnist_bench.yaml), batch 64 per rank; interleaved
 # repeats, medians; one markdown table.
 #   bench/data_memory_bench.sh [--ranks "1 2 4"] [--steps N] [--repeats N] [--loads "0"]
-#                              [--baseline BIN] [--set KEY=VALUE ...]
+#                              [--baseline BIN] [--baseline-set KEY=VALUE ...] [--set KEY=VALUE ...]
 # --baseline: a ddp-train binary to measure beside this one (e.g. a build of the previous
-# commit); --set: extra config overrides for both (e.g. data.share_on_node=false).
+# commit); --baseline-set: config overrides for the baseline only (without --baseline, the
+# baseline is this binary: e.g. the same data converted to .npy); --set: extra config
+# overrides for both (e.g. data.share_on_node=false).
 set -euo pipefail
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-ranks_list="1 2 4"; steps=600; repeats=3; loads_list="0"; baseline=""; extra=()
+ranks_list="1 2 4"; steps=600; repeats=3; loads_list="0"; baseline=""; extra=(); base_extra=()
 while (($#)); do
   case "$1" in
     --ranks) ranks_list="${2:?--ranks needs a list like \"1 2 4\"}"; shift 2 ;;
@@ -27,6 +29,7 @@ while (($#)); do
     --loads) loads_list="${2:?--loads needs a list like \"0 1\"}"; shift 2 ;;
     --baseline) baseline="${2:?--baseline needs a ddp-train binary}"; shift 2 ;;
     --set) extra+=(--set "${2:?--set needs KEY=VALUE}"); shift 2 ;;
+    --baseline-set) base_extra+=(--set "${2:?--baseline-set needs KEY=VALUE}"); shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "data_memory_bench.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -40,6 +43,7 @@ done
 train="${DDP_TRAIN:-$root/build/ddp-train}"
 python="${BENCH_PYTHON:-python3}"
 [[ -x "$train" ]] || { echo "data_memory_bench.sh: ddp-train not found at $train (build it, or set DDP_TRAIN)" >&2; exit 2; }
+[[ -z "$baseline" && ${#base_extra[@]} -gt 0 ]] && baseline="$train"
 [[ -z "$baseline" || -x "$baseline" ]] || { echo "data_memory_bench.sh: --baseline $baseline is not executable" >&2; exit 2; }
 if [[ "$(id -u)" == 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -74,10 +78,10 @@ watch_memory() {  # out peak_file
 results="$work/results.txt"  # build ranks load repeat peak_pss_kib peak_rss_kib samples/s | failed
 : > "$results"
 run() {  # build ranks load repeat
-  local bin="$train" out="$work/$1_n$2_l$3_r$4" cmd rc=0
-  [[ "$1" == baseline ]] && bin="$baseline"
+  local bin="$train" out="$work/$1_n$2_l$3_r$4" cmd rc=0 own=()
+  [[ "$1" == baseline ]] && bin="$baseline" && own=("${base_extra[@]}")
   cmd="$(DDP_TRAIN="$bin" "$root/launch/ddp-run" --dry-run -n "$2" "$here/fashion_mnist_bench.yaml" \
-    --set "training.max_steps=$steps" --set "output.dir=$out" "${extra[@]}")"
+    --set "training.max_steps=$steps" --set "output.dir=$out" "${extra[@]}" "${own[@]}")"
   watch_memory "$out" "$out.peak" &
   local watcher=$!
   start_load "$3"

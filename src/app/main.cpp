@@ -177,10 +177,12 @@ int main(int argc, char** argv) {
   pred->add_option("-m,--model", opt.predict.model, "model.safetensors written by training")
       ->required();
   pred->add_option("-d,--data", opt.predict.data,
-                   "an IDX images file (.gz or raw) or a CSV file (features, optionally a label)")
+                   "an IDX images file (.gz or raw), a CSV file (features, optionally a label) "
+                   "or a features .npy")
       ->required();
-  pred->add_option("-f,--format", opt.predict.format, "idx or csv (default: csv for *.csv)")
-      ->check(CLI::IsMember({"idx", "csv"}));
+  pred->add_option("-f,--format", opt.predict.format,
+                   "idx, csv or npy (default: csv for *.csv, npy for *.npy, else idx)")
+      ->check(CLI::IsMember({"idx", "csv", "npy"}));
   pred->add_flag("--csv-header", opt.predict.csv_header, "csv: the first line is a header");
   pred->add_option("-o,--out", opt.predict.out, "the CSV file to write")->required();
   CLI::App* conv = app.add_subcommand(

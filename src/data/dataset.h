@@ -51,6 +51,7 @@ Dataset load_idx_images(const std::string& images_path);
 /// pages. Throws ddp::Error naming the file and field for any npy header or size error
 /// (NpyFile::open), features of fewer than 2 dimensions, zero samples or features, another
 /// dtype, labels not 1-D or not integers, a label no int32 holds, and a count mismatch.
+/// An empty `labels_path` reads the features alone (y stays empty: data to predict on).
 Dataset load_npy(const std::string& features_path, const std::string& labels_path);
 
 /// Writes `ds` as the .npy pair load_npy reads back to the same floats and labels: features

@@ -1,8 +1,13 @@
 // Features in their source's type (features.h).
 #include "data/features.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "core/float16.h"
@@ -46,8 +51,8 @@ FeatureStore FeatureStore::scaled_bytes(std::vector<uint8_t> bytes) {
 }
 
 FeatureStore::FeatureStore(FeatureType type, const void* data, size_t count,
-                           std::shared_ptr<const void> owner)
-    : type_(type), data_(data), count_(count), owner_(std::move(owner)) {
+                           std::shared_ptr<const void> owner, bool file_backed)
+    : type_(type), data_(data), count_(count), owner_(std::move(owner)), file_backed_(file_backed) {
   DDP_CHECK(data != nullptr || count == 0, "FeatureStore: no memory for " << count << " elements");
 }
 
@@ -67,6 +72,37 @@ void FeatureStore::to_float(size_t first, size_t n, float* out) const {
   // As the IDX reader always scaled: one float division, so the floats are those of before.
   const uint8_t* from = static_cast<const uint8_t*>(data_) + first;
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(from[i]) / 255.0f;
+}
+
+namespace {
+
+/// The whole pages holding bytes [first * item, (first + n) * item) of `data`, clamped to
+/// `count` elements: their start and length.
+std::pair<uintptr_t, size_t> page_span(const void* data, size_t item, size_t count, size_t first,
+                                       size_t n) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto* base = static_cast<const char*>(data);
+  const auto begin = reinterpret_cast<uintptr_t>(base + first * item) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(base + std::min(first + n, count) * item);
+  return {begin, end - begin};
+}
+
+}  // namespace
+
+void FeatureStore::will_need(size_t first, size_t n) const {
+  if (!file_backed_ || n == 0 || first >= count_) return;
+  const auto [begin, bytes] = page_span(data_, feature_bytes(type_), count_, first, n);
+  // A hint: a failure (an old kernel, memory pressure) only means the reads happen on touch.
+  ::madvise(reinterpret_cast<void*>(begin), bytes, MADV_WILLNEED);
+}
+
+bool FeatureStore::resident(size_t first, size_t n) const {
+  if (!file_backed_ || n == 0 || first >= count_) return true;
+  static const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const auto [begin, bytes] = page_span(data_, feature_bytes(type_), count_, first, n);
+  std::vector<unsigned char> in((bytes + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), bytes, in.data()) != 0) return false;
+  return std::all_of(in.begin(), in.end(), [](unsigned char v) { return (v & 1) != 0; });
 }
 
 float FeatureStore::operator[](size_t i) const {

@@ -1,8 +1,8 @@
 // A data set's features in the type its source stores them in (one byte per IDX pixel, float32
-// for CSV and synthetic data, the dtype of a .npy file), converted to float32 row by row as batches are assembled: the
-// same floats a float32 copy would hold, for a quarter of the memory from IDX. The bytes are
-// immutable once loaded and shared by every copy of the store (and, later, by the ranks of a
-// node), so copying a Dataset copies no features.
+// for CSV and synthetic data, the dtype of a .npy file), converted to float32 row by row as batches
+// are assembled: the same floats a float32 copy would hold, for a quarter of the memory from IDX.
+// The bytes are immutable once loaded and shared by every copy of the store (and, later, by the
+// ranks of a node), so copying a Dataset copies no features.
 #pragma once
 
 #include <cstddef>
@@ -30,12 +30,24 @@ class FeatureStore {
   /// Owns `bytes`, each read as float(v) / 255.
   static FeatureStore scaled_bytes(std::vector<uint8_t> bytes);
   /// `count` elements of `type` at `data`, kept alive by `owner` (a mapping, shared memory).
-  FeatureStore(FeatureType type, const void* data, size_t count, std::shared_ptr<const void> owner);
+  /// `file_backed`: `data` is a file's memory mapping, whose pages the kernel reads on first
+  /// touch and may drop again (will_need() then starts their reads ahead).
+  FeatureStore(FeatureType type, const void* data, size_t count, std::shared_ptr<const void> owner,
+               bool file_backed = false);
 
   FeatureType type() const { return type_; }
   size_t size() const { return count_; }  ///< elements
   size_t bytes() const { return count_ * feature_bytes(type_); }
   const void* data() const { return data_; }
+  bool file_backed() const { return file_backed_; }
+
+  /// Elements [first, first + n) will be read soon: for a file-backed store, their pages not
+  /// in memory are read now, in the background (madvise MADV_WILLNEED); otherwise nothing.
+  void will_need(size_t first, size_t n) const;
+  /// Whether the pages of elements [first, first + n) are in memory (mincore); always true for
+  /// a store that is not file-backed. For a file the process may not write, the kernel reports
+  /// only the pages this process has mapped, so a page another process read counts as absent.
+  bool resident(size_t first, size_t n) const;
 
   /// Elements [first, first + n) as floats into `out`.
   void to_float(size_t first, size_t n, float* out) const;
@@ -49,6 +61,7 @@ class FeatureStore {
   const void* data_ = nullptr;
   size_t count_ = 0;
   std::shared_ptr<const void> owner_;
+  bool file_backed_ = false;
 };
 
 }  // namespace ddp

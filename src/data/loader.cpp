@@ -104,11 +104,54 @@ void Loader::worker_loop() {
   }
 }
 
-void Loader::fill(Batch& batch, int64_t batch_index) const {
+namespace {
+
+constexpr int64_t kProbeEvery = 16;  // batches between residency probes of a file-backed store
+
+// Calls `row(i)` for each valid sample index of batch `batch_index` (none past the epoch).
+template <typename Row>
+void for_each_row(const std::vector<int64_t>& indices, int64_t batch_size, int64_t size,
+                  int64_t batch_index, Row row) {
+  const auto n = static_cast<int64_t>(indices.size());
+  const int64_t end = std::min(n, (batch_index + 1) * batch_size);
+  for (int64_t p = batch_index * batch_size; p < end; ++p) {
+    const int64_t i = indices[static_cast<size_t>(p)];
+    if (i >= 0 && i < size) row(static_cast<size_t>(i));
+  }
+}
+
+}  // namespace
+
+bool Loader::resident(int64_t batch_index) const {
+  const auto f = static_cast<size_t>(ds_.features);
+  bool all = true;
+  for_each_row(indices_, batch_size_, ds_.size, batch_index,
+               [&](size_t i) { all = all && ds_.x.resident(i * f, f); });
+  return all;
+}
+
+// The rows of batch `batch_index` will be read soon.
+void Loader::announce(int64_t batch_index) const {
+  const auto f = static_cast<size_t>(ds_.features);
+  for_each_row(indices_, batch_size_, ds_.size, batch_index,
+               [&](size_t i) { ds_.x.will_need(i * f, f); });
+}
+
+// Before batch `batch_index` is assembled: the next batch's reads start, while the data is
+// not all in memory.
+void Loader::read_ahead(int64_t batch_index) {
+  if (!ds_.x.file_backed()) return;
+  if (batch_index == 0 && !resident(0)) announce(0);
+  if (batch_index % kProbeEvery == 0) reading_ahead_ = !resident(batch_index + 1);
+  if (reading_ahead_) announce(batch_index + 1);
+}
+
+void Loader::fill(Batch& batch, int64_t batch_index) {
   const auto n = static_cast<int64_t>(indices_.size());
   const int64_t begin = batch_index * batch_size_;
   const int64_t rows = std::min(batch_size_, n - begin);
   const auto f = static_cast<size_t>(ds_.features);
+  read_ahead(batch_index);
   batch.x.resize(static_cast<size_t>(rows) * f);  // within the reserved capacity: no allocation
   batch.y.resize(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {

@@ -1,4 +1,8 @@
 // Batches assembled from a Dataset on a prefetch thread, so gathering rows overlaps compute.
+// Features read from a file mapping (.npy) that is not all in memory have the rows of the batch
+// after the one being assembled announced to the kernel, so that their pages are read in
+// parallel, ahead of time, instead of one page fault at a time. Every 16th batch probes
+// whether the next one's rows are in memory; read-ahead runs until a probe finds them all.
 // A ring of prefetch + 1 reusable slots (one held by the consumer, up to `prefetch` ahead):
 // no allocation after construction, and the batch contents depend only on the index order.
 #pragma once
@@ -44,7 +48,10 @@ class Loader {
 
  private:
   void worker_loop();
-  void fill(Batch& batch, int64_t batch_index) const;
+  void fill(Batch& batch, int64_t batch_index);
+  void read_ahead(int64_t batch_index);
+  bool resident(int64_t batch_index) const;
+  void announce(int64_t batch_index) const;
 
   const Dataset& ds_;
   const int64_t batch_size_;
@@ -65,6 +72,7 @@ class Loader {
   int64_t released_ = 0;       // batches whose slots the consumer gave back
   std::exception_ptr error_;   // raised while filling batch `produced_`
   double wait_seconds_ = 0.0;  // consumer-thread only
+  bool reading_ahead_ = true;  // worker-thread only: the last probe found rows not in memory
 };
 
 }  // namespace ddp

@@ -14,6 +14,16 @@ namespace {
 constexpr const char* kMeanKey = "ddp.normalize.mean";
 constexpr const char* kStdKey = "ddp.normalize.std";
 
+// Rows read in order, a chunk at a time: a file-backed store (a .npy mapping, advised for the
+// training's random order) reads the next chunk's pages ahead, in the background.
+constexpr int64_t kAheadRows = 1024;
+void read_ahead(const Dataset& ds, int64_t i) {
+  if (i % kAheadRows != 0) return;
+  const auto d = static_cast<size_t>(ds.features);
+  if (i == 0) ds.x.will_need(0, static_cast<size_t>(kAheadRows) * d);
+  ds.x.will_need(static_cast<size_t>(i + kAheadRows) * d, static_cast<size_t>(kAheadRows) * d);
+}
+
 // Each feature's mean and population standard deviation over the rows of `ds`, in double.
 // The features as stored, converted row by row (not through ds.transform).
 void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<double>& std) {
@@ -22,11 +32,13 @@ void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<d
   std.assign(d, 0.0);
   std::vector<float> row(static_cast<size_t>(d));
   for (int64_t i = 0; i < n; ++i) {
+    read_ahead(ds, i);
     ds.x.to_float(static_cast<size_t>(i * d), row.size(), row.data());
     for (int64_t j = 0; j < d; ++j) mean[j] += row[j];
   }
   for (int64_t j = 0; j < d; ++j) mean[j] /= static_cast<double>(n);
   for (int64_t i = 0; i < n; ++i) {
+    read_ahead(ds, i);
     ds.x.to_float(static_cast<size_t>(i * d), row.size(), row.data());
     for (int64_t j = 0; j < d; ++j) {
       const double c = row[j] - mean[j];

@@ -378,11 +378,7 @@ NpyHeader parse_npy_header(const std::string& file, const uint8_t* bytes, size_t
   return header;
 }
 
-void NpyFile::advise_random() const {
-  if (base_ != nullptr) ::madvise(const_cast<uint8_t*>(base_), mapped_, MADV_RANDOM);
-}
-
-NpyFile NpyFile::open(const std::string& path) {
+NpyFile NpyFile::open(const std::string& path, NpyAccess access) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   DDP_CHECK(fd >= 0, "cannot open " << where(path) << ": " << std::strerror(errno));
   struct stat st {};
@@ -394,6 +390,8 @@ NpyFile NpyFile::open(const std::string& path) {
     f.mapped_ = static_cast<size_t>(st.st_size);
     void* base = ::mmap(nullptr, f.mapped_, PROT_READ, MAP_SHARED, fd, 0);
     f.base_ = base == MAP_FAILED ? nullptr : static_cast<const uint8_t*>(base);
+    // Before the header's page is touched: its fault would read the window around it.
+    if (f.base_ != nullptr && access == NpyAccess::Random) ::madvise(base, f.mapped_, MADV_RANDOM);
   }
   const int map_errno = errno;
   ::close(fd);  // the mapping keeps the file

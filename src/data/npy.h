@@ -37,13 +37,22 @@ struct NpyHeader {
 /// multiple of the item size. Does not check that `size` holds the data.
 NpyHeader parse_npy_header(const std::string& file, const uint8_t* bytes, size_t size);
 
+/// How the pages of a mapping are read on a fault.
+enum class NpyAccess {
+  Default,  ///< with the kernel's read-around: the device's read-ahead window around the page
+  /// The faulting page alone (MADV_RANDOM), for rows read in no order (a shuffled sampler's):
+  /// the window around each fault would evict pages still to be read when the file is larger
+  /// than the memory the job may use. Read-ahead is then the reader's (FeatureStore::will_need).
+  Random,
+};
+
 /// A read-only memory map of a whole .npy file. open() checks the header and that the file holds
 /// exactly the array (data_offset + data_bytes bytes). Move-only; unmaps in the destructor.
 class NpyFile {
  public:
   /// Maps `path`; throws ddp::Error naming it (cannot open, not a regular file, any header error,
   /// truncated data with the expected and actual sizes, trailing bytes after the array).
-  static NpyFile open(const std::string& path);
+  static NpyFile open(const std::string& path, NpyAccess access = NpyAccess::Default);
 
   NpyFile() = default;
   ~NpyFile();
@@ -65,10 +74,6 @@ class NpyFile {
   int64_t rows() const { return header_.shape.empty() ? 0 : header_.shape[0]; }
   /// Product of shape[1:] (1 for a 1-D array): elements per sample, 784 for [n, 28, 28].
   int64_t row_elements() const { return row_elements_; }
-  /// Tells the kernel that rows are read in no order (a shuffled sampler's): a page fault then
-  /// reads that page alone instead of the 128 KiB around it, which would evict pages still to
-  /// be read when the file is larger than the memory the job may use.
-  void advise_random() const;
 
  private:
   void release();

@@ -35,7 +35,7 @@ FeatureType feature_type(const NpyFile& f) {
 
 // The features file, mapped: [samples, ...] with at least one sample of at least one value.
 std::shared_ptr<const NpyFile> map_features(const std::string& path) {
-  auto f = std::make_shared<NpyFile>(NpyFile::open(path));
+  auto f = std::make_shared<NpyFile>(NpyFile::open(path, NpyAccess::Random));
   const auto& shape = f->header().shape;
   DDP_CHECK(shape.size() >= 2, where(path) << ": shape " << npy_shape_repr(shape)
                                            << ": features need (samples, features...); for one "
@@ -44,7 +44,6 @@ std::shared_ptr<const NpyFile> map_features(const std::string& path) {
   DDP_CHECK(f->row_elements() > 0,
             where(path) << ": shape " << npy_shape_repr(shape) << ": samples of zero features");
   feature_type(*f);  // refuses other dtypes before anything is read
-  f->advise_random();
   return f;
 }
 
@@ -112,21 +111,24 @@ std::vector<int32_t> read_labels(const std::string& path) {
 
 Dataset load_npy(const std::string& features_path, const std::string& labels_path) {
   std::shared_ptr<const NpyFile> f = map_features(features_path);
-  std::vector<int32_t> y = read_labels(labels_path);
-  DDP_CHECK(static_cast<int64_t>(y.size()) == f->rows(),
-            "sample/label count mismatch: "
-                << where(features_path) << " has " << f->rows() << " samples (shape "
-                << npy_shape_repr(f->header().shape) << ") but " << where(labels_path) << " has "
-                << y.size() << " labels");
   Dataset ds;
   ds.size = f->rows();
   ds.features = f->row_elements();
-  ds.source = features_path + " (labels " + labels_path + ")";
-  ds.y = std::move(y);
+  ds.source = features_path;
+  if (!labels_path.empty()) {
+    ds.y = read_labels(labels_path);
+    DDP_CHECK(static_cast<int64_t>(ds.y.size()) == f->rows(),
+              "sample/label count mismatch: "
+                  << where(features_path) << " has " << f->rows() << " samples (shape "
+                  << npy_shape_repr(f->header().shape) << ") but " << where(labels_path) << " has "
+                  << ds.y.size() << " labels");
+    ds.source += " (labels " + labels_path + ")";
+  }
   const FeatureType type = feature_type(*f);
   const void* data = f->data();
   const auto count = static_cast<size_t>(f->header().elements);
-  ds.x = FeatureStore(type, data, count, std::move(f));  // the mapping lives as long as the store
+  // The mapping lives as long as the store.
+  ds.x = FeatureStore(type, data, count, std::move(f), /*file_backed=*/true);
   return ds;
 }
 

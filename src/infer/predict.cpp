@@ -19,11 +19,16 @@ namespace {
 
 constexpr int64_t kPredictBatch = 1024;
 
-bool is_csv(const PredictRequest& r) {
-  if (!r.format.empty()) return r.format == "csv";
-  const std::string suffix = ".csv";
-  return r.data.size() >= suffix.size() &&
-         r.data.compare(r.data.size() - suffix.size(), suffix.size(), suffix) == 0;
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// --format, or by the file name: *.csv is csv, *.npy is npy, anything else idx.
+std::string format_of(const PredictRequest& r) {
+  if (!r.format.empty()) return r.format;
+  if (ends_with(r.data, ".csv")) return "csv";
+  return ends_with(r.data, ".npy") ? "npy" : "idx";
 }
 
 // A CSV row is the model's features, or its features and a label.
@@ -40,11 +45,14 @@ Dataset read_csv_for(const PredictRequest& r, const ModelFile& m) {
 }
 
 Dataset read_data_for(const PredictRequest& r, const ModelFile& m) {
-  if (is_csv(r)) return read_csv_for(r, m);
-  Dataset ds = load_idx_images(r.data);
-  DDP_CHECK(ds.features == m.features(), "predict: " << r.data << " has images of " << ds.features
-                                                     << " pixels; the model " << m.describe()
-                                                     << " takes " << m.features() << " features");
+  const std::string format = format_of(r);
+  if (format == "csv") return read_csv_for(r, m);
+  Dataset ds = format == "npy" ? load_npy(r.data, "") : load_idx_images(r.data);
+  DDP_CHECK(ds.features == m.features(),
+            "predict: " << r.data << " has " << (format == "npy" ? "samples" : "images") << " of "
+                        << ds.features << (format == "npy" ? " features" : " pixels")
+                        << "; the model " << m.describe() << " takes " << m.features()
+                        << " features");
   return ds;
 }
 
@@ -71,8 +79,8 @@ void write_row(std::ofstream& out, int64_t index, const float* logits, int64_t c
 }  // namespace
 
 int64_t predict_to_csv(const PredictRequest& r) {
-  DDP_CHECK(r.format.empty() || r.format == "csv" || r.format == "idx",
-            "predict: --format must be idx or csv, got '" << r.format << "'");
+  DDP_CHECK(r.format.empty() || r.format == "csv" || r.format == "idx" || r.format == "npy",
+            "predict: --format must be idx, csv or npy, got '" << r.format << "'");
   const ModelFile m = read_model_file(r.model);
   Dataset ds = read_data_for(r, m);
   apply_normalization(m.transform, ds);

@@ -11,8 +11,9 @@ namespace ddp {
 
 struct PredictRequest {
   std::string model;        ///< model.safetensors
-  std::string data;         ///< an IDX images file, or a CSV of features (optionally + label)
-  std::string format;       ///< "idx", "csv" or "" (by the file name: *.csv is csv)
+  std::string data;         ///< an IDX images file, a CSV of features (optionally + label), or
+                            ///< a features .npy (as data.format npy reads it)
+  std::string format;       ///< "idx", "csv", "npy" or "" (by the name: *.csv, *.npy, else idx)
   bool csv_header = false;  ///< csv: the first line is a header
   std::string out;          ///< where the predictions go
 };

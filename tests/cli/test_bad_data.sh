@@ -126,6 +126,102 @@ csv_config "$WORK/header.csv" >"$WORK/c.yaml"
 expect_error "CSV header only" 2 "$WORK/header.csv: no data rows after the header" \
   --config "$WORK/c.yaml" --set data.csv_header=true
 
+# --- .npy: ddp-train convert, and what data.format npy refuses ---------------------------------
+# npy FILE DESCR SHAPE DATA_BYTES: a .npy file (version 1.0, header padded to 64 bytes as numpy
+# writes it) of DATA_BYTES bytes of data (each i * 37 % 256).
+npy() {
+  local file="$1" descr="$2" shape="$3" bytes="$4" i
+  local dict="{'descr': '$descr', 'fortran_order': False, 'shape': $shape, }"
+  while (((10 + ${#dict} + 1) % 64 != 0)); do dict+=" "; done
+  local len=$((${#dict} + 1))
+  printf "\\x93NUMPY\\x01\\x00\\x$(printf %02x $((len & 255)))\\x$(printf %02x $((len >> 8)))" >"$file"
+  printf '%s\n' "$dict" >>"$file"
+  for ((i = 0; i < bytes; ++i)); do printf "\\x$(printf %02x $((i * 37 % 256)))"; done >>"$file"
+}
+# npy_config FEATURES LABELS [CLASSES]: the IDX config's model and batches on a .npy pair.
+npy_config() {
+  cat <<YAML
+model: {layers: [6, 8, ${3:-10}]}
+data: {format: npy, train: {features: $1, labels: $2}}
+training: {batch_size: 1, log_every: 0}
+output: {dir: $WORK/out}
+YAML
+}
+# convert_expect NAME MESSAGE ARGS...: ddp-train convert ARGS fails with exit 1 and MESSAGE.
+convert_expect() {
+  local name="$1" message="$2"; shift 2
+  checks=$((checks + 1))
+  local got code=0
+  got="$(timeout 60 "$DDP_TRAIN" convert "$@" 2>&1)" || code=$?
+  if ((code == 1)) && grep -qF -- "$message" <<<"$got"; then
+    pass "convert: $name"
+  else
+    fail "convert: $name: exit $code, output:"; echo "$got" | tail -5
+  fi
+}
+
+# The user's path: convert the IDX pair, train on both, the same weights.
+checks=$((checks + 1))
+if "$DDP_TRAIN" convert --format idx --images "$WORK/img" --labels "$WORK/lbl" --out "$WORK/npy" \
+     >"$WORK/convert.log" 2>&1 && grep -qF "data: {format: npy, train: {features: $WORK/npy/features.npy" "$WORK/convert.log"; then
+  pass "convert writes the pair and says how to train on it"
+else
+  fail "convert of a valid IDX pair:"; cat "$WORK/convert.log"
+fi
+npy_config "$WORK/npy/features.npy" "$WORK/npy/labels.npy" >"$WORK/good-npy.yaml"
+checks=$((checks + 1))
+run_ranks 2 60 --config "$WORK/good-idx.yaml" --set training.epochs=2 --set "output.dir=$WORK/from-idx"
+rc_idx=$rc
+run_ranks 2 60 --config "$WORK/good-npy.yaml" --set training.epochs=2 --set "output.dir=$WORK/from-npy"
+if ((rc_idx == 0 && rc == 0)) && cmp -s "$WORK/from-idx/model.safetensors" "$WORK/from-npy/model.safetensors"; then
+  pass "the converted .npy pair trains to the IDX pair's weights, bitwise"
+else
+  fail "IDX rc $rc_idx, npy rc $rc, or their weights differ"; echo "$out" | tail -5
+fi
+
+convert_expect "on a missing file, naming it" "$WORK/nope" --format idx --images "$WORK/nope" \
+  --labels "$WORK/lbl" --out "$WORK/npy2"
+convert_expect "without --labels" "convert: --format idx needs --images and --labels" \
+  --format idx --images "$WORK/img" --out "$WORK/npy2"
+printf '0.1,0.2,0.3,0.4,1\n' >"$WORK/ok.csv"
+printf 'a file\n' >"$WORK/a-file"
+convert_expect "into a file" "convert: --out $WORK/a-file: cannot create the directory" \
+  --format csv --data "$WORK/ok.csv" --out "$WORK/a-file"
+checks=$((checks + 1))
+run_ranks 2 60 convert --format idx --images "$WORK/img" --labels "$WORK/lbl" --out "$WORK/npy3"
+if ((rc == 1)) && grep -qF "convert runs in one process (it was launched on 2 ranks)" <<<"$out" &&
+   [[ "$rank_codes" == "1 1 " ]]; then
+  pass "convert on 2 ranks: refused on both"
+else
+  fail "convert on 2 ranks: rc $rc, rank codes '$rank_codes'"; echo "$out" | tail -5
+fi
+
+npy "$WORK/f8.npy" '<f8' '(4, 6)' 192
+npy_config "$WORK/f8.npy" "$WORK/npy/labels.npy" >"$WORK/c.yaml"
+expect_error "npy float64 features" 2 \
+  "npy file '$WORK/f8.npy': descr '<f8': features must be uint8 (read as v/255), float16 or float32" \
+  --config "$WORK/c.yaml"
+
+npy "$WORK/short.npy" '|u1' '(4, 2, 3)' 20
+npy_config "$WORK/short.npy" "$WORK/npy/labels.npy" >"$WORK/c.yaml"
+expect_error "npy truncated features" 2 "npy file '$WORK/short.npy': truncated data" \
+  --config "$WORK/c.yaml"
+
+npy "$WORK/y2d.npy" '|u1' '(4, 1)' 4
+npy_config "$WORK/npy/features.npy" "$WORK/y2d.npy" >"$WORK/c.yaml"
+expect_error "npy labels of 2 dimensions" 2 \
+  "npy file '$WORK/y2d.npy': shape (4, 1): labels need (samples,)" --config "$WORK/c.yaml"
+
+npy "$WORK/y3.npy" '|u1' '(3,)' 3
+npy_config "$WORK/npy/features.npy" "$WORK/y3.npy" >"$WORK/c.yaml"
+expect_error "npy count mismatch" 2 "has 4 samples (shape (4, 6)) but npy file '$WORK/y3.npy' has 3 labels" \
+  --config "$WORK/c.yaml"
+
+npy "$WORK/ybig.npy" '|u1' '(4,)' 4  # labels 0, 37, 74, 111
+npy_config "$WORK/npy/features.npy" "$WORK/ybig.npy" >"$WORK/c.yaml"
+expect_error "npy label outside the classes" 2 "label 37 at sample 1 is outside [0, 10)" \
+  --config "$WORK/c.yaml"
+
 # The output directory cannot be written: the tests run as root, which permission bits do not
 # stop, so use an existing regular file, and a directory of /proc that exists but takes no files.
 printf 'not a directory\n' >"$WORK/out-file"

@@ -1,5 +1,5 @@
 # ddp-train --list-config-keys: the schema as a table, without --config and without MPI; its
-# keys are exactly the keys --print-config writes over the data formats (synthetic, csv, idx).
+# keys are exactly the keys --print-config writes over the data formats (synthetic, csv, idx, npy).
 source "$(dirname "$0")/lib.sh"
 
 check() {  # check NAME COMMAND...: passes if the command succeeds
@@ -38,7 +38,9 @@ model: {layers: [4, 3]}
 data: {format: idx, train: {images: $WORK/i, labels: $WORK/l}}
 YAML
 touch "$WORK/i" "$WORK/l"
-printed+="$("$DDP_TRAIN" --config "$WORK/idx.yaml" --print-config | yaml_keys)"
+printed+="$("$DDP_TRAIN" --config "$WORK/idx.yaml" --print-config | yaml_keys)"$'\n'
+printed+="$("$DDP_TRAIN" --config "$WORK/idx.yaml" --set data.format=npy --set data.train.images= \
+  --set "data.train.features=$WORK/i" --print-config | yaml_keys)"
 printed="$(sort -u <<<"$printed" | sed '/^$/d')"
 check "the listed keys are the printed config's keys ($(wc -l <<<"$listed") keys)" \
   test "$listed" == "$printed"

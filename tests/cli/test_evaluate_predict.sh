@@ -93,6 +93,11 @@ printf '\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x02\x00\x00\x00\x02\x00\x40
 out="$("$DDP_TRAIN" predict --model "$WORK/c/model.safetensors" --data "$WORK/images-idx3-ubyte" \
   --out "$WORK/i.csv" 2>&1)"
 check "predict reads IDX images" test "$(wc -l <"$WORK/i.csv")" = 3
+# The CSV converted to .npy: the features file alone gives the features-only predictions.
+"$DDP_TRAIN" convert --format csv --data "$csv" --csv-header --out "$WORK/npy" >/dev/null
+"$DDP_TRAIN" predict --model "$WORK/c/model.safetensors" --data "$WORK/npy/features.npy" \
+  --out "$WORK/n.csv" >/dev/null 2>&1
+check "predict reads a features .npy: the same predictions" cmp "$WORK/q.csv" "$WORK/n.csv"
 
 # Refusals, each naming both sides.
 predict_error() {  # predict_error NAME MESSAGE ARGS...: exits 1 with MESSAGE
@@ -119,6 +124,10 @@ printf '\x00\x00\x08\x03\x00\x00\x00\x01\x00\x00\x00\x03\x00\x00\x00\x03\x01\x02
 predict_error "IDX images of another size" \
   "has images of 9 pixels; the model $m (layers [4, 8, 3]) takes 4 features" \
   --model "$m" --data "$WORK/nine-idx3-ubyte" --out "$WORK/x.csv"
+"$DDP_TRAIN" convert --format csv --data "$WORK/seven.csv" --out "$WORK/six" >/dev/null
+predict_error ".npy samples of another size" \
+  "has samples of 6 features; the model $m (layers [4, 8, 3]) takes 4 features" \
+  --model "$m" --data "$WORK/six/features.npy" --out "$WORK/x.csv"
 predict_error "an unwritable output" "--out $WORK/no/such/dir/x.csv: cannot write" \
   --model "$m" --data "$WORK/features.csv" --out "$WORK/no/such/dir/x.csv"
 # A checkpoint holds the optimizer's state beside the weights: not a model file.

@@ -51,6 +51,26 @@ check "init_from loads the weights exactly" cmp "$WORK/a/model.safetensors" "$WO
 expect_error "init_from with a different shape" 2 "layers.0.weight" --config "$seed" --set "output.dir=$WORK/c" \
   --set "model.init_from=$WORK/a/model.safetensors" --set 'model.layers=[20, 11, 3]'
 
+# Fashion-MNIST converted to .npy (the commands of configs/fashion_mnist_npy.yaml) trains to the
+# IDX config's weights, bitwise, where the dataset is installed.
+fmnist=/usr/share/datasets/fashion-mnist
+if [[ -d "$fmnist" ]]; then
+  for split in train:train t10k:test; do
+    "$DDP_TRAIN" convert --format idx --images "$fmnist/${split%%:*}-images-idx3-ubyte.gz" \
+      --labels "$fmnist/${split%%:*}-labels-idx1-ubyte.gz" --out "$WORK/fm/${split##*:}" >/dev/null
+  done
+  run_ranks 2 120 --config "$DDP_SOURCE_DIR/configs/fashion_mnist.yaml" --set "output.dir=$WORK/fm-idx" \
+    --set training.max_steps=50 --set training.log_every=0
+  rc_idx=$rc
+  run_ranks 2 120 --config "$DDP_SOURCE_DIR/configs/fashion_mnist_npy.yaml" --set "data.dir=$WORK/fm" \
+    --set "output.dir=$WORK/fm-npy" --set training.max_steps=50 --set training.log_every=0
+  check "fashion_mnist_npy.yaml on the converted files runs" test "$rc_idx$rc" = 00
+  check "... and says the files are mapped" grep -qF "features read in place from the memory-mapped .npy files" <<<"$out"
+  check "... to the IDX config's weights, bitwise" cmp "$WORK/fm-idx/model.safetensors" "$WORK/fm-npy/model.safetensors"
+else
+  echo "skipped: Fashion-MNIST .npy check ($fmnist not present)"
+fi
+
 # The launcher: binds one rank per core when they fit, oversubscribes unbound when not.
 cores="$(nproc)"
 dry="$(DDP_TRAIN=/bin/true "$ddp_run" -n 1 --dry-run "$seed" --set training.epochs=1 --resume auto)"

@@ -1,6 +1,9 @@
 // Data sets from .npy pairs (load_npy) and back (save_npy, convert_to_npy): the floats every
 // feature dtype reads as, every integer label dtype, a data set that survives the round trip
 // bit for bit, and every refusal named by its file and field.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -212,4 +215,46 @@ TEST_CASE("npy data: save_npy and convert write what load_npy reads back bit for
     r.data = dir.file("missing.csv");
     CHECK_THROWS_WITH(ddp::convert_to_npy(r), Contains(dir.file("missing.csv")));
   }
+}
+
+TEST_CASE("npy data: a file-backed store knows which rows are in memory and reads ahead",
+          "[npy][data]") {
+  ddp_test::TempDir dir("npy_resident");
+  const size_t rows = 512, features = 4096;  // a page a row
+  save(dir.file("x.npy"), NpyType::U8, {static_cast<int64_t>(rows), static_cast<int64_t>(features)},
+       std::vector<uint8_t>(rows * features, 7));
+  save<uint8_t>(dir.file("y.npy"), NpyType::U8, {static_cast<int64_t>(rows)},
+                std::vector<uint8_t>(rows, 1));
+  // Not file-backed: always in memory, and announcing does nothing.
+  const ddp::FeatureStore owned(std::vector<float>(8, 1.0f));
+  CHECK(owned.resident(0, 8));
+  owned.will_need(0, 8);
+
+  // The file's pages out of the page cache (before this process maps any of them).
+  {
+    const int fd = ::open(dir.file("x.npy").c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  const ddp::Dataset ds = ddp::load_npy(dir.file("x.npy"), dir.file("y.npy"));
+  REQUIRE(ds.x.file_backed());
+  const size_t last = (rows - 1) * features;
+  if (ds.x.resident(last, features)) {
+    WARN("skipped: the file system keeps " << dir.path() << " in memory (tmpfs?)");
+    return;
+  }
+  // Another row, for what will_need must not read (the drop may have missed a page in flight).
+  const size_t other = last - 100 * features;
+  const bool other_was_resident = ds.x.resident(other, features);
+  ds.x.will_need(last, features);
+  bool arrived = false;
+  for (int i = 0; i < 200 && !arrived; ++i) {
+    arrived = ds.x.resident(last, features);
+    if (!arrived) ::usleep(5000);
+  }
+  CHECK(arrived);  // read in the background, without touching it
+  CHECK(ds.x.resident(other, features) == other_was_resident);  // nothing else was
+  CHECK(ds.x[last] == 7.0f / 255.0f);
 }
