@@ -1,8 +1,8 @@
 // A data set's features in the type its source stores them in (one byte per IDX pixel, float32
 // for CSV and synthetic data, the dtype of a .npy file), converted to float32 row by row as batches
 // are assembled: the same floats a float32 copy would hold, for a quarter of the memory from IDX.
-// The bytes are immutable once loaded and shared by every copy of the store (and, later, by the
-// ranks of a node), so copying a Dataset copies no features.
+// The bytes are immutable once loaded and shared by every copy of the store (and by the ranks of
+// a node, in /dev/shm or a .npy file's mapping), so copying a Dataset copies no features.
 #pragma once
 
 #include <cstddef>
