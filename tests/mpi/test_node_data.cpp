@@ -4,9 +4,12 @@
 // .npy conversion of the IDX files, which every rank maps; the mapping's fallback and failure
 // paths reach every rank alike.
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "dist/mpi/mpi_communicator.h"
 #include "dist/node_shared_memory.h"
 #include "mpi_test_helpers.h"
+#include "temp_files.h"
 
 namespace {
 
@@ -171,6 +175,49 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
   CHECK(none.data == nullptr);
   CHECK_THAT(none.why_not,
              Catch::Contains(dir + "/missing/ddp-") && Catch::Contains("cannot create"));
+
+  // A directory that cannot hold the bytes: the node's first rank under a file-size cap (EFBIG),
+  // and on a full tmpfs (ENOSPC, where this process may mount one). Every rank learns why, and
+  // nothing is left behind.
+  {
+    std::optional<ddp_test::FileSizeLimit> cap;
+    if (comm->local_rank() == 0) cap.emplace(4096);
+    const ddp::NodeSharedMemory capped = ddp::share_on_node(*comm, bytes, fill, dir);
+    cap.reset();
+    CHECK(capped.data == nullptr);
+    CHECK_THAT(capped.why_not, Catch::Contains("cannot hold 4099 bytes (" +
+                                               std::string(std::strerror(EFBIG)) + ")"));
+    comm->barrier();
+    CHECK(std::filesystem::is_empty(dir));
+  }
+  {
+    const std::string tiny = dir + "/tiny";
+    std::optional<ddp_test::TinyTmpfs> full;
+    int mounted = 0;
+    if (comm->rank() == 0) {
+      std::filesystem::create_directories(tiny);
+      full.emplace(tiny, "size=4k");
+      mounted = full->ok();
+    }
+    MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (mounted) {
+      const ddp::NodeSharedMemory none_left = ddp::share_on_node(
+          *comm, 64 * 1024, [](void*) {}, tiny);
+      CHECK(none_left.data == nullptr);
+      CHECK_THAT(none_left.why_not, Catch::Contains("cannot hold 65536 bytes (" +
+                                                    std::string(std::strerror(ENOSPC)) + ")"));
+      comm->barrier();
+      CHECK(std::filesystem::is_empty(tiny));
+    } else {
+      WARN("full tmpfs: skipped (mounting needs root)");
+    }
+    comm->barrier();
+    if (comm->rank() == 0) {
+      full.reset();  // unmounted
+      std::filesystem::remove(tiny);
+    }
+    comm->barrier();
+  }
 
   // A failing fill fails every rank, and leaves nothing behind.
   auto failing = [](void*) { DDP_THROW("data.train: x.idx: truncated data"); };
