@@ -191,11 +191,11 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
     CHECK(std::filesystem::is_empty(dir));
   }
   {
-    const std::string tiny = dir + "/tiny";
+    // Beside `dir`, not in it: the other ranks may still be checking that `dir` is empty.
+    const std::string tiny = shared_scratch("shm_full");
     std::optional<ddp_test::TinyTmpfs> full;
     int mounted = 0;
     if (comm->rank() == 0) {
-      std::filesystem::create_directories(tiny);
       full.emplace(tiny, "size=4k");
       mounted = full->ok();
     }
