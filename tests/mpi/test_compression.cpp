@@ -178,7 +178,7 @@ ddp::TrainConfig compressed(ddp::TrainConfig cfg, Compression format, bool share
   cfg.distributed.shared_memory = shared;
   cfg.distributed.compression_on_node = shared;
   cfg.distributed.shard_optimizer = shard;
-  cfg.output.dir += std::string("_") + ddp::to_string(format) + (shared ? "_shm" : "_mpi") +
+  cfg.output.dir += std::string("/") + ddp::to_string(format) + (shared ? "_shm" : "_mpi") +
                     (shard ? "_shard" : "");
   return cfg;
 }

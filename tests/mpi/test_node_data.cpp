@@ -102,8 +102,8 @@ TEST_CASE("one copy of the data per node trains bitwise as a copy per rank", "[m
     INFO("data.format " << (base.data.format == ddp::DataFormat::Idx ? "idx (bytes)" : "csv"));
     ddp::TrainConfig own = base, shared = base;
     own.data.share_on_node = false;
-    own.output.dir += "_own";
-    shared.output.dir += "_shared";
+    own.output.dir += "/own";
+    shared.output.dir += "/shared";
     bool own_said = true, shared_said = false;
     const auto a = train_noting_sharing(own, &own_said);
     const auto b = train_noting_sharing(shared, &shared_said);
@@ -133,7 +133,7 @@ TEST_CASE("IDX files and their .npy conversion train bitwise alike, the .npy map
   const ddp::TrainConfig idx = idx_config(dir);  // shared per node where there are 2+ ranks
   ddp::TrainConfig npy = idx;
   npy.data.format = ddp::DataFormat::Npy;
-  npy.output.dir += "_npy";
+  npy.output.dir += "/npy";
   for (const std::string split : {"train", "test"}) {
     ddp::SplitSource& s = split == "train" ? npy.data.train : npy.data.test;
     s.images.clear();

@@ -41,7 +41,7 @@ ddp::TrainConfig shard_config(const std::string& name) {
 
 ddp::TrainConfig sharded(ddp::TrainConfig cfg) {
   cfg.distributed.shard_optimizer = true;
-  cfg.output.dir += "_sharded";
+  cfg.output.dir += "/sharded";
   return cfg;
 }
 
@@ -100,7 +100,7 @@ TEST_CASE("sharded optimizer: bitwise the unsharded weights, every optimizer, bo
         ddp::TrainConfig cfg = sharded(c.cfg);
         cfg.distributed.shared_memory = shared;
         cfg.distributed.overlap_optimizer = overlap;
-        cfg.output.dir += std::string(shared ? "_shm" : "_mpi") + (overlap ? "_fused" : "");
+        cfg.output.dir += std::string(shared ? "/shm" : "/mpi") + (overlap ? "_fused" : "");
         ddp::TrainSummary shard_summary;
         bool fused = false;
         const auto shard = train_noting_fusion(cfg, &shard_summary, &fused);

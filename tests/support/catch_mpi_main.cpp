@@ -1,8 +1,9 @@
 // Catch2 main for the MPI test programs (unit, mpi, gpu): initialises MPI (a singleton world
 // without mpiexec), runs the tests, and makes all ranks exit with the same code (any rank's
 // failure fails every rank), so mpiexec never reports success for a test that failed on one rank
-// only. Built with DDP_TEST_NEEDS_GPU (the GPU trainer tests against real CUDA) it exits 77
-// ("skipped") on every rank when no CUDA device is visible.
+// only. A passing run then removes its scratch directories (scratch_dirs.h). Built with
+// DDP_TEST_NEEDS_GPU (the GPU trainer tests against real CUDA) it exits 77 ("skipped") on every
+// rank when no CUDA device is visible.
 #include <mpi.h>
 
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "catch_session.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda.h"
+#include "scratch_dirs.h"
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   const int rc = ddp_test::run_catch_session(argc, argv, rank == 0 ? nullptr : "compact");
   int worst = 0;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (worst == 0) ddp_test::remove_scratch_dirs();  // every rank is done with them
   MPI_Finalize();
   return worst == 0 ? 0 : 1;
 }

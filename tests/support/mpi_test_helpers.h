@@ -21,6 +21,7 @@
 #include "ddp/trainer.h"
 #include "dist/agreement.h"
 #include "dist/mpi/mpi_communicator.h"
+#include "scratch_dirs.h"
 
 namespace ddp_test {
 
@@ -50,14 +51,6 @@ inline int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
-}
-
-/// A fresh directory under the temporary directory, named after the process and `name`.
-inline std::string scratch_dir(const std::string& prefix, const std::string& name) {
-  auto dir =
-      std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()) + "_" + name);
-  std::filesystem::create_directories(dir);
-  return dir.string();
 }
 
 /// Rank 0's scratch_dir, on every rank: for files rank 0 writes and every rank reads.
