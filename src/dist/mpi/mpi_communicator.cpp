@@ -1,9 +1,9 @@
 // MPI communicator, the process group and the host gradient communicator in one: collectives
 // run in submission order on the rank's communication lane (lane.h), so async allreduces overlap
 // the training thread's compute, and only one thread at a time ever calls MPI
-// (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed
-// straight out of each other's memory (an MPI shared-memory window) between futex barriers; the
-// other collectives are non-blocking MPI calls completed by a bounded, core-yielding poll.
+// (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed straight out of
+// each other's memory (node_window.h); the other collectives are non-blocking MPI calls
+// completed by a bounded, core-yielding poll.
 #include "dist/mpi/mpi_communicator.h"
 
 #include <unistd.h>
@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,7 +22,7 @@
 #include "dist/compression.h"
 #include "dist/mpi/compressed_collectives.h"
 #include "dist/mpi/lane.h"
-#include "dist/mpi/shm_barrier.h"
+#include "dist/mpi/node_window.h"
 #include "dist/shard_plan.h"
 
 namespace ddp {
@@ -69,8 +68,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     MPI_Comm_free(&machine);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const bool spin = cores <= 0 || machine_ranks <= cores;
-    for (SpinBudget& b : spin_) b = SpinBudget(spin);
     lane_ = std::make_unique<Lane>(spin);
+    node_ = std::make_unique<NodeWindow>(win_comm_, *lane_, spin);
   }
 
   // The ranks of this rank's node (those sharing memory, or blocks of ranks_per_node when
@@ -91,8 +90,6 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     single_node_ = local_size_ == size_;
     // The shared-memory window spans the job on one node, a node when hierarchical.
     win_comm_ = single_node_ ? comm_ : node_comm_;
-    win_rank_ = single_node_ ? rank_ : local_rank_;
-    win_size_ = single_node_ ? size_ : local_size_;
   }
 
   ~LaneMpiCommunicator() override {
@@ -103,14 +100,11 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       if (lane_->stop_broken()) lane_.release();
       new Buffer(std::move(arena_storage_));
       new Buffer(std::move(parameter_storage_));
+      node_.release();
       return;
     }
     lane_.reset();  // runs what is queued, then joins its thread
-    for (MPI_Win* w : {&window_, &control_window_, &parameter_window_}) {
-      if (*w == MPI_WIN_NULL) continue;
-      MPI_Win_unlock_all(*w);
-      MPI_Win_free(w);
-    }
+    node_.reset();  // frees the windows (collective)
     for (MPI_Comm* c : {&node_comm_, &cross_comm_})
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     MPI_Comm_free(&comm_);
@@ -125,6 +119,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(arena_ == nullptr, "set_compression() after gradient_arena()");
     format_ = format;
     on_node_ = on_node;
+    node_->set_rounding(node_format());
   }
 
   void set_hierarchical(bool on) override {
@@ -136,7 +131,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   float* gradient_arena(size_t numel, bool shared) override {
-    DDP_CHECK(arena_ == nullptr && window_ == MPI_WIN_NULL, "gradient_arena() called twice");
+    DDP_CHECK(arena_ == nullptr, "gradient_arena() called twice");
     if (!shared || !(single_node_ || hierarchical_) || size_ == 1 || numel == 0) {
       arena_storage_ = Buffer(numel);
       arena_ = arena_storage_.data();
@@ -144,8 +139,9 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     }
     lane_
         ->submit(
-            "allocation of the shared gradient arena", [this, numel] { allocate_window(numel); },
-            nullptr, /*any_thread=*/false)
+            "allocation of the shared gradient arena",
+            [this, numel] { arena_ = node_->allocate_gradients(numel); }, nullptr,
+            /*any_thread=*/false)
         ->wait();
     return arena_;
   }
@@ -154,17 +150,15 @@ class LaneMpiCommunicator final : public MpiCommunicator {
                                         const LaneHooks* hooks) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " floats is too large");
-    const bool shared =
-        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
     std::string what = "allreduce of " + std::to_string(count) + " floats";
-    if (shared) {
+    if (node_->holds_gradients(data, count)) {
       // Across nodes (hierarchical) each rank's chunk takes a blocking MPI call: on the lane's
       // thread only, like any bucket across nodes.
-      const size_t offset = static_cast<size_t>(data - arena_);
+      const size_t offset = node_->offset_of(data);
       return lane_->submit(
           std::move(what),
           [this, offset, count, average] {
-            shared_memory_allreduce(offset, count);
+            node_->allreduce(offset, count, across_nodes());
             if (average) scale(arena_ + offset, count);
           },
           hooks, /*any_thread=*/!hierarchical_);
@@ -197,8 +191,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   float* parameter_arena(size_t numel, bool shared) override {
-    DDP_CHECK(parameters_ == nullptr && parameter_window_ == MPI_WIN_NULL,
-              "parameter_arena() called twice");
+    DDP_CHECK(parameters_ == nullptr, "parameter_arena() called twice");
     DDP_CHECK(!hierarchical_, "the sharded optimizer's collectives are not hierarchical");
     if (!shared || !single_node_ || size_ == 1 || numel == 0) {
       parameter_storage_ = Buffer(numel);
@@ -208,7 +201,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     lane_
         ->submit(
             "allocation of the shared parameter arena",
-            [this, numel] { allocate_parameter_window(numel); }, nullptr,
+            [this, numel] { parameters_ = node_->allocate_parameters(numel); }, nullptr,
             /*any_thread=*/false)
         ->wait();
     return parameters_;
@@ -231,14 +224,14 @@ class LaneMpiCommunicator final : public MpiCommunicator {
               "allgather: " << k << " riders (at most " << ScalarRiders::kMaxDoubles
                             << ", with room for every rank's)");
     if (k > 0) riders.all->resize(k * static_cast<size_t>(size_));
-    if (parameter_window_ != MPI_WIN_NULL && arena == parameters_) {
+    if (node_->holds_parameters(arena)) {
       // Every rank already reads every part in place: wait until each has written its own
       // (the riders pass through the control window's slots, on the same barrier).
       // The step waits for it at once: the lane's thread is not woken (see run_here).
       return lane_->submit(
           "allgather of the parameters (shared memory)",
           [this, riders = std::move(riders), k] {
-            shared_memory_allgather(riders.mine.data(), k, k > 0 ? riders.all->data() : nullptr);
+            node_->allgather(riders.mine.data(), k, k > 0 ? riders.all->data() : nullptr);
           },
           nullptr, /*any_thread=*/true, /*wake=*/false);
     }
@@ -277,9 +270,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX) / static_cast<size_t>(size_),
               "allgather of " << count << " doubles per rank is too large");
     std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
-    if (barrier_ && single_node_ && count <= ScalarRiders::kMaxDoubles) {
-      run_here(std::move(what),
-               [this, mine, count, all] { shared_memory_allgather(mine, count, all); });
+    if (node_->has_barrier() && single_node_ && count <= NodeWindow::kSlotDoubles) {
+      run_here(std::move(what), [this, mine, count, all] { node_->allgather(mine, count, all); });
       return;
     }
     run_here(std::move(what), [this, mine, count, all] {
@@ -329,14 +321,12 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   std::shared_ptr<Work> reduce_scatter(float* data, size_t count, PartConsumer consume) {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "reduce-scatter of " << count << " floats is too large");
-    const bool shared =
-        window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
     std::string what = std::string(consume ? "reduce-scatter + update" : "reduce-scatter") +
                        " of " + std::to_string(count) + " floats";
-    if (shared) {
-      const size_t offset = static_cast<size_t>(data - arena_);
+    if (node_->holds_gradients(data, count)) {
+      const size_t offset = node_->offset_of(data);
       return lane_->submit(std::move(what), [this, offset, count, consume = std::move(consume)] {
-        shared_memory_reduce_scatter(offset, count, consume);
+        node_->reduce_scatter(offset, count, shard_part(count, size_, rank_), consume);
       });
     }
     // Across nodes: MPI, on the lane's thread only, like a bucket's allreduce. Captured by
@@ -422,8 +412,6 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
   // collectives; larger ones are gradient buckets across nodes.
   static constexpr size_t kPolledFloats = 1024;
-  // Doubles per rank that the small allgather passes through shared memory on one node.
-  static constexpr size_t kSlotDoubles = ScalarRiders::kMaxDoubles;
 
   void scale(float* data, size_t count) const { divide(data, count, size_); }
 
@@ -445,193 +433,22 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     });
   }
 
-  // The node's barrier for the shared-memory allreduce, with the lane's deadline.
-  void node_barrier(SpinBudget& spin) {
-    SpinBudget& budget = lane_->may_spin_here() ? spin : no_spin_;
-    switch (barrier_->arrive_and_wait(lane_->timeout(), lane_->cancel_flag(), budget)) {
-      case WaitResult::Done:
+  // Hierarchical: the allreduce of a rank's chunk, summed over its node, with the same chunk of
+  // every other node (the ranks of the same local rank), in 16 bits with compression. None on
+  // one node.
+  std::function<void(float*, size_t)> across_nodes() const {
+    if (!hierarchical_) return nullptr;
+    MPI_Comm cross = cross_comm_;
+    const Compression format = format_;
+    CompressedScratch* compressed = compressed_.get();
+    return [cross, format, compressed](float* chunk, size_t count) {
+      if (format != Compression::None) {
+        compressed_allreduce(cross, chunk, count, format, *compressed);
         return;
-      case WaitResult::TimedOut:
-        lane_->set_broken();
-        throw_collective_timeout(lane_->current(), lane_->timeout());
-      case WaitResult::Cancelled:
-        DDP_THROW(lane_->current() << " cancelled: an earlier collective was lost");
-    }
-  }
-
-  // One shared window holds every rank's gradient arena; each rank knows where its peers'
-  // arenas are mapped, so a bucket's allreduce is a reduce-scatter and an allgather done with
-  // loads and stores, with no copy through MPI's buffers. A second, tiny window on rank 0
-  // holds the barrier between those phases.
-  void allocate_window(size_t numel) {
-    void* base = nullptr;
-    const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
-    DDP_MPI_CHECK(
-        MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, win_comm_, &base, &window_));
-    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_));
-    peers_.resize(static_cast<size_t>(win_size_));
-    for (int q = 0; q < win_size_; ++q) {
-      MPI_Aint peer_bytes = 0;
-      int disp = 0;
-      void* peer = nullptr;
-      DDP_MPI_CHECK(MPI_Win_shared_query(window_, q, &peer_bytes, &disp, &peer));
-      DDP_CHECK(static_cast<size_t>(peer_bytes) == numel * sizeof(float),
-                "rank " << q << "'s gradient arena holds " << peer_bytes << " bytes, this rank's "
-                        << numel * sizeof(float));
-      peers_[static_cast<size_t>(q)] = static_cast<float*>(peer);
-    }
-    allocate_barrier();
-    arena_ = static_cast<float*>(base);
-    arena_numel_ = numel;
-    std::fill(arena_, arena_ + numel, 0.0f);
-    SpinBudget once;
-    node_barrier(once);
-  }
-
-  // Rank 0's segment of the control window: the barrier's state, then the slots of the small
-  // allgather (two sets, used alternately, kSlotDoubles per rank each).
-  void allocate_barrier() {
-    void* base = nullptr;
-    constexpr size_t kAlign = alignof(ShmBarrierState);
-    const size_t slot_bytes = 2 * static_cast<size_t>(win_size_) * kSlotDoubles * sizeof(double);
-    const size_t total = sizeof(ShmBarrierState) + kAlign + slot_bytes;
-    const MPI_Aint bytes = win_rank_ == 0 ? static_cast<MPI_Aint>(total) : 0;
-    DDP_MPI_CHECK(
-        MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, win_comm_, &base, &control_window_));
-    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, control_window_));
-    MPI_Aint state_bytes = 0;
-    int disp = 0;
-    void* state = nullptr;
-    DDP_MPI_CHECK(MPI_Win_shared_query(control_window_, 0, &state_bytes, &disp, &state));
-    DDP_CHECK(static_cast<size_t>(state_bytes) == total,
-              "the shared barrier's window on rank 0 holds " << state_bytes << " bytes");
-    // Mappings start on a page, so the same offset is aligned in every rank's mapping.
-    const size_t pad = (kAlign - reinterpret_cast<uintptr_t>(state) % kAlign) % kAlign;
-    void* at = static_cast<char*>(state) + pad;
-    auto* s = win_rank_ == 0 ? new (at) ShmBarrierState() : static_cast<ShmBarrierState*>(at);
-    slots_ = reinterpret_cast<double*>(static_cast<char*>(at) + sizeof(ShmBarrierState));
-    DDP_MPI_CHECK(MPI_Win_sync(control_window_));
-    DDP_MPI_CHECK(MPI_Barrier(win_comm_));
-    barrier_ = std::make_unique<ShmBarrier>(s, win_size_);
-  }
-
-  // The small allgather through the control window: this rank's values into its slots of this
-  // call's set, one barrier, every rank's read back. The sets alternate: a rank can only write
-  // the same set again after the next call's barrier, which every rank reaches after reading.
-  void shared_memory_allgather(const double* mine, size_t count, double* all) {
-    double* set = slots_ + parity_ * static_cast<size_t>(size_) * kSlotDoubles;
-    parity_ ^= 1;
-    std::copy(mine, mine + count, set + static_cast<size_t>(rank_) * kSlotDoubles);
-    node_barrier(gather_spin_);
-    for (size_t q = 0; q < static_cast<size_t>(size_); ++q)
-      std::copy(set + q * kSlotDoubles, set + q * kSlotDoubles + count, all + q * count);
-  }
-
-  // Sum of [offset, offset + count) over all ranks' arenas, into every rank's arena. Rank r sums
-  // chunk r (in rank order 0..N-1, so the result is the same bits on every rank and every run)
-  // into its own arena; then every rank copies the other chunks from their owners.
-  void shared_memory_allreduce(size_t offset, size_t count) {
-    const size_t n = static_cast<size_t>(win_size_);
-    const size_t chunk = (count + n - 1) / n;
-    auto range = [&](size_t q) {
-      const size_t lo = std::min(count, q * chunk);
-      return std::make_pair(lo, std::min(count, lo + chunk));
+      }
+      DDP_MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM, cross));
     };
-    round_own_bucket(offset, count);
-    node_barrier(spin_[0]);  // every rank's bucket is written
-    const auto [lo, hi] = range(static_cast<size_t>(win_rank_));
-    float* mine = peers_[static_cast<size_t>(win_rank_)] + offset;
-    reduce_in_rank_order(offset + lo, hi - lo);
-    if (hierarchical_) allreduce_across_nodes(mine + lo, hi - lo);
-    node_barrier(spin_[1]);  // every chunk is reduced
-    for (size_t q = 0; q < n; ++q) {
-      if (q == static_cast<size_t>(win_rank_)) continue;
-      const auto [qlo, qhi] = range(q);
-      std::copy(peers_[q] + offset + qlo, peers_[q] + offset + qhi, mine + qlo);
-    }
-    node_barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
-  }
-
-  // Hierarchical: this rank's chunk, summed over its node, allreduced with the same chunk of
-  // every other node (the ranks of the same local rank): in 16 bits with compression.
-  void allreduce_across_nodes(float* chunk, size_t count) {
-    if (count == 0) return;
-    if (format_ != Compression::None) {
-      compressed_allreduce(cross_comm_, chunk, count, format_, *compressed_);
-      return;
-    }
-    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                                cross_comm_));
-  }
-
-  // compression_on_node: this rank's bucket rounded to the format in place, before its peers
-  // read it, so the sums below add values of the format, as the compressed path across nodes.
-  void round_own_bucket(size_t offset, size_t count) {
-    if (node_format() != Compression::None)
-      round_to(node_format(), peers_[static_cast<size_t>(win_rank_)] + offset, count);
-  }
-
-  // The sum over ranks of [offset, offset + count) of every rank's arena, in rank order 0..N-1
-  // (the same bits on every rank and every run, whoever computes it), into this rank's arena
-  // or, block by block, to `consume`; with compression_on_node rounded to the format after
-  // every addition.
-  void reduce_in_rank_order(size_t offset, size_t count, const PartConsumer* consume = nullptr) {
-    const size_t n = static_cast<size_t>(win_size_);
-    const Compression format = node_format();
-    float* mine = peers_[static_cast<size_t>(win_rank_)] + offset;
-    constexpr size_t kBlock = 1024;
-    float acc[kBlock];
-    for (size_t b = 0; b < count; b += kBlock) {
-      const size_t len = std::min(kBlock, count - b);
-      const float* first = peers_[0] + offset + b;
-      std::copy(first, first + len, acc);
-      for (size_t q = 1; q < n; ++q) {
-        const float* src = peers_[q] + offset + b;
-        if (format != Compression::None) {
-          add_rounded(format, src, len, acc);
-          continue;
-        }
-        for (size_t i = 0; i < len; ++i) acc[i] += src[i];
-      }
-      if (consume != nullptr) {
-        (*consume)(mine + b, acc, len);
-      } else {
-        std::copy(acc, acc + len, mine + b);
-      }
-    }
-  }
-
-  // The sharded optimizer's half of shared_memory_allreduce: this rank sums its part
-  // (shard_part) of the bucket, into its arena or to `consume`. No barrier after it: peers may
-  // still read this rank's bucket until the parameter allgather that follows every step's
-  // reduce-scatters.
-  void shared_memory_reduce_scatter(size_t offset, size_t count, const PartConsumer& consume) {
-    round_own_bucket(offset, count);
-    node_barrier(spin_[0]);  // every rank's bucket is written
-    const Span part = shard_part(count, size_, rank_);
-    reduce_in_rank_order(offset + part.offset, part.numel, consume ? &consume : nullptr);
-  }
-
-  // Rank 0's segment of a second window holds the node's one copy of the parameters; the
-  // others allocate nothing and map it.
-  void allocate_parameter_window(size_t numel) {
-    void* base = nullptr;
-    const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(numel * sizeof(float)) : 0;
-    DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base,
-                                          &parameter_window_));
-    DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, parameter_window_));
-    MPI_Aint shared_bytes = 0;
-    int disp = 0;
-    void* shared = nullptr;
-    DDP_MPI_CHECK(MPI_Win_shared_query(parameter_window_, 0, &shared_bytes, &disp, &shared));
-    DDP_CHECK(static_cast<size_t>(shared_bytes) == numel * sizeof(float),
-              "the shared parameter arena on rank 0 holds " << shared_bytes << " bytes, not "
-                                                            << numel * sizeof(float));
-    if (!barrier_) allocate_barrier();
-    parameters_ = static_cast<float*>(shared);
-    if (rank_ == 0) std::fill(parameters_, parameters_ + numel, 0.0f);
-    SpinBudget once;
-    node_barrier(once);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -640,25 +457,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   bool single_node_ = false;
   bool uniform_nodes_ = false;  // every node has local_size_ ranks
   bool hierarchical_ = false;   // set_hierarchical, across nodes with more than one rank each
-  // The shared-memory window's ranks: the job on one node, this node when hierarchical.
+  // The shared memory's ranks: the job on one node, this node when hierarchical.
   MPI_Comm win_comm_ = MPI_COMM_NULL;
-  int win_rank_ = 0, win_size_ = 1;
-  MPI_Win window_ = MPI_WIN_NULL;
-  MPI_Win control_window_ = MPI_WIN_NULL;
-  std::unique_ptr<ShmBarrier> barrier_;
-  SpinBudget spin_[3];         // one per barrier of the shared-memory allreduce: their waits differ
-  SpinBudget parameter_spin_;  // the barrier that is the allgather of shared parameters
-  SpinBudget gather_spin_;     // the barrier of the small allgather
-  double* slots_ = nullptr;    // the small allgather's two sets of slots (control window)
-  size_t parity_ = 0;          // the set the next small allgather uses
-  SpinBudget no_spin_{false};  // where Lane::may_spin_here() says no
-  std::vector<float*> peers_;  // every rank's arena, mapped here
-  float* arena_ = nullptr;
-  size_t arena_numel_ = 0;
-  Buffer arena_storage_;  // the arena when there is no shared window
-  MPI_Win parameter_window_ = MPI_WIN_NULL;
-  float* parameters_ = nullptr;  // the parameter arena (sharded optimizer)
-  Buffer parameter_storage_;     // the parameter arena when there is no shared window
+  std::unique_ptr<NodeWindow> node_;  // the shared-memory windows (empty until an arena is)
+  float* arena_ = nullptr;            // the gradient arena
+  Buffer arena_storage_;              // the arena when there is no shared window
+  float* parameters_ = nullptr;       // the parameter arena (sharded optimizer)
+  Buffer parameter_storage_;          // the parameter arena when there is no shared window
   // What the reduce-scatter across nodes receives (shared with its calls, see there).
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();
   // distributed.compression (set_compression) and the 16-bit buffers of its collectives.
