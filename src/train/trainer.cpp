@@ -83,12 +83,17 @@ void Trainer::State::setup() {
     report.open_outputs();
   });
   report.say_each_rank("  rank " + std::to_string(comm.rank()) + ": " + ctx->describe());
-  // Compare before any collective whose size depends on the model, so a mismatch is a message
-  // and not a truncated broadcast or a hang.
+  // Compare before any collective whose size depends on the data or the model, so a mismatch
+  // is a message and not a truncated broadcast, a hang or ranks that sample different sets.
   run_agreed(comm, [&] {
     require_same_as_rank0(comm, startup_fingerprint(cfg, *replica, comm.size()),
                           "model or configuration",
                           "every rank must run the same config and model");
+  });
+  // The same config may still read other files on another node.
+  run_agreed(comm, [&] {
+    require_same_as_rank0(comm, data.fingerprint(), "data",
+                          "every rank must read the same files (on every node)");
   });
   replica->connect(comm, host_gradients, cfg);
   checkpoints =

@@ -1,10 +1,14 @@
 // The training and test data of one rank (training_data.h).
 #include "train/training_data.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "data/dataset_image.h"
@@ -33,13 +37,25 @@ void TrainingData::read(const TrainConfig& cfg, const ProcessGroup& comm) {
 
 namespace {
 
+// The size of the split's image on the node's first rank, the same on every rank; throws on
+// every rank if the nodes' first ranks read splits of different sizes.
+size_t node_image_bytes(ProcessGroup& comm, const Dataset& ds, const char* split) {
+  const bool first = comm.local_rank() == 0;
+  const double bytes = first ? static_cast<double>(image_bytes(ds)) : 0.0;
+  double range[2] = {bytes, first ? -bytes : std::numeric_limits<double>::lowest()};
+  comm.allreduce(range, 2, ReduceOp::Max);
+  const auto most = static_cast<size_t>(range[0]), least = static_cast<size_t>(-range[1]);
+  DDP_CHECK(most == least, "data." << split << ": the nodes read different data: their first "
+                                   << "ranks' copies hold " << least << " to " << most
+                                   << " bytes; every rank must read the same files");
+  return most;
+}
+
 // One split through the node's shared memory: the first rank's copy written once, every rank
 // (the first too) viewing it. Empty on every rank when the node cannot share.
-bool share_split(ProcessGroup& comm, Dataset& ds, std::string& why_not) {
-  double bytes = comm.local_rank() == 0 ? static_cast<double>(image_bytes(ds)) : 0.0;
-  comm.allreduce(&bytes, 1, ReduceOp::Max);
-  const NodeSharedMemory mem =
-      share_on_node(comm, static_cast<size_t>(bytes), [&](void* out) { write_image(ds, out); });
+bool share_split(ProcessGroup& comm, Dataset& ds, const char* split, std::string& why_not) {
+  const size_t bytes = node_image_bytes(comm, ds, split);
+  const NodeSharedMemory mem = share_on_node(comm, bytes, [&](void* out) { write_image(ds, out); });
   if (!mem.data) {
     why_not = mem.why_not;
     return false;
@@ -70,8 +86,8 @@ std::string TrainingData::share(const TrainConfig& cfg, ProcessGroup& comm) {
            " of training features each" + stored;
   }
   std::string why_not;
-  bool shared = share_split(comm, train, why_not);
-  if (shared && has_test) shared = share_split(comm, test, why_not);
+  bool shared = share_split(comm, train, "train", why_not);
+  if (shared && has_test) shared = share_split(comm, test, "test", why_not);
   if (!shared) {
     run_agreed(comm, [&] {
       if (comm.local_rank() != 0) read_splits(cfg);
@@ -96,6 +112,20 @@ void TrainingData::prepare(const TrainConfig& cfg, int world, int rank) {
                                     << " is larger than a rank's shard of " << probe.num_samples()
                                     << " samples and data.drop_last is set: "
                                     << "no batch would be left");
+}
+
+std::vector<std::string> TrainingData::fingerprint() const {
+  auto line = [](const char* split, const Dataset& ds) {
+    const auto* labels = reinterpret_cast<const Bytef*>(ds.y.data());
+    const uLong crc = crc32_z(crc32(0L, Z_NULL, 0), labels, ds.y.size() * sizeof(int32_t));
+    std::ostringstream oss;
+    oss << "data." << split << ": " << ds.size << " samples of " << ds.features << " features ("
+        << to_string(ds.x.type()) << "), labels crc32 " << std::hex << crc;
+    return oss.str();
+  };
+  std::vector<std::string> lines = {line("train", train)};
+  if (has_test) lines.push_back(line("test", test));
+  return lines;
 }
 
 void TrainingData::start(const TrainConfig& cfg, int world, int rank) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -39,6 +40,10 @@ class TrainingData {
   /// Normalises both splits (data.normalize, fitted on the training split) and checks that
   /// every one of `world` ranks gets samples, and a whole batch when drop_last is set.
   void prepare(const TrainConfig& cfg, int world, int rank);
+  /// What the ranks compare to know they read the same data (after share()): each split's
+  /// samples, features, stored type and a checksum of its labels. Not of the features: that
+  /// would read all of data larger than memory.
+  std::vector<std::string> fingerprint() const;
   /// The sampler and the loaders (after prepare()).
   void start(const TrainConfig& cfg, int world, int rank);
   /// Optimizer steps in a whole epoch of this rank (after start()).

@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -148,6 +149,62 @@ TEST_CASE("IDX files and their .npy conversion train bitwise alike, the .npy map
   CHECK(mapped);
   require_identical_replicas(b);
   REQUIRE(bitwise_equal(a, b));
+}
+
+// Two stand-in nodes (halves of the job) that run the same config, whose relative data.dir
+// holds other files on each (each node's ranks work in their own directory): every rank stops
+// with one message that says the data differs, never a hang or a partial start. With a copy per
+// node, files of different sizes are found as the first ranks share them; files of the same size
+// but other labels, by the data's fingerprint after it.
+TEST_CASE("nodes that read different data stop every rank with a message", "[mpi][data]") {
+  const int n = ddp_test::world_size();
+  if (n < 2 || n % 2 != 0) return;  // needs two nodes of equal size
+  const std::string dir = shared_scratch("differ");
+  if (ddp_test::world_rank() == 0) {
+    const std::pair<const char*, std::pair<uint32_t, uint32_t>> nodes[] = {
+        {"/same", {97, 1}}, {"/fewer", {96, 1}}, {"/relabelled", {97, 3}}};
+    for (const auto& [node, shape] : nodes) {
+      const std::string data = dir + node + "/data";
+      std::filesystem::create_directories(data);
+      write_idx(data + "/train-images", data + "/train-labels", shape.first, shape.second);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const bool second_node = ddp_test::world_rank() >= n / 2;
+  const std::string fewer =
+      "data differs from rank 0's: rank 0 has 'data.train: 97 samples of 6 "
+      "features (uint8 / 255), labels crc32 ";
+  struct Case {
+    const char* other;  // the second node's directory
+    bool share;
+    std::string says;
+  };
+  const Case cases[] = {
+      // Nodes of one rank share nothing: the fingerprint finds it.
+      {"/fewer", true,
+       n > 2 ? "data.train: the nodes read different data: their first ranks' copies hold 1088 to "
+               "1094 bytes"
+             : fewer},
+      {"/fewer", false, fewer},
+      {"/relabelled", true, "labels crc32"},
+      {"/relabelled", false, "labels crc32"},
+  };
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  for (const Case& c : cases) {
+    INFO("the second node reads " << c.other << ", share_on_node " << c.share);
+    auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD, n / 2);  // one per Trainer
+    std::filesystem::current_path(dir + (second_node ? c.other : "/same"));
+    ddp::TrainConfig cfg = idx_config("data");
+    cfg.data.test.images.clear();
+    cfg.data.test.labels.clear();
+    cfg.data.share_on_node = c.share;
+    cfg.output.dir = dir + "/out";
+    std::ostringstream log;
+    CHECK_THROWS_WITH(
+        ddp::Trainer(cfg, *comm, *comm, &log).run(),
+        Catch::Contains(c.says) && Catch::Contains("every rank must read the same files"));
+    std::filesystem::current_path(cwd);
+  }
 }
 
 TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls back everywhere",
