@@ -435,20 +435,19 @@ class LaneMpiCommunicator final : public MpiCommunicator {
 
   // Hierarchical: the allreduce of a rank's chunk, summed over its node, with the same chunk of
   // every other node (the ranks of the same local rank), in 16 bits with compression. None on
-  // one node.
-  std::function<void(float*, size_t)> across_nodes() const {
+  // one node. It captures only `this`, so building it per bucket allocates nothing.
+  std::function<void(float*, size_t)> across_nodes() {
     if (!hierarchical_) return nullptr;
-    MPI_Comm cross = cross_comm_;
-    const Compression format = format_;
-    CompressedScratch* compressed = compressed_.get();
-    return [cross, format, compressed](float* chunk, size_t count) {
-      if (format != Compression::None) {
-        compressed_allreduce(cross, chunk, count, format, *compressed);
-        return;
-      }
-      DDP_MPI_CHECK(
-          MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM, cross));
-    };
+    return [this](float* chunk, size_t count) { allreduce_across_nodes(chunk, count); };
+  }
+
+  void allreduce_across_nodes(float* chunk, size_t count) {
+    if (format_ != Compression::None) {
+      compressed_allreduce(cross_comm_, chunk, count, format_, *compressed_);
+      return;
+    }
+    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                                cross_comm_));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -28,7 +28,6 @@ NodeWindow::~NodeWindow() {
 // are mapped. The control segment follows, then a barrier so that no rank starts before every
 // arena is zeroed.
 float* NodeWindow::allocate_gradients(size_t numel) {
-  DDP_CHECK(window_ == MPI_WIN_NULL, "the node's gradient window is allocated twice");
   void* base = nullptr;
   const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
   DDP_MPI_CHECK(
@@ -57,7 +56,6 @@ float* NodeWindow::allocate_gradients(size_t numel) {
 // The first rank's segment of a second window holds the node's one copy of the parameters; the
 // others allocate nothing and map it.
 float* NodeWindow::allocate_parameters(size_t numel) {
-  DDP_CHECK(parameter_window_ == MPI_WIN_NULL, "the node's parameter window is allocated twice");
   void* base = nullptr;
   const MPI_Aint bytes = rank_ == 0 ? static_cast<MPI_Aint>(numel * sizeof(float)) : 0;
   DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base,

@@ -35,9 +35,11 @@ class NodeWindow {
   NodeWindow(const NodeWindow&) = delete;
   NodeWindow& operator=(const NodeWindow&) = delete;
 
-  /// Collective: a zeroed gradient arena of `numel` floats per rank, every rank's mapped here.
+  /// Collective, once (the communicator's gradient_arena() checks): a zeroed gradient arena of
+  /// `numel` floats per rank, every rank's mapped here.
   float* allocate_gradients(size_t numel);
-  /// Collective: the node's one zeroed copy of `numel` parameters, on the first rank.
+  /// Collective, once (parameter_arena() checks): the node's one zeroed copy of `numel`
+  /// parameters, on the first rank.
   float* allocate_parameters(size_t numel);
 
   /// Whether [data, data + count) lies in this rank's gradient arena.
