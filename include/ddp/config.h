@@ -191,6 +191,9 @@ struct TrainingConfig {
   /// Continue from a checkpoint: "" (start fresh), "auto" (the newest complete checkpoint in
   /// checkpoint.dir, or fresh when there is none) or the path of a checkpoint file.
   std::string resume;
+  /// A fresh run in an output.dir that holds an earlier run's files (checkpoints, metrics,
+  /// model) moves them into <dir>/earlier-run-<time>/ instead of refusing to start.
+  bool start_over = false;
   /// A non-finite loss or gradient: abort (stop the job naming the step and rank) or
   /// skip_step (every rank skips that optimizer step and training goes on).
   NanPolicy nan_policy = NanPolicy::Abort;

@@ -31,4 +31,8 @@ std::vector<NamedTensor> load_safetensors(const std::string& path);
 std::vector<NamedTensor> load_safetensors(const std::string& path,
                                           std::map<std::string, std::string>* metadata);
 
+/// The header's "__metadata__" map alone (empty if absent), without reading the tensors; the
+/// header is validated as load_safetensors validates it.
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
+
 }  // namespace ddp

@@ -32,6 +32,7 @@ struct Options {
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;
+  bool start_over = false;
   bool print_config = false;
   std::string model;            // evaluate, predict
   ddp::PredictRequest predict;  // predict
@@ -94,6 +95,7 @@ int train(const Options& opt) {
   ddp::TrainConfig cfg;
   std::vector<std::string> overrides = opt.overrides;
   if (!opt.resume.empty()) overrides.push_back("training.resume=" + opt.resume);
+  if (opt.start_over) overrides.push_back("training.start_over=true");
   ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, overrides); });
   if (opt.print_config) {
     if (env.rank == 0) std::cout << ddp::to_yaml(cfg);
@@ -148,6 +150,10 @@ int main(int argc, char** argv) {
   app.add_option("-r,--resume", opt.resume,
                  "continue from a checkpoint: auto (the newest in checkpoint.dir, or a fresh "
                  "start if none) or a checkpoint file; same as --set training.resume=...");
+  app.add_flag("--start-over", opt.start_over,
+               "a fresh run where an earlier one left checkpoints: move that run's files aside "
+               "(into <dir>/earlier-run-<time>/) instead of refusing; same as --set "
+               "training.start_over=true");
   app.add_flag("--print-config", opt.print_config,
                "print the effective config (defaults filled in) and exit");
   // Runs while the command line is parsed, before --config is required and before MPI starts.

@@ -838,6 +838,10 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
   }
   // training.resume is not checked here: only rank 0 reads the checkpoint (other nodes may not
   // see the file), and it reports a missing one.
+  if (c.training.start_over && !c.training.resume.empty()) {
+    fail(o, "training.start_over",
+         "starts a fresh run; training.resume '" + c.training.resume + "' continues one: not both");
+  }
   if (c.checkpoint.every_steps > 0 && c.checkpoint.every_epochs > 0) {
     fail(o, "checkpoint.every_epochs",
          "set either checkpoint.every_steps or checkpoint.every_epochs, not both");

@@ -192,6 +192,8 @@ void visit_training(TrainingConfig& t, V& v) {
           Key().at_least(0).doc("stop after this many optimizer steps; 0: no limit"));
   v.field("print_shapes", t.print_shapes, Key().doc("each rank prints its replica's shapes"));
   v.field("resume", t.resume, Key().doc("\"\": fresh; auto: newest checkpoint; or a file"));
+  v.field("start_over", t.start_over,
+          Key().doc("a fresh run moves an earlier run's files in output.dir aside"));
   v.field("nan_policy", t.nan_policy, Key().doc("what a non-finite loss or gradient does"));
   v.field("clip_grad_norm", t.clip_grad_norm,
           Key().non_negative().resume().doc(

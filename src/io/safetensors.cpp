@@ -344,4 +344,18 @@ std::vector<NamedTensor> load_safetensors(const std::string& path,
   return tensors;
 }
 
+std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
+  const std::string where = "safetensors file '" + path + "'";
+  ReadOnlyFile file(path);
+  DDP_CHECK(file.fd() >= 0, "cannot open " << where << ": " << std::strerror(file.open_errno()));
+  const uint64_t file_size = regular_file_size(file.fd(), where);
+  const uint64_t header_size = read_header_length(file.fd(), file_size, where);
+  std::string text(header_size, '\0');
+  read_exact(file.fd(), kLengthFieldBytes, text.data(), header_size, where);
+  const Json header = parse_header(text, where);
+  const auto it = header.find(kMetadataKey);
+  if (it == header.end()) return {};
+  return parse_metadata(*it, where);
+}
+
 }  // namespace ddp

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ddp {
@@ -230,23 +231,10 @@ void write_trace_file(const std::string& path, const std::vector<std::string>& r
   for (const auto& kv : other_data) other[kv.first] = kv.second;
   text += "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":" + dump(other) + "}\n";
 
-  // A temp file beside the target, renamed over it, so a reader never sees half a trace.
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    const int err = errno;
-    DDP_THROW("cannot write trace file '" << path << "': cannot open '" << tmp
-                                          << "': " << std::strerror(err));
-  }
-  const size_t written = std::fwrite(text.data(), 1, text.size(), f);
-  int err = written == text.size() ? 0 : (errno != 0 ? errno : EIO);
-  // fclose flushes, so it can report the write error (disk full) that fwrite buffered.
-  if (std::fclose(f) != 0 && err == 0) err = errno != 0 ? errno : EIO;
-  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    std::remove(tmp.c_str());
-    DDP_THROW("cannot write trace file '" << path << "': " << std::strerror(err));
-  }
+  // Through the one file writer: a reader never sees half a trace, a planted name is not followed.
+  AtomicFile file(path, "trace file");
+  file.write(text);
+  file.commit();
 }
 
 }  // namespace ddp

@@ -77,7 +77,7 @@ class Tracer {
 
 /// Writes a complete trace file {"traceEvents":[...], "displayTimeUnit":"ms", "otherData":{...}}
 /// from several ranks' events_json() texts (in rank order; "[]" for a rank without events),
-/// atomically (written to path + ".tmp", then renamed over path). The texts are spliced, not
+/// atomically (through AtomicFile, core/atomic_file.h). The texts are spliced, not
 /// parsed again. Throws ddp::Error naming the path when a text is not bracketed as a JSON array
 /// or the file cannot be written (directory missing or not writable, disk full); no temp file is
 /// left behind.

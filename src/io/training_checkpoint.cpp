@@ -12,9 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <map>
+#include <random>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/tensor.h"
 
@@ -30,7 +33,11 @@ constexpr const char* kOptimizerPrefix = "optimizer.";
 // Written before the optimizer_steps key had its name.
 constexpr const char* kOldStepsKey = "ddp.sgd_steps";
 constexpr const char* kScheduleKey = "ddp.schedule_steps";
+constexpr const char* kRunKey = "ddp.run";
 constexpr const char* kFilePrefix = "step-";
+// Counters above 2^53 are not exact as doubles (a resumed position is broadcast as doubles) and
+// no run takes that many steps: a larger one is corruption or a crafted file.
+constexpr int64_t kMaxCounter = int64_t{1} << 53;
 constexpr const char* kFileSuffix = ".safetensors";
 
 using Metadata = std::map<std::string, std::string>;
@@ -110,6 +117,8 @@ class MetadataReader {
     DDP_CHECK(
         !s.empty() && end == s.c_str() + s.size() && errno == 0 && v >= 0,
         where_ << ": metadata '" << key << "' is '" << s << "', expected a non-negative integer");
+    DDP_CHECK(v <= kMaxCounter, where_ << ": metadata '" << key << "' is " << s
+                                       << ", more than the largest count a run can reach (2^53)");
     return static_cast<int64_t>(v);
   }
 
@@ -135,9 +144,12 @@ TrainingState decode_state(Metadata m, const std::string& where) {
   const std::string steps_key = "ddp.optimizer_steps";
   if (m.count(steps_key) == 0 && m.count(kOldStepsKey) != 0) m[steps_key] = m[kOldStepsKey];
   if (m.count(kScheduleKey) == 0) m[kScheduleKey] = "0";  // written before schedules
+  if (m.count(kRunKey) == 0) m[kRunKey] = "";             // written before runs were named
   MetadataReader r(m, where);
   TrainingState s;
   visit_training_state(s, [&](const char* name, auto& value) { r.read(std::string("ddp.") + name, value); });
+  DDP_CHECK(s.run.size() <= 64 && s.run.find_first_not_of("0123456789abcdef") == std::string::npos,
+            where << ": metadata '" << kRunKey << "' is not a run name (hex digits)");
   DDP_CHECK(s.world_size >= 1, where << ": metadata 'ddp.world_size' is 0");
   DDP_CHECK(s.global_batch >= 1, where << ": metadata 'ddp.global_batch' is 0");
   DDP_CHECK(s.train_samples >= 1, where << ": metadata 'ddp.train_samples' is 0");
@@ -280,33 +292,40 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
-std::string latest_checkpoint(const std::string& dir) {
-  const auto all = list_checkpoints(dir);
-  return all.empty() ? "" : all.back().second;
+std::string checkpoint_run(const std::string& path) {
+  try {
+    const Metadata m = load_safetensors_metadata(path);
+    const auto it = m.find(kRunKey);
+    return it == m.end() ? "" : it->second;
+  } catch (const Error&) {
+    return "";  // unreadable: not provably this run's, so never pruned
+  }
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last,
+                                           const std::string& run, const std::string& written) {
   std::vector<std::string> removed;
-  const auto all = list_checkpoints(dir);
-  const size_t keep = keep_last <= 0 ? all.size() : static_cast<size_t>(keep_last);
-  for (size_t i = 0; i + keep < all.size(); ++i) {
+  std::vector<std::string> older;  // this run's, oldest first, but the one just written
+  if (!run.empty()) {
+    for (const auto& [step, path] : list_checkpoints(dir))
+      if (path != written && checkpoint_run(path) == run) older.push_back(path);
+  }
+  const size_t keep = keep_last <= 0 ? older.size() + 1 : static_cast<size_t>(keep_last);
+  for (size_t i = 0; i + keep < older.size() + 1; ++i) {
     std::error_code ec;
-    fs::remove(all[i].second, ec);
-    DDP_CHECK(!ec, "checkpoint.keep_last: cannot remove " << all[i].second << ": " << ec.message());
-    removed.push_back(all[i].second);
+    fs::remove(older[i], ec);
+    DDP_CHECK(!ec, "checkpoint.keep_last: cannot remove " << older[i] << ": " << ec.message());
+    removed.push_back(older[i]);
   }
-  // A writer killed mid-write leaves "<name>.tmp.<pid>"; no write is in flight now.
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const size_t tmp = name.find(std::string(kFileSuffix) + ".tmp.");
-    if (tmp != std::string::npos && step_of_file_name(name.substr(0, tmp + 12)) >= 0) {
-      std::error_code rm;
-      if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());
-    }
-  }
+  for (std::string& path : remove_abandoned_temporaries(dir)) removed.push_back(std::move(path));
   return removed;
+}
+
+std::string new_run_name() {
+  std::random_device random;  // the kernel's generator: two runs started at once differ
+  std::ostringstream name;
+  name << std::hex << std::setfill('0') << std::setw(8) << random() << std::setw(8) << random();
+  return name.str();
 }
 
 namespace {

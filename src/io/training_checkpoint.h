@@ -31,6 +31,10 @@ struct TrainingState {
   int64_t train_samples = 0;   ///< size of the training set epoch_position refers to
   /// The epoch so far, summed over all ranks (so a resumed epoch reports the whole epoch).
   double epoch_loss_sum = 0.0, epoch_correct = 0.0, epoch_count = 0.0;
+  /// The run that wrote it: random hex, made when a run starts fresh and kept by the runs that
+  /// resume it, so pruning touches only this run's checkpoints. "" in checkpoints written
+  /// before runs were named (never pruned).
+  std::string run;
   /// "key = value" lines of the settings a resumed run must share (model, data order,
   /// optimizer, seed): compared line by line on resume. The batch and the world size may
   /// change (the resumed run warns that the global batch did).
@@ -55,6 +59,7 @@ void visit_training_state(State& s, Visit&& visit) {
   visit("epoch_loss_sum", s.epoch_loss_sum);
   visit("epoch_correct", s.epoch_correct);
   visit("epoch_count", s.epoch_count);
+  visit("run", s.run);
   visit("config", s.config);
 }
 
@@ -88,12 +93,19 @@ TrainingCheckpoint read_checkpoint(const std::string& path);
 /// complete), oldest first, as (global step, path). A missing directory has none.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 
-/// The newest complete checkpoint in `dir`, or "" when there is none.
-std::string latest_checkpoint(const std::string& dir);
+/// The run that wrote the checkpoint at `path` (its "ddp.run", from the header alone); "" for
+/// one written before runs were named, or a file that is not a readable checkpoint.
+std::string checkpoint_run(const std::string& path);
 
-/// Removes all but the newest `keep_last` checkpoints (0: keeps all) and temporary files left
-/// by interrupted writes. Returns the paths removed.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last);
+/// Keeps `written` (the checkpoint just written) and the newest `keep_last` - 1 other
+/// checkpoints of run `run` (keep_last 0: keeps all) and removes that run's older ones; other
+/// runs' checkpoints and unnamed ones are never removed. Also removes the temporary files of
+/// interrupted writes whose writer is gone. Returns the paths removed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last,
+                                           const std::string& run, const std::string& written);
+
+/// A new run's name: 16 random hex digits.
+std::string new_run_name();
 
 /// What a run about to resume expects of a checkpoint.
 struct ResumeExpectation {

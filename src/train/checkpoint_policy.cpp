@@ -52,6 +52,7 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
   st.global_batch = cfg_.global_batch(comm_.size());
   st.train_samples = train_samples_;
   st.config = resume_fingerprint(cfg_);
+  st.run = run_;
   const std::string path = checkpoint_path(dir_, st.global_step);
   const double t0 = seconds_now();
   ctx_.backend().synchronize();  // the last step's update has landed
@@ -75,8 +76,8 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
     std::filesystem::create_directories(dir_, ec);
     DDP_CHECK(!ec, "checkpoint.dir: cannot create " << dir_ << ": " << ec.message());
     write_checkpoint(path, ck);
-    prune_checkpoints(dir_, cfg_.checkpoint.keep_last);
     megabytes = static_cast<double>(std::filesystem::file_size(path, ec)) / kMiB;
+    prune_checkpoints(dir_, cfg_.checkpoint.keep_last, run_, path);
   });
   last_ = path;
   last_step_ = st.global_step;

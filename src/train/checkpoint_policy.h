@@ -22,6 +22,10 @@ class CheckpointPolicy {
                    Reporter& report, int64_t train_samples);
 
   const std::string& dir() const { return dir_; }
+  /// The run the checkpoints belong to (TrainingState::run): a resumed run's, or a new one.
+  /// Pruning (checkpoint.keep_last) removes only this run's checkpoints.
+  void set_run(const std::string& run) { run_ = run; }
+  const std::string& run() const { return run_; }
   /// A checkpoint is due after this optimizer step / after this (1-based) epoch.
   bool due_after_step(int64_t global_step) const;
   bool due_after_epoch(int64_t epochs_done) const;
@@ -45,6 +49,7 @@ class CheckpointPolicy {
   int64_t train_samples_;
   std::string dir_;
   std::string last_;
+  std::string run_;
   int64_t last_step_ = -1;
 };
 

@@ -1,19 +1,22 @@
 // Progress lines, metrics records and the timeline (report.h).
 #include "train/report.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/clock.h"
 #include "dist/agreement.h"
 #include "train/device_context.h"
+#include "train/run_directory.h"
 
 namespace ddp {
 
@@ -35,6 +38,35 @@ std::string format_rate(double samples_per_sec) {
   return oss.str();
 }
 
+// The metrics a resumed run continues: a regular file's contents ("" when there is none); a
+// link or other special file in its place is refused, not followed.
+std::string earlier_metrics(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return "";
+  const int err = errno;
+  DDP_CHECK(fd >= 0, "output.dir: cannot read "
+                         << path << ": "
+                         << (err == ELOOP ? "it is a symbolic link" : std::strerror(err)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  DDP_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode),
+            "output.dir: " << path << " is not a regular file");
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, &text[got], text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    DDP_CHECK(n >= 0, "output.dir: cannot read " << path << ": " << std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+
 std::string percent(double fraction) {
   std::ostringstream oss;
   oss << std::fixed << std::setprecision(1) << 100.0 * fraction << "%";
@@ -46,17 +78,15 @@ Reporter::Reporter(const TrainConfig& cfg, ProcessGroup& comm, std::ostream* log
 
 void Reporter::open_outputs() {
   if (comm_.rank() != 0) return;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(cfg_.output.dir, ec);
-  DDP_CHECK(!ec, "output.dir: cannot create " << cfg_.output.dir << ": " << ec.message());
-  const std::string path = cfg_.output.dir + "/metrics.jsonl";
-  // A resumed run continues the metrics of the run it resumes.
-  metrics_.open(path,
-                std::ios::out | (cfg_.training.resume.empty() ? std::ios::trunc : std::ios::app));
-  DDP_CHECK(metrics_.is_open(),
-            "output.dir: cannot write " << path << ": " << std::strerror(errno));
-  std::ofstream(cfg_.output.dir + "/config.yaml") << to_yaml(cfg_);
+  const std::string path = RunFiles::in(cfg_, RunFiles::kMetrics);
+  metrics_ = std::make_unique<AtomicFile>(path, "metrics");
+  // A resumed run continues the metrics of the run it resumes: they are copied into the new
+  // file, which then replaces the old one and grows in place.
+  if (!cfg_.training.resume.empty()) metrics_->write(earlier_metrics(path));
+  metrics_->publish();
+  AtomicFile config(RunFiles::in(cfg_, RunFiles::kConfig), "config");
+  config.write(to_yaml(cfg_));
+  config.commit();
 }
 
 void Reporter::say(const std::string& line) const {
@@ -64,7 +94,9 @@ void Reporter::say(const std::string& line) const {
 }
 
 void Reporter::record(const nlohmann::json& j) {
-  if (metrics_.is_open()) metrics_ << j.dump() << "\n" << std::flush;
+  // Paths are bytes, not always UTF-8: an invalid sequence becomes U+FFFD instead of an error.
+  if (metrics_)
+    metrics_->write(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void Reporter::say_each_rank(const std::string& mine) {
@@ -131,12 +163,13 @@ void Reporter::write_trace(const std::string& device) {
   const std::vector<std::string> all = all_gather_strings(comm_, tracer_->events_json());
   run_agreed(comm_, [&] {
     if (comm_.rank() != 0) return;
-    write_trace_file(cfg_.output.dir + "/trace.json", all,
+    write_trace_file(RunFiles::in(cfg_, RunFiles::kTrace), all,
                      {{"config", cfg_.source},
                       {"world_size", std::to_string(comm_.size())},
                       {"device", device}});
   });
-  say("trace: " + cfg_.output.dir + "/trace.json (open in ui.perfetto.dev or chrome://tracing)");
+  say("trace: " + RunFiles::in(cfg_, RunFiles::kTrace) +
+      " (open in ui.perfetto.dev or chrome://tracing)");
 }
 
 }  // namespace ddp

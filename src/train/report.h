@@ -5,12 +5,12 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <iosfwd>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/atomic_file.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
 #include "dist/process_group.h"
@@ -39,8 +39,8 @@ class Reporter {
   /// log: where rank 0 prints (nullptr: silent).
   Reporter(const TrainConfig& cfg, ProcessGroup& comm, std::ostream* log);
 
-  /// Rank 0: creates output.dir, opens metrics.jsonl (appended to on resume) and writes the
-  /// effective config.yaml beside it.
+  /// Rank 0, in output.dir (made and locked by RunDirectory): opens metrics.jsonl (continued on
+  /// resume) and writes the effective config.yaml beside it, both through AtomicFile.
   void open_outputs();
   /// Collective when output.trace is set: the ranks' timelines start at (nearly) one moment.
   void start_trace(const DeviceContext& ctx);
@@ -70,7 +70,7 @@ class Reporter {
   const TrainConfig& cfg_;
   ProcessGroup& comm_;
   std::ostream* log_;
-  std::ofstream metrics_;
+  std::unique_ptr<AtomicFile> metrics_;  // published at once: readable while it grows
   std::unique_ptr<Tracer> tracer_ = std::make_unique<Tracer>();  // disabled unless output.trace
   int track_compute_ = -1, track_comm_ = -1, track_data_ = -1;
 };

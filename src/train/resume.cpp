@@ -10,6 +10,7 @@
 #include "config/fingerprint.h"
 #include "core/check.h"
 #include "dist/agreement.h"
+#include "train/run_directory.h"
 
 namespace ddp {
 
@@ -34,15 +35,67 @@ void broadcast_state(ProcessGroup& comm, TrainingState& st) {
   });
 }
 
-// Rank 0: which checkpoint training.resume means ("" for "auto" with none there).
-std::string checkpoint_to_resume(const TrainConfig& cfg, ProcessGroup& comm,
-                                 const std::string& dir) {
-  std::string path = cfg.training.resume;
-  if (path != "auto") return path;
-  run_agreed(comm, [&] {
-    if (comm.rank() == 0) path = latest_checkpoint(dir);
-  });
-  return broadcast_string(comm, path, 0);
+// Rank 0: what a run resumes from, and the newer checkpoints that could not continue it.
+struct Resumable {
+  std::string path;  ///< "" when there is nothing to resume
+  TrainingCheckpoint ckpt;
+  std::vector<std::string> skipped;  ///< "<reason>" per checkpoint passed over, newest first
+  std::string set_aside;             ///< where those were moved ("" if none)
+};
+
+TrainingCheckpoint read_resumable(const std::string& path, const ResumeExpectation& expected) {
+  std::error_code ec;
+  DDP_CHECK(std::filesystem::exists(path, ec),
+            "training.resume: checkpoint file not found: " << path << " (on rank 0)");
+  TrainingCheckpoint ck = read_checkpoint(path);
+  check_resumable(ck, path, expected);
+  return ck;
+}
+
+// training.resume auto: the newest checkpoint that validates (checksum, shapes, settings);
+// the newer ones that do not are set aside, so this run never writes over them. Throws when
+// there are checkpoints and none can continue this run.
+Resumable newest_resumable(const std::string& dir, const ResumeExpectation& expected) {
+  const auto all = list_checkpoints(dir);
+  Resumable r;
+  std::vector<std::string> passed_over;
+  for (auto it = all.rbegin(); it != all.rend() && r.path.empty(); ++it) {
+    try {
+      r.ckpt = read_resumable(it->second, expected);
+      r.path = it->second;
+    } catch (const Error& e) {
+      r.skipped.push_back(e.message());
+      passed_over.push_back(it->second);
+    }
+  }
+  if (r.path.empty() && !all.empty()) {
+    std::ostringstream why;
+    for (const std::string& reason : r.skipped) why << "\n  " << reason;
+    DDP_THROW("training.resume auto: none of the " << all.size() << " checkpoint(s) in " << dir
+                                                   << " can continue this run:" << why.str());
+  }
+  if (!passed_over.empty()) r.set_aside = set_aside(passed_over, dir, "skipped");
+  return r;
+}
+
+// What this run needs of a checkpoint to continue from it.
+ResumeExpectation expectation(const TrainConfig& cfg, const Replica& replica,
+                              int64_t train_samples) {
+  ResumeExpectation expected;
+  expected.parameters = replica.shapes();
+  expected.optimizer_state = optimizer_state_names(cfg.optimizer);
+  expected.train_samples = train_samples;
+  expected.config = resume_fingerprint(cfg);
+  expected.defaults = resume_fingerprint(TrainConfig{});
+  return expected;
+}
+
+// Rank 0's log: each checkpoint passed over and why, and where they went.
+void report_skipped(Reporter& report, const Resumable& found) {
+  for (const std::string& reason : found.skipped) report.say("resume: skipped " + reason);
+  if (!found.set_aside.empty())
+    report.say("resume: the " + std::to_string(found.skipped.size()) +
+               " checkpoint(s) skipped are kept in " + found.set_aside);
 }
 
 void report_resume(const TrainConfig& cfg, ProcessGroup& comm, Reporter& report,
@@ -80,37 +133,35 @@ void report_resume(const TrainConfig& cfg, ProcessGroup& comm, Reporter& report,
 bool resume_training(const TrainConfig& cfg, ProcessGroup& comm, Replica& replica, Reporter& report,
                      const std::string& checkpoint_dir, int64_t train_samples, TrainingState& at) {
   if (cfg.training.resume.empty()) return false;
-  const std::string path = checkpoint_to_resume(cfg, comm, checkpoint_dir);
-  if (path.empty()) {
-    report.say("resume: no checkpoint in " + checkpoint_dir + ", starting from the beginning");
-    return false;
-  }
   const size_t numel = replica.plan().total_numel;
   std::vector<float> weights(numel, 0.0f);
   const std::vector<std::string> state_names = optimizer_state_names(cfg.optimizer);
   // Zero where the checkpoint has no state yet (no update taken): as the optimizer starts.
   std::vector<std::vector<float>> state(state_names.size(), std::vector<float>(numel, 0.0f));
-  TrainingState start;
+  Resumable found;
   run_agreed(comm, [&] {
     if (comm.rank() != 0) return;
-    std::error_code ec;
-    DDP_CHECK(std::filesystem::exists(path, ec),
-              "training.resume: checkpoint file not found: " << path << " (on rank 0)");
-    TrainingCheckpoint ck = read_checkpoint(path);
-    ResumeExpectation expected;
-    expected.parameters = replica.shapes();
-    expected.optimizer_state = state_names;
-    expected.train_samples = train_samples;
-    expected.config = resume_fingerprint(cfg);
-    expected.defaults = resume_fingerprint(TrainConfig{});
-    check_resumable(ck, path, expected);
-    replica.place(ck.weights, weights);
-    for (const OptimizerState& stored : ck.optimizer) {
+    const ResumeExpectation expected = expectation(cfg, replica, train_samples);
+    if (cfg.training.resume == "auto") {
+      found = newest_resumable(checkpoint_dir, expected);
+    } else {
+      found.path = cfg.training.resume;
+      found.ckpt = read_resumable(found.path, expected);
+    }
+    if (found.path.empty()) return;
+    replica.place(found.ckpt.weights, weights);
+    for (const OptimizerState& stored : found.ckpt.optimizer) {
       const auto at = std::find(state_names.begin(), state_names.end(), stored.name);
       replica.place(stored.tensors, state[static_cast<size_t>(at - state_names.begin())]);
     }
-    start = ck.state;
   });
+  report_skipped(report, found);
+  const std::string path = broadcast_string(comm, found.path, 0);
+  if (path.empty()) {
+    report.say("resume: no checkpoint in " + checkpoint_dir + ", starting from the beginning");
+    return false;
+  }
+  TrainingState start = found.ckpt.state;
   comm.broadcast(weights.data(), weights.size() * sizeof(float), 0);
   for (std::vector<float>& array : state)
     comm.broadcast(array.data(), array.size() * sizeof(float), 0);

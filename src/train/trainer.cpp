@@ -18,6 +18,7 @@
 #include "train/replica.h"
 #include "train/report.h"
 #include "train/resume.h"
+#include "train/run_directory.h"
 #include "train/train_loop.h"
 #include "train/training_data.h"
 
@@ -55,6 +56,7 @@ struct Trainer::State {
   std::unique_ptr<DeviceContext> ctx;
   TrainingData data;
   std::unique_ptr<Replica> replica;  // after ctx: its buffers live on ctx's device
+  RunDirectory run_dir;              // rank 0: output.dir's lock, held for the run's life
   std::unique_ptr<CheckpointPolicy> checkpoints;
   TrainingState start;
   bool resumed = false;
@@ -80,8 +82,10 @@ void Trainer::State::setup() {
   run_agreed(comm, [&] {
     data.prepare(cfg, comm.size(), comm.rank());
     replica = std::make_unique<Replica>(cfg, *ctx, data.max_batch(cfg), comm.size());
+    if (comm.rank() == 0) run_dir.claim(cfg);
     report.open_outputs();
   });
+  for (const std::string& note : run_dir.notes()) report.say(note);
   report.say_each_rank("  rank " + std::to_string(comm.rank()) + ": " + ctx->describe());
   // Compare before any collective whose size depends on the data or the model, so a mismatch
   // is a message and not a truncated broadcast, a hang or ranks that sample different sets.
@@ -101,6 +105,9 @@ void Trainer::State::setup() {
   data.start(cfg, comm.size(), comm.rank());
   resumed =
       resume_training(cfg, comm, *replica, report, checkpoints->dir(), data.train.size, start);
+  // The checkpoints this run prunes: those of the run it continues, or of a new one.
+  const bool named = resumed && !start.run.empty();
+  checkpoints->set_run(broadcast_string(comm, named ? start.run : new_run_name(), 0));
   describe_run();
   report.start_trace(*ctx);
 }
@@ -212,9 +219,9 @@ TrainSummary Trainer::run() {
   run_agreed(s.comm, [&] {
     const std::vector<NamedTensor> w = weights();
     if (s.comm.rank() == 0 && save)
-      save_safetensors(s.cfg.output.dir + "/model.safetensors", w, model_metadata(s.data));
+      save_safetensors(RunFiles::in(s.cfg, RunFiles::kModel), w, model_metadata(s.data));
   });
-  if (save) s.report.say("weights: " + s.cfg.output.dir + "/model.safetensors");
+  if (save) s.report.say("weights: " + RunFiles::in(s.cfg, RunFiles::kModel));
   return sum;
 }
 

@@ -227,7 +227,7 @@ expect_error "npy label outside the classes" 2 "label 37 at sample 1 is outside 
 printf 'not a directory\n' >"$WORK/out-file"
 expect_error "output.dir is a regular file" 2 "output.dir: cannot create $WORK/out-file" \
   --config "$WORK/good-idx.yaml" --set "output.dir=$WORK/out-file"
-expect_error "output.dir exists but takes no files" 2 "output.dir: cannot write /proc/self/fdinfo/" \
+expect_error "output.dir exists but takes no files" 2 "output.dir: cannot open the lock file '/proc/self/fdinfo/.ddp-lock'" \
   --config "$WORK/good-idx.yaml" --set output.dir=/proc/self/fdinfo
 
 finish

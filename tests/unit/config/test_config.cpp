@@ -251,11 +251,12 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
         "--set training.epochs: must be >= 1, got 0");
   CHECK(parse_error(kMinimal, {"model.layers=[4, 0, 3]"}) ==
         "--set model.layers: model.layers[1]: must be >= 1, got 0");
-  CHECK(parse_error(kMinimal, {"training.bach_size=2"}) ==
-        "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
-        "training: epochs, "
-        "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
-        "nan_policy, clip_grad_norm)");
+  CHECK(
+      parse_error(kMinimal, {"training.bach_size=2"}) ==
+      "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
+      "training: epochs, "
+      "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, start_over, "
+      "nan_policy, clip_grad_norm)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "scheduler, training, "
@@ -282,6 +283,7 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
         "run.yaml: training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
         "training: "
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
+        "start_over, "
         "nan_policy, clip_grad_norm)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
@@ -838,7 +840,7 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   syn.optimizer.momentum = 1.0 / 3.0;
   syn.optimizer.nesterov = true;
   syn.optimizer.weight_decay = 1e-7;
-  syn.training = {9, 17, 3, 42, 0, 1000, true, "auto", ddp::NanPolicy::SkipStep};
+  syn.training = {9, 17, 3, 42, 0, 1000, true, "auto", false, ddp::NanPolicy::SkipStep};
   syn.checkpoint = {"ckpt dir: x", 0, 2, 0};
   syn.distributed.bucket_cap_mb = 0.25;
   syn.distributed.first_bucket_mb = 2.5;

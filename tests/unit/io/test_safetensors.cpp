@@ -252,7 +252,7 @@ TEST_CASE("safetensors short write leaves the old file intact and no temp file",
   {
     FileSizeLimit limit(4096);
     require_error([&] { ddp::save_safetensors(path, kBigTensors); },
-                  {path, "write temporary file", "File too large"});
+                  {path, "write '" + path + ".tmp.", "File too large"});
   }
   require_same_tensors(ddp::load_safetensors(path), kOldTensors);
   CHECK(dir_entries(dir.path()) == std::vector<std::string>{"model.safetensors"});

@@ -2,6 +2,8 @@
 // flip and every truncation of a checkpoint refused; mismatched models and configs refused
 // naming what differs; listing, pruning (keep_last) and a full disk that leaves the previous
 // checkpoint intact.
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -269,36 +271,83 @@ TEST_CASE("checkpoint: a different model, data or config is refused naming it", 
   CHECK_THAT(refusal([](auto&) {}), Contains("(no error)"));
 }
 
-TEST_CASE("checkpoint listing, keep_last and interrupted writes", "[checkpoint]") {
+TEST_CASE("checkpoint listing, keep_last of this run only and interrupted writes", "[checkpoint]") {
   TempDir dir("ddp_ckpt");
   const std::string d = dir.path().string();
   CHECK(ddp::list_checkpoints(d + "/missing").empty());
-  CHECK(ddp::latest_checkpoint(d).empty());
   TrainingCheckpoint c = sample_checkpoint();
-  for (int64_t step : {5, 40, 10, 1000000000}) {
+  const std::string mine = "0123456789abcdef", theirs = "fedcba9876543210";
+  auto write_step = [&](int64_t step, const std::string& run) {
     c.state.global_step = step;
     c.state.step_in_epoch = 0;
     c.state.optimizer_steps = 0;
     c.state.skipped_steps = 0;
+    c.state.run = run;
     ddp::write_checkpoint(ddp::checkpoint_path(d, step), c);
-  }
-  // What a writer killed mid-write leaves, and files that are not checkpoints.
-  ddp_test::write_bytes(d + "/step-000000050.safetensors.tmp.4242", "torn");
+  };
+  for (int64_t step : {5, 40, 10, 1000000000}) write_step(step, mine);
+  write_step(20, theirs);
+  write_step(2000000000, theirs);  // an earlier run's, further along
+  write_step(7, "");               // written before runs were named
+  // What writers killed mid-write leave (one gone, one still running), and other files.
+  const std::string torn = d + "/step-000000050.safetensors.tmp." +
+                           std::to_string(ddp_test::dead_pid()) + ".0123456789abcdef";
+  const std::string live =
+      d + "/step-000000060.safetensors.tmp." + std::to_string(::getppid()) + ".0123456789abcdef";
+  ddp_test::write_bytes(torn, "torn");
+  ddp_test::write_bytes(live, "being written");
   ddp_test::write_bytes(d + "/step-12x.safetensors", "x");
   ddp_test::write_bytes(d + "/notes.txt", "x");
   const auto all = ddp::list_checkpoints(d);
-  REQUIRE(all.size() == 4);
-  CHECK(all[0].first == 5);
-  CHECK(all[1].first == 10);
-  CHECK(all[2].first == 40);
-  CHECK(all[3].first == 1000000000);
-  CHECK(ddp::latest_checkpoint(d) == ddp::checkpoint_path(d, 1000000000));
-  const auto removed = ddp::prune_checkpoints(d, 2);
-  CHECK(removed.size() == 3);  // steps 5 and 10, and the torn temporary file
+  std::vector<int64_t> steps;
+  for (const auto& [step, path] : all) steps.push_back(step);
+  CHECK(steps == std::vector<int64_t>{5, 7, 10, 20, 40, 1000000000, 2000000000});
+  CHECK(ddp::checkpoint_run(ddp::checkpoint_path(d, 40)) == mine);
+  CHECK(ddp::checkpoint_run(ddp::checkpoint_path(d, 7)).empty());
+  CHECK(ddp::checkpoint_run(d + "/notes.txt").empty());
+  // Step 40 was just written (a run resumed from an older checkpoint): it stays, with the
+  // newest other one of this run.
+  auto removed = ddp::prune_checkpoints(d, 2, mine, ddp::checkpoint_path(d, 40));
+  std::sort(removed.begin(), removed.end());
+  CHECK(removed ==
+        std::vector<std::string>{ddp::checkpoint_path(d, 5), ddp::checkpoint_path(d, 10), torn});
   CHECK(ddp_test::dir_entries(dir.path()) ==
-        std::vector<std::string>{"notes.txt", "step-000000040.safetensors",
-                                 "step-1000000000.safetensors", "step-12x.safetensors"});
-  CHECK(ddp::prune_checkpoints(d, 0).empty());  // 0 keeps everything
+        std::vector<std::string>{
+            "notes.txt", "step-000000007.safetensors", "step-000000020.safetensors",
+            "step-000000040.safetensors",
+            "step-000000060.safetensors.tmp." + std::to_string(::getppid()) + ".0123456789abcdef",
+            "step-1000000000.safetensors", "step-12x.safetensors", "step-2000000000.safetensors"});
+  CHECK(ddp::prune_checkpoints(d, 0, mine, "").empty());  // 0 keeps everything
+  CHECK(ddp::prune_checkpoints(d, 1, "", "").empty());    // an unnamed run prunes nothing
+  CHECK(ddp::prune_checkpoints(d, 1, mine, ddp::checkpoint_path(d, 40)) ==
+        std::vector<std::string>{ddp::checkpoint_path(d, 1000000000)});
+}
+
+TEST_CASE("checkpoint counters beyond 2^53 and malformed run names are refused", "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string path = dir.file("step-000000031.safetensors");
+  TrainingCheckpoint c = sample_checkpoint();
+  c.state.global_step = int64_t{1} << 53;
+  c.state.step_in_epoch = 0;
+  ddp::write_checkpoint(path, c);
+  CHECK_NOTHROW(ddp::read_checkpoint(path));
+  c.state.global_step = INT64_MAX - 1;
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("metadata 'ddp.global_step' is 9223372036854775806, more than the largest "
+                      "count a run can reach (2^53)"));
+  c = sample_checkpoint();
+  c.state.run = "../../etc";
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+             Contains("metadata 'ddp.run' is not a run name"));
+}
+
+TEST_CASE("new run names are 16 hex digits and differ", "[checkpoint]") {
+  const std::string a = ddp::new_run_name(), b = ddp::new_run_name();
+  CHECK(a.size() == 16);
+  CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(a != b);
 }
 
 TEST_CASE("checkpoint: a full disk during a write leaves the previous one intact", "[checkpoint]") {
@@ -317,7 +366,7 @@ TEST_CASE("checkpoint: a full disk during a write leaves the previous one intact
   }
   CHECK(ddp_test::dir_entries(dir.path()) ==
         std::vector<std::string>{"step-000000031.safetensors"});
-  CHECK(ddp::latest_checkpoint(d) == first);
+  CHECK(ddp::list_checkpoints(d).back().second == first);
   CHECK(ddp_test::read_bytes(first) == before);
   CHECK_NOTHROW(ddp::read_checkpoint(first));
   // A real full file system, where mounting one is allowed.
@@ -331,6 +380,6 @@ TEST_CASE("checkpoint: a full disk during a write leaves the previous one intact
   ddp::write_checkpoint(small + "/step-000000031.safetensors", sample_checkpoint());
   CHECK_THAT(error_of([&] { ddp::write_checkpoint(small + "/step-000000040.safetensors", c); }),
              Contains("No space left on device"));
-  CHECK(ddp::latest_checkpoint(small) == small + "/step-000000031.safetensors");
+  CHECK(ddp::list_checkpoints(small).back().second == small + "/step-000000031.safetensors");
   CHECK_NOTHROW(ddp::read_checkpoint(small + "/step-000000031.safetensors"));
 }

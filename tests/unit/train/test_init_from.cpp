@@ -49,11 +49,13 @@ TEST_CASE("init_from loads the weights exactly and refuses files that do not fit
   const std::string out = (tmp.dir / "out").string();
 
   ddp::save_safetensors(path, fitting_weights());
-  ddp::Trainer trainer(config_from(path, out), *comm, *comm, nullptr);
-  const auto loaded = trainer.weights();
-  REQUIRE(loaded.size() == 2);
-  REQUIRE(loaded[0].data == fitting_weights()[0].data);
-  REQUIRE(loaded[1].data == fitting_weights()[1].data);
+  {
+    ddp::Trainer trainer(config_from(path, out), *comm, *comm, nullptr);
+    const auto loaded = trainer.weights();
+    REQUIRE(loaded.size() == 2);
+    REQUIRE(loaded[0].data == fitting_weights()[0].data);
+    REQUIRE(loaded[1].data == fitting_weights()[1].data);
+  }  // the trainer holds output.dir until it ends
 
   auto missing = fitting_weights();
   missing.pop_back();
