@@ -4,12 +4,14 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <cfloat>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "config/schema.h"
 #include "core/check.h"
 #include "ddp/config.h"
 #include "kernels/cuda/cuda.h"
@@ -414,9 +416,9 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.output.trace_steps = -1; },
        "output.trace_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.distributed.bucket_cap_mb = 0; },
-       "distributed.bucket_cap_mb: must be > 0, got 0.0"},
+       "distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 0.0"},
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
-       "distributed.first_bucket_mb: must be > 0, got -1.0"},
+       "distributed.first_bucket_mb: must be >= 9.5367431640625e-07 (one byte), got -1.0"},
       {[](TrainConfig& c) { c.output.dir = ""; }, "output.dir: must not be empty"},
       {[](TrainConfig& c) { c.checkpoint.every_steps = -1; },
        "checkpoint.every_steps: must be >= 0, got -1"},
@@ -669,6 +671,144 @@ TEST_CASE("config: range errors from a file name the file", "[config]") {
   c.training.batch_size = -2;
   CHECK(error_of([&] { ddp::validate_config(c); }) ==
         "mine.yaml: training.batch_size: must be >= 1, got -2");
+}
+
+// Each bounded key, set just above its bound through --set, is refused naming the key and the
+// bound; the list is pinned against the schema, so a key cannot lose its bound unnoticed.
+TEST_CASE("config: every numeric key has an upper bound, and a value above it names the key",
+          "[config][bounds]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.layers=[4, 1000000001]",
+       "--set model.layers: model.layers[1]: must be <= "
+       "1000000000, got 1000000001"},
+      {"data.train.samples=1000000000001",
+       "--set data.train.samples: must be <= 1000000000000, got 1000000000001"},
+      {"data.test.samples=1000000000001",
+       "--set data.test.samples: must be <= 1000000000000, got 1000000000001"},
+      {"data.prefetch=65537", "--set data.prefetch: must be <= 65536, got 65537"},
+      {"optimizer.lr=1e39", "--set optimizer.lr: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.momentum=1e39",
+       "--set optimizer.momentum: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.dampening=1e39",
+       "--set optimizer.dampening: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.weight_decay=1e39",
+       "--set optimizer.weight_decay: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.eps=1e39", "--set optimizer.eps: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"scheduler.warmup_steps=1000000000001",
+       "--set scheduler.warmup_steps: must be <= 1000000000000, got 1000000000001"},
+      {"scheduler.total_steps=1000000000001",
+       "--set scheduler.total_steps: must be <= 1000000000000, got 1000000000001"},
+      {"scheduler.step_size=1000000000001",
+       "--set scheduler.step_size: must be <= 1000000000000, got 1000000000001"},
+      {"training.epochs=1000000001",
+       "--set training.epochs: must be <= 1000000000, got 1000000001"},
+      {"training.batch_size=1000000001",
+       "--set training.batch_size: must be <= 1000000000, got 1000000001"},
+      {"training.accumulate_steps=4611686018427387904",
+       "--set training.accumulate_steps: must be <= 1000000, got 4611686018427387904"},
+      {"training.log_every=1000000000001",
+       "--set training.log_every: must be <= 1000000000000, got 1000000000001"},
+      {"training.max_steps=9223372036854775807",
+       "--set training.max_steps: must be <= 1000000000000, got 9223372036854775807"},
+      {"training.clip_grad_norm=1e300",
+       "--set training.clip_grad_norm: must be <= 3.4028234663852886e+38, got 1e+300"},
+      {"distributed.bucket_cap_mb=1e300",
+       "--set distributed.bucket_cap_mb: must be <= 1e+09, got 1e+300"},
+      {"distributed.first_bucket_mb=1.000001e9",
+       "--set distributed.first_bucket_mb: must be <= 1e+09, got 1.000001e+09"},
+      {"distributed.gpus=[0, 65536]",
+       "--set distributed.gpus: distributed.gpus[1]: must be <= 65535, got 65536"},
+      {"distributed.timeout_s=1e10", "--set distributed.timeout_s: must be <= 1e+09, got 1e+10"},
+      {"output.trace_steps=1000000000001",
+       "--set output.trace_steps: must be <= 1000000000000, got 1000000000001"},
+      {"checkpoint.every_steps=4611686018427387904",
+       "--set checkpoint.every_steps: must be <= 1000000000000, got 4611686018427387904"},
+      {"checkpoint.every_epochs=1000000001",
+       "--set checkpoint.every_epochs: must be <= 1000000000, got 1000000001"},
+      {"checkpoint.keep_last=1000001",
+       "--set checkpoint.keep_last: must be <= 1000000, got 1000001"},
+  };
+  std::vector<std::string> refused;
+  for (const auto& [set, message] : cases) {
+    INFO("--set " << set);
+    CHECK(parse_error(kMinimal, {set}) == message);
+    refused.push_back(set.substr(0, set.find('=')));
+  }
+  // Numeric keys without an upper bound: seeds (any 64-bit value names a stream), numbers whose
+  // rule bounds them already, min_lr (at most optimizer.lr) and gamma (a step schedule's lr
+  // leaving float32 is the non-finite check's to stop, as any divergence is).
+  const std::vector<std::string> unbounded = {
+      "data.seed",        "optimizer.betas", "scheduler.warmup_start_factor",
+      "scheduler.min_lr", "scheduler.gamma", "training.seed"};
+  std::vector<std::string> bounded, numeric_unbounded;
+  for (const ddp::KeyRow& row : ddp::config_schema()) {
+    if (!row.maximum.empty()) bounded.push_back(row.path);
+    const bool numeric = row.type == "integer" || row.type == "number" ||
+                         row.type == "list of integers" || row.type == "list of 2 numbers";
+    if (numeric && row.maximum.empty()) numeric_unbounded.push_back(row.path);
+  }
+  CHECK(bounded == refused);
+  CHECK(numeric_unbounded == unbounded);
+}
+
+TEST_CASE("config: the bounds themselves are allowed", "[config][bounds]") {
+  TrainConfig c = valid_config();
+  c.data.prefetch = 65536;
+  c.optimizer.lr = c.optimizer.momentum = c.optimizer.weight_decay = FLT_MAX;
+  c.scheduler.name = ddp::SchedulerName::Cosine;
+  c.scheduler.warmup_steps = 1000000000000 - 1;
+  c.scheduler.total_steps = 1000000000000;
+  c.training.epochs = 1000000000;
+  c.training.accumulate_steps = 1000000;
+  c.training.log_every = c.training.max_steps = 1000000000000;
+  c.training.clip_grad_norm = FLT_MAX;
+  c.distributed.bucket_cap_mb = 1e9;
+  c.distributed.first_bucket_mb = 1.0 / 1048576;
+  c.distributed.gpus = {65535};
+  c.distributed.timeout_s = 1e9;
+  c.output.trace_steps = c.checkpoint.every_steps = 1000000000000;
+  c.checkpoint.keep_last = 1000000;
+  CHECK(error_of([&] { ddp::validate_config(c); }) == "(no error)");
+  c.checkpoint.every_steps = 0;
+  c.checkpoint.every_epochs = 1000000000;
+  c.data.test.samples = 1;
+  c.optimizer.dampening = FLT_MAX;
+  CHECK(error_of([&] { ddp::validate_config(c); }) == "(no error)");
+  c.distributed.first_bucket_mb = std::nextafter(1.0 / 1048576, 0.0);  // rounds to 0 bytes
+  CHECK(error_of([&] { ddp::validate_config(c); }) ==
+        "<config>: distributed.first_bucket_mb: must be >= 9.5367431640625e-07 (one byte), got "
+        "9.536743164062499e-07");
+  CHECK(parse_error(kMinimal, {"distributed.bucket_cap_mb=1e-300"}) ==
+        "--set distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 1e-300");
+}
+
+TEST_CASE("config: data.normalize's mean and std must be usable as float32", "[config][bounds]") {
+  const std::string head = "model: {layers: [4, 2]}\ndata:\n  train: {samples: 8}\n  normalize: ";
+  const std::string std_message =
+      "run.yaml: data.normalize[1]: std must be a normal float32 (from 1.1754943508222875e-38 to "
+      "3.4028234663852886e+38) with a finite reciprocal, got ";
+  // 1e-320 is 0 in float32, 1e-40 subnormal (its reciprocal is inf), 1e39 is inf.
+  for (const std::string std : {"1e-320", "1e-40", "1.1754942e-38", "1e39"}) {
+    INFO("std " << std);
+    const std::string shown = std == "1.1754942e-38" ? "1.1754942e-38"
+                              : std == "1e39"        ? "1e+39"
+                                                     : std;
+    CHECK(parse_error(head + "[0, " + std + "]\n") == std_message + shown);
+  }
+  CHECK(parse_error(head + "[1e39, 1]\n") ==
+        "run.yaml: data.normalize[0]: mean must be finite as a float32 (at most "
+        "3.4028234663852886e+38 in magnitude), got 1e+39");
+  CHECK(parse_error(head + "[-1e39, 1]\n") ==
+        "run.yaml: data.normalize[0]: mean must be finite as a float32 (at most "
+        "3.4028234663852886e+38 in magnitude), got -1e+39");
+  CHECK(parse_error(head + "[0, -1e-320]\n") ==
+        "run.yaml: data.normalize[1]: std must be > 0, got -1e-320");
+  // The extremes of float32's normal range are allowed, and so is the largest mean.
+  for (const std::string ok : {"[0, 1.1754943508222875e-38]", "[0, 3.4028234663852886e+38]",
+                               "[-3.4028234663852886e+38, 1]"}) {
+    INFO(ok);
+    CHECK(parse_error(head + ok + "\n") == "(no error)");
+  }
 }
 
 TEST_CASE("config: nesterov needs momentum and no dampening, as in PyTorch", "[config]") {
