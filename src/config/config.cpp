@@ -18,6 +18,7 @@
 #include <memory>
 #include <sstream>
 
+#include "config/resources.h"
 #include "config/schema.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda.h"
@@ -919,11 +920,81 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
   validate_gradient_path(o, c);
 }
 
+/// Of the keys a product is made of, the one a --set override set last (that is what changed),
+/// else the first.
+std::string blamed_key(const Origin& o, const std::vector<std::string>& keys) {
+  for (auto it = o.override_keys.rbegin(); it != o.override_keys.rend(); ++it) {
+    for (const std::string& key : keys) {
+      if (*it == key || path_inside(*it, key) || path_inside(key, *it)) return key;
+    }
+  }
+  return keys.front();
+}
+
+std::string format_bytes(int64_t bytes) {
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(bytes) / (1 << 30));
+  return std::to_string(bytes) + " bytes (" + gib + " GiB)";
+}
+
+/// Each product of several keys fits in int64 (checked first: that does not depend on the
+/// machine), then in this machine's memory. The comparison is generous: each demand is a lower
+/// bound of what the run allocates, held against all of the physical memory.
+void validate_memory(const Origin& o, const TrainConfig& c) {
+  const std::vector<MemoryDemand> demands = memory_demands(c);
+  for (const MemoryDemand& d : demands) {
+    if (d.overflows)
+      fail(o, blamed_key(o, d.keys), d.what + " overflow 64-bit integers: " + d.product);
+  }
+  const int64_t available = physical_memory_bytes();
+  for (const MemoryDemand& d : demands) {
+    if (available == 0 || d.bytes <= available) continue;
+    fail(o, blamed_key(o, d.keys),
+         d.what + " need " + format_bytes(d.bytes) + " (" + d.product + "), more than the " +
+             format_bytes(available) + " of this machine's physical memory");
+  }
+}
+
+/// The global batch, batch_size x accumulate_steps x ranks, is an int64 for any number of ranks.
+void validate_step_samples(const Origin& o, const TrainConfig& c) {
+  const TrainingConfig& t = c.training;
+  int64_t samples = 0;
+  if (!__builtin_mul_overflow(t.batch_size, t.accumulate_steps, &samples) &&
+      samples <= kMaxRankStepSamples) {
+    return;
+  }
+  const std::string most = std::to_string(kMaxRankStepSamples);
+  fail(o, blamed_key(o, {"training.accumulate_steps", "training.batch_size"}),
+       "training.batch_size " + std::to_string(t.batch_size) + " x training.accumulate_steps " +
+           std::to_string(t.accumulate_steps) +
+           " samples per rank and optimizer step is more than " + most +
+           ", which keeps the global batch over any number of ranks in 64 bits");
+}
+
+/// The run's optimizer steps, epochs x steps per epoch, are an int64 (the lr schedule's length
+/// is that product). An epoch of generated data has at most ceil(samples / batch_size) steps on
+/// any number of ranks; files' sizes are known only once read (an IDX file has < 2^32 samples).
+void validate_run_steps(const Origin& o, const TrainConfig& c) {
+  if (c.data.format != DataFormat::Synthetic) return;
+  const int64_t samples = c.data.train.samples, batch = c.training.batch_size;
+  const int64_t per_epoch = samples / batch + (samples % batch != 0 ? 1 : 0);
+  int64_t steps = 0;
+  if (!__builtin_mul_overflow(c.training.epochs, per_epoch, &steps)) return;
+  fail(o, blamed_key(o, {"training.epochs", "data.train.samples", "training.batch_size"}),
+       "training.epochs " + std::to_string(c.training.epochs) + " x up to " +
+           std::to_string(per_epoch) + " optimizer steps per epoch (data.train.samples " +
+           std::to_string(samples) + " / training.batch_size " + std::to_string(batch) +
+           ") overflow 64-bit integers");
+}
+
 void validate(const Origin& o, const TrainConfig& c) {
   validate_basics(o, c);
   TrainConfig copy = c;  // the visitor hands out mutable references; the validator only reads
   Validator validator(o, c.data.format, "");
   visit_config(copy, validator);
+  validate_step_samples(o, c);
+  validate_run_steps(o, c);
+  validate_memory(o, c);
   validate_across_keys(o, c);
 }
 

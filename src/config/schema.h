@@ -19,7 +19,8 @@ namespace ddp {
 
 /// Upper bounds of numeric keys, far beyond what a run needs. Each keeps what is derived from
 /// the key inside its type (int64 products and sums, nanoseconds, size_t bytes, float32
-/// operands).
+/// operands); products of several keys (epochs x an epoch's steps, a micro-batch's bytes, ...)
+/// are checked in validation, against each other and the machine (src/config/resources.h).
 namespace bounds {
 constexpr double kSteps = 1e12;             ///< optimizer steps (max_steps, intervals, schedules)
 constexpr double kEpochs = 1e9;             ///< room for "until stopped"

@@ -1,6 +1,6 @@
-# Values past a key's bound through the real binary on 2 ranks: each is refused before anything
-# is allocated, naming the key, with exit code 1 on every rank (before, these timed out at once,
-# crashed or died in the allocator).
+# Values past a key's bound, and products of keys past 64 bits or the machine's memory, through
+# the real binary on 2 ranks: each is refused before anything is allocated, naming the key, with
+# exit code 1 on every rank (before, these timed out at once, crashed or died in the allocator).
 source "$(dirname "$0")/lib.sh"
 
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
@@ -21,6 +21,16 @@ expect_error "prefetch past its bound" 2 \
 expect_error "accumulate_steps past its bound" 2 \
   "--set training.accumulate_steps: must be <= 1000000, got 9223372036854775807" \
   "${quick[@]}" --set training.accumulate_steps=9223372036854775807
+# Within each key's bound, but 4e15 bytes of activations for one micro-batch.
+expect_error "activations beyond the machine's memory" 2 \
+  "--set training.batch_size: the activations of one micro-batch need 4000000000000000 bytes" \
+  "${quick[@]}" --set 'model.layers=[20,1000000,3]' --set training.batch_size=1000000000
+expect_error "synthetic data beyond the machine's memory" 2 \
+  "--set data.train.samples: the generated train samples need 84000000000000 bytes" \
+  "${quick[@]}" --set data.train.samples=1000000000000
+expect_error "parameters beyond int64" 2 \
+  "--set model.layers: the parameters overflow 64-bit integers" \
+  "${quick[@]}" --set 'model.layers=[1,1000000000,1000000000,1000000000]'
 # A cap under one byte was 0 bytes: "bucket caps must be positive", naming no key.
 expect_error "bucket cap under one byte" 2 \
   "--set distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 1e-300" \

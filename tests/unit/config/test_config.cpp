@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "config/resources.h"
 #include "config/schema.h"
 #include "core/check.h"
 #include "ddp/config.h"
@@ -809,6 +810,150 @@ TEST_CASE("config: data.normalize's mean and std must be usable as float32", "[c
     INFO(ok);
     CHECK(parse_error(head + ok + "\n") == "(no error)");
   }
+}
+
+// The products of several keys: what memory_demands computes for a small config, in bytes.
+TEST_CASE("config: memory_demands are the products of the keys, and overflows are flagged",
+          "[config][bounds]") {
+  TrainConfig c = valid_config();
+  c.model.layers = {20, 10, 3};
+  c.training.batch_size = 50;
+  c.data.train.samples = 2000;
+  c.data.test.samples = 100;
+  c.optimizer.momentum = 0.9;
+  std::vector<ddp::MemoryDemand> d = ddp::memory_demands(c);
+  REQUIRE(d.size() == 5);
+  CHECK(d[0].bytes == 50 * 20 * 4);
+  CHECK(d[0].product == "training.batch_size 50 x model.layers[0] 20 x 4 bytes");
+  CHECK(d[1].bytes == (20 * 10 + 10 + 10 * 3 + 3) * 12);
+  CHECK(d[1].product ==
+        "243 in model.layers x 12 bytes (weight, gradient and 1 optimizer state(s))");
+  CHECK(d[2].bytes == 3 * 50 * 20 * 4);
+  CHECK(d[2].product ==
+        "(data.prefetch 2 + 1) x training.batch_size 50 x model.layers[0] 20 x 4 bytes");
+  CHECK(d[3].bytes == 2000 * 21 * 4);
+  CHECK(d[3].keys == std::vector<std::string>{"data.train.samples", "model.layers[0]"});
+  CHECK(d[4].bytes == 100 * 21 * 4);
+  for (const auto& x : d) CHECK_FALSE(x.overflows);
+
+  c.model.layers = {3, 1000, 2};
+  c.optimizer = {};
+  c.optimizer.name = ddp::OptimizerName::Adam;
+  c.optimizer.amsgrad = true;
+  c.data.test.samples = 0;
+  d = ddp::memory_demands(c);
+  REQUIRE(d.size() == 4);
+  CHECK(d[0].keys == std::vector<std::string>{"training.batch_size", "model.layers[1]"});
+  CHECK(d[1].bytes == (3 * 1000 + 1000 + 1000 * 2 + 2) * 20);
+  c.distributed.shard_optimizer = true;  // the state is split over the ranks: not counted
+  CHECK(ddp::memory_demands(c)[1].bytes == (3 * 1000 + 1000 + 1000 * 2 + 2) * 8);
+
+  c.model.layers = {1000000000, 1000000000, 1000000000};
+  c.training.batch_size = 1000000000;
+  c.data.prefetch = 65536;
+  c.data.train.samples = 1000000000000;
+  d = ddp::memory_demands(c);
+  CHECK_FALSE(d[0].overflows);  // 1e9 x 1e9 x 4 fits
+  CHECK(d[1].overflows);        // 2e18 parameters fit, their bytes do not
+  CHECK(d[1].product == "2000000002000000000 in model.layers x 8 bytes (weight and gradient)");
+  CHECK(d[2].overflows);
+  CHECK(d[3].overflows);
+  c.model.layers = std::vector<int64_t>(11, 1000000000);  // 1e19 parameters
+  CHECK(ddp::memory_demands(c)[1].product ==
+        "(the sum of in x out + out over model.layers) x 8 bytes (weight and gradient)");
+  c.data.format = ddp::DataFormat::Csv;  // the data's size is the file's, not the config's
+  CHECK(ddp::memory_demands(c).size() == 3);
+}
+
+TEST_CASE("config: a product of keys beyond int64 or the machine's memory is refused by name",
+          "[config][bounds]") {
+  const int64_t memory = ddp::physical_memory_bytes();
+  REQUIRE(memory > 0);
+  const std::string more = " of this machine's physical memory";
+  using Catch::Matchers::EndsWith;
+  using Catch::Matchers::StartsWith;
+  // The parameters of layers of 1e9 overflow, whatever the machine; the override is named.
+  CHECK(parse_error(kMinimal, {"model.layers=[1, 1000000000, 1000000000, 1000000000]"}) ==
+        "--set model.layers: the parameters overflow 64-bit integers: 2000000004000000000 in "
+        "model.layers x 8 bytes (weight and gradient)");
+  CHECK(
+      parse_error(kMinimal, {"data.train.samples=1000000000000", "model.layers=[1000000000, 3]"}) ==
+      "--set model.layers: model.layers[0]: the generated train samples overflow 64-bit "
+      "integers: data.train.samples 1000000000000 x (model.layers[0] 1000000000 + 1 label) x 4 "
+      "bytes");
+  // One micro-batch's activations of a layer of 1e9: 4e18 bytes, more than any machine has.
+  std::string e =
+      parse_error(kMinimal, {"model.layers=[4, 1000000000, 3]", "training.batch_size=1000000000"});
+  CHECK_THAT(
+      e,
+      StartsWith("--set training.batch_size: the activations of one micro-batch need "
+                 "4000000000000000000 bytes (3725290298.5 GiB) (training.batch_size 1000000000 x "
+                 "model.layers[1] 1000000000 x 4 bytes), more than the " +
+                 std::to_string(memory) + " bytes (") &&
+          EndsWith(more));
+  // The same product named by the layer when the layers were set last.
+  e = parse_error(kMinimal, {"training.batch_size=1000000000", "model.layers=[4, 1000000000, 3]"});
+  CHECK_THAT(e,
+             StartsWith("--set model.layers: model.layers[1]: the activations of one micro-batch"));
+  // 24 TB of batches prefetched, where one batch's activations take 0.4 GB.
+  e = parse_error(kMinimal,
+                  {"model.layers=[100, 3]", "data.prefetch=65536", "training.batch_size=1000000"});
+  CHECK_THAT(e,
+             StartsWith("--set training.batch_size: the loader's batches need 26214800000000 bytes "
+                        "(24414.4 GiB) ((data.prefetch 65536 + 1) x training.batch_size 1000000 x "
+                        "model.layers[0] 100 x 4 bytes), more than the ") &&
+                 EndsWith(more));
+  e = parse_error("model: {layers: [1000, 3]}\ndata: {train: {samples: 1000000000000}}\n");
+  CHECK_THAT(
+      e,
+      StartsWith("run.yaml: data.train.samples: the generated train samples need 4004000000000000 "
+                 "bytes (3729015.6 GiB) (data.train.samples 1000000000000 x (model.layers[0] 1000 "
+                 "+ 1 label) x 4 bytes), more than the ") &&
+          EndsWith(more));
+
+  // The comparison is against this machine's memory to the byte: a micro-batch of one layer of
+  // `width` that fills it passes, one more sample does not.
+  const int64_t width = 1000 * (1 + memory / 4000000000000);
+  const int64_t batch = memory / (4 * width);
+  REQUIRE(batch >= 1);
+  const std::string layers = "model.layers=[1, " + std::to_string(width) + "]";
+  CHECK(parse_error(kMinimal, {layers, "training.batch_size=" + std::to_string(batch)}) ==
+        "(no error)");
+  e = parse_error(kMinimal, {layers, "training.batch_size=" + std::to_string(batch + 1)});
+  CHECK_THAT(e, StartsWith("--set training.batch_size: the activations of one micro-batch need ") &&
+                    EndsWith(more));
+}
+
+TEST_CASE("config: a run's optimizer steps on generated data fit in 64 bits", "[config][bounds]") {
+  // 1e9 epochs of up to ceil(1e12 / 108) steps overflow, whatever the machine's memory.
+  CHECK(parse_error(kMinimal, {"data.train.samples=1000000000000", "training.batch_size=108",
+                               "training.epochs=1000000000"}) ==
+        "--set training.epochs: training.epochs 1000000000 x up to 9259259260 optimizer steps per "
+        "epoch (data.train.samples 1000000000000 / training.batch_size 108) overflow 64-bit "
+        "integers");
+  CHECK(parse_error(kMinimal, {"training.epochs=1000000000", "training.batch_size=1",
+                               "data.train.samples=1000000000000"}) ==
+        "--set data.train.samples: training.epochs 1000000000 x up to 1000000000000 optimizer "
+        "steps per epoch (data.train.samples 1000000000000 / training.batch_size 1) overflow "
+        "64-bit integers");
+  // 1e9 epochs of 10 steps are fine; so are 1e9 epochs of any file's data (known once read).
+  CHECK(parse_error(kMinimal, {"training.epochs=1000000000", "training.batch_size=1"}) ==
+        "(no error)");
+}
+
+TEST_CASE("config: a rank's samples per optimizer step keep the global batch in 64 bits",
+          "[config][bounds]") {
+  CHECK(parse_error(kMinimal, {"training.batch_size=65536", "training.accumulate_steps=65536"}) ==
+        "(no error)");
+  CHECK(parse_error(kMinimal, {"training.batch_size=65536", "training.accumulate_steps=65537"}) ==
+        "--set training.accumulate_steps: training.batch_size 65536 x training.accumulate_steps "
+        "65537 samples per rank and optimizer step is more than 4294967296, which keeps the global "
+        "batch over any number of ranks in 64 bits");
+  CHECK(parse_error(kMinimal,
+                    {"training.accumulate_steps=1000000", "training.batch_size=1000000000"}) ==
+        "--set training.batch_size: training.batch_size 1000000000 x training.accumulate_steps "
+        "1000000 samples per rank and optimizer step is more than 4294967296, which keeps the "
+        "global batch over any number of ranks in 64 bits");
 }
 
 TEST_CASE("config: nesterov needs momentum and no dampening, as in PyTorch", "[config]") {
