@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <sstream>
 
+#include "config/resources.h"
 #include "config/schema.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda.h"
@@ -80,6 +82,11 @@ std::string format_double(double v) {
   std::string s = buf;
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it visibly a float
   return s;
+}
+
+/// A bound of the schema as messages and the key listing write it: integer keys' as integers.
+std::string format_bound(double v, bool integer) {
+  return integer ? std::to_string(static_cast<int64_t>(v)) : format_double(v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -384,6 +391,7 @@ class RowLister {
     row.type = type_name(value);
     row.default_value = format_value(value);
     row.allowed = allowed(value, k);
+    if (k.bounded()) row.maximum = format_bound(k.max, is_integer<T>());
     row.format = k.owners_text();
     row.resume = k.must_match;
     row.doc = k.text;
@@ -415,7 +423,8 @@ class RowLister {
 
   template <typename T>
   static std::string allowed(const T&, const Key& k) {
-    if constexpr (std::is_same_v<T, Normalization>) return "none, standardize, [mean, std > 0]";
+    if constexpr (std::is_same_v<T, Normalization>)
+      return "none, standardize, [mean, std]: float32, std normal > 0";
     if constexpr (IsConfigEnum<T>::value) {
       std::string out;
       for (const auto& entry : EnumNames<T>::table)
@@ -424,9 +433,12 @@ class RowLister {
     }
     const std::string each =
         std::is_same_v<T, std::vector<int64_t>> || IsNumberList<T>::value ? "each " : "";
+    if (k.bounded()) return each + range(k, is_integer<T>());
     switch (k.rule) {
       case Key::Rule::AtLeast:
         return each + ">= " + std::to_string(k.min);
+      case Key::Rule::NotBelow:
+        return ">= " + format_bound(k.lo, false);
       case Key::Rule::Positive:
         return "> 0";
       case Key::Rule::NonNegative:
@@ -443,6 +455,28 @@ class RowLister {
         break;
     }
     return std::is_same_v<T, uint64_t> ? ">= 0" : "";
+  }
+
+  template <typename T>
+  static constexpr bool is_integer() {
+    return std::is_same_v<T, int64_t> || std::is_same_v<T, std::vector<int64_t>>;
+  }
+
+  /// A bounded key's interval: "in [1, 1000000]", "in (0, 1e+09]".
+  static std::string range(const Key& k, bool integer) {
+    const std::string hi = format_bound(k.max, integer) + "]";
+    switch (k.rule) {
+      case Key::Rule::AtLeast:
+        return "in [" + std::to_string(k.min) + ", " + hi;
+      case Key::Rule::NotBelow:
+        return "in [" + format_bound(k.lo, false) + ", " + hi;
+      case Key::Rule::Positive:
+        return "in (0, " + hi;
+      case Key::Rule::NonNegative:
+        return "in [0, " + hi;
+      default:
+        return "<= " + format_bound(k.max, integer);
+    }
   }
 
   std::vector<KeyRow>& rows_;
@@ -572,18 +606,39 @@ void require_min(const Origin& o, const std::string& path, int64_t v, int64_t lo
   if (v < lo) fail(o, path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
 }
 
+/// The schema's bounds are whole numbers below 2^53 for integer keys: the comparison in double
+/// is exact there, and a larger value converts to at least 2^53.
+void require_max(const Origin& o, const std::string& path, int64_t v, const Key& k) {
+  if (static_cast<double>(v) > k.max)
+    fail(o, path, "must be <= " + format_bound(k.max, true) + ", got " + std::to_string(v));
+}
+
+void require_max(const Origin& o, const std::string& path, double v, const Key& k) {
+  if (v > k.max)
+    fail(o, path, "must be <= " + format_bound(k.max, false) + ", got " + format_double(v));
+}
+
 [[noreturn]] void misdeclared(const std::string& path) {
   DDP_THROW("config schema: " << path << ": the rule does not fit the key's type");
 }
 
 void check_rule(const Origin& o, const std::string& path, int64_t v, const Key& k) {
-  if (k.rule == Key::Rule::AtLeast) return require_min(o, path, v, k.min);
-  if (k.rule != Key::Rule::None) misdeclared(path);
+  if (k.rule == Key::Rule::AtLeast) {
+    require_min(o, path, v, k.min);
+  } else if (k.rule != Key::Rule::None) {
+    misdeclared(path);
+  }
+  require_max(o, path, v, k);
 }
 
-void check_rule(const Origin& o, const std::string& path, double v, const Key& k) {
+void check_lower_rule(const Origin& o, const std::string& path, double v, const Key& k) {
   const bool finite = std::isfinite(v);
-  if (k.rule == Key::Rule::Positive) {
+  if (k.rule == Key::Rule::NotBelow) {
+    if (!(v >= k.lo) || !finite)
+      fail(o, path,
+           "must be >= " + format_bound(k.lo, false) +
+               (*k.lo_is ? std::string(" (") + k.lo_is + ")" : "") + ", got " + format_double(v));
+  } else if (k.rule == Key::Rule::Positive) {
     if (!(v > 0) || !finite) fail(o, path, "must be > 0, got " + format_double(v));
   } else if (k.rule == Key::Rule::NonNegative) {
     if (!(v >= 0) || !finite) fail(o, path, "must be >= 0, got " + format_double(v));
@@ -596,7 +651,13 @@ void check_rule(const Origin& o, const std::string& path, double v, const Key& k
   }
 }
 
+void check_rule(const Origin& o, const std::string& path, double v, const Key& k) {
+  check_lower_rule(o, path, v, k);
+  require_max(o, path, v, k);
+}
+
 void check_rule(const Origin& o, const std::string& path, const std::string& v, const Key& k) {
+  if (k.bounded()) misdeclared(path);
   if (k.rule == Key::Rule::NonEmpty) {
     if (v.empty()) fail(o, path, "must not be empty");
   } else if (k.rule == Key::Rule::Equals) {
@@ -619,18 +680,30 @@ void check_rule(const Origin& o, const std::string& path, const std::array<doubl
   for (size_t i = 0; i < N; ++i) check_rule(o, path + "[" + std::to_string(i) + "]", v[i], k);
 }
 
+/// The transform is (x - mean) / std in float32: the mean must be a finite float32 and the std
+/// a normal one, whose reciprocal is finite too (1e-320 is 0 in float32, 1e-40 subnormal).
 void check_rule(const Origin& o, const std::string& path, const Normalization& v, const Key& k) {
-  if (k.rule != Key::Rule::None) misdeclared(path);
+  if (k.rule != Key::Rule::None || k.bounded()) misdeclared(path);
   if (v.mode != Normalization::Mode::Fixed) return;
-  if (!std::isfinite(v.mean)) fail(o, path + "[0]", "mean must be finite");
+  if (!(std::fabs(v.mean) <= FLT_MAX)) {
+    fail(o, path + "[0]",
+         "mean must be finite as a float32 (at most " + format_double(FLT_MAX) +
+             " in magnitude), got " + format_double(v.mean));
+  }
   if (!(v.std > 0) || !std::isfinite(v.std))
     fail(o, path + "[1]", "std must be > 0, got " + format_double(v.std));
+  const float std32 = v.std <= FLT_MAX ? static_cast<float>(v.std) : HUGE_VALF;
+  if (!std::isnormal(std32) || !std::isfinite(1.0f / std32)) {
+    fail(o, path + "[1]",
+         "std must be a normal float32 (from " + format_double(FLT_MIN) + " to " +
+             format_double(FLT_MAX) + ") with a finite reciprocal, got " + format_double(v.std));
+  }
 }
 
 /// bool, uint64_t (the reader refuses negatives) and enums (the reader refuses other names).
 template <typename T>
 void check_rule(const Origin&, const std::string& path, const T&, const Key& k) {
-  if (k.rule != Key::Rule::None) misdeclared(path);
+  if (k.rule != Key::Rule::None || k.bounded()) misdeclared(path);
 }
 
 /// Walks the schema: each key's rule; a key of another data.format must keep its default.
@@ -851,11 +924,81 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
   validate_gradient_path(o, c);
 }
 
+/// Of the keys a product is made of, the one a --set override set last (that is what changed),
+/// else the first.
+std::string blamed_key(const Origin& o, const std::vector<std::string>& keys) {
+  for (auto it = o.override_keys.rbegin(); it != o.override_keys.rend(); ++it) {
+    for (const std::string& key : keys) {
+      if (*it == key || path_inside(*it, key) || path_inside(key, *it)) return key;
+    }
+  }
+  return keys.front();
+}
+
+std::string format_bytes(int64_t bytes) {
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(bytes) / (1 << 30));
+  return std::to_string(bytes) + " bytes (" + gib + " GiB)";
+}
+
+/// Each product of several keys fits in int64 (checked first: that does not depend on the
+/// machine), then in this machine's memory. The comparison is generous: each demand is a lower
+/// bound of what the run allocates, held against all of the physical memory.
+void validate_memory(const Origin& o, const TrainConfig& c) {
+  const std::vector<MemoryDemand> demands = memory_demands(c);
+  for (const MemoryDemand& d : demands) {
+    if (d.overflows)
+      fail(o, blamed_key(o, d.keys), d.what + " overflow 64-bit integers: " + d.product);
+  }
+  const int64_t available = physical_memory_bytes();
+  for (const MemoryDemand& d : demands) {
+    if (available == 0 || d.bytes <= available) continue;
+    fail(o, blamed_key(o, d.keys),
+         d.what + " need " + format_bytes(d.bytes) + " (" + d.product + "), more than the " +
+             format_bytes(available) + " of this machine's physical memory");
+  }
+}
+
+/// The global batch, batch_size x accumulate_steps x ranks, is an int64 for any number of ranks.
+void validate_step_samples(const Origin& o, const TrainConfig& c) {
+  const TrainingConfig& t = c.training;
+  int64_t samples = 0;
+  if (!__builtin_mul_overflow(t.batch_size, t.accumulate_steps, &samples) &&
+      samples <= kMaxRankStepSamples) {
+    return;
+  }
+  const std::string most = std::to_string(kMaxRankStepSamples);
+  fail(o, blamed_key(o, {"training.accumulate_steps", "training.batch_size"}),
+       "training.batch_size " + std::to_string(t.batch_size) + " x training.accumulate_steps " +
+           std::to_string(t.accumulate_steps) +
+           " samples per rank and optimizer step is more than " + most +
+           ", which keeps the global batch over any number of ranks in 64 bits");
+}
+
+/// The run's optimizer steps, epochs x steps per epoch, are an int64 (the lr schedule's length
+/// is that product). An epoch of generated data has at most ceil(samples / batch_size) steps on
+/// any number of ranks; files' sizes are known only once read (an IDX file has < 2^32 samples).
+void validate_run_steps(const Origin& o, const TrainConfig& c) {
+  if (c.data.format != DataFormat::Synthetic) return;
+  const int64_t samples = c.data.train.samples, batch = c.training.batch_size;
+  const int64_t per_epoch = samples / batch + (samples % batch != 0 ? 1 : 0);
+  int64_t steps = 0;
+  if (!__builtin_mul_overflow(c.training.epochs, per_epoch, &steps)) return;
+  fail(o, blamed_key(o, {"training.epochs", "data.train.samples", "training.batch_size"}),
+       "training.epochs " + std::to_string(c.training.epochs) + " x up to " +
+           std::to_string(per_epoch) + " optimizer steps per epoch (data.train.samples " +
+           std::to_string(samples) + " / training.batch_size " + std::to_string(batch) +
+           ") overflow 64-bit integers");
+}
+
 void validate(const Origin& o, const TrainConfig& c) {
   validate_basics(o, c);
   TrainConfig copy = c;  // the visitor hands out mutable references; the validator only reads
   Validator validator(o, c.data.format, "");
   visit_config(copy, validator);
+  validate_step_samples(o, c);
+  validate_run_steps(o, c);
+  validate_memory(o, c);
   validate_across_keys(o, c);
 }
 

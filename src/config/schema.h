@@ -4,6 +4,8 @@
 #pragma once
 
 #include <array>
+#include <cfloat>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -15,12 +17,33 @@
 
 namespace ddp {
 
+/// Upper bounds of numeric keys, far beyond what a run needs. Each keeps what is derived from
+/// the key inside its type (int64 products and sums, nanoseconds, size_t bytes, float32
+/// operands); products of several keys (epochs x an epoch's steps, a micro-batch's bytes, ...)
+/// are checked in validation, against each other and the machine (src/config/resources.h).
+namespace bounds {
+constexpr double kSteps = 1e12;             ///< optimizer steps (max_steps, intervals, schedules)
+constexpr double kEpochs = 1e9;             ///< room for "until stopped"
+constexpr double kSamples = 1e12;           ///< generated samples
+constexpr double kWidth = 1e9;              ///< a layer's width (the kernels' int dimensions)
+constexpr double kBatch = 1e9;              ///< samples per rank per micro-batch
+constexpr double kAccumulate = 1e6;         ///< micro-batches per optimizer step
+constexpr double kPrefetch = 65536;         ///< batches the loader holds ahead
+constexpr double kGpu = 65535;              ///< a GPU ordinal
+constexpr double kKept = 1e6;               ///< checkpoints kept
+constexpr double kTimeoutS = 1e9;           ///< 1e18 ns: a deadline on the steady clock fits int64
+constexpr double kBucketMiB = 1e9;          ///< 2^50 bytes: the cap in bytes fits size_t
+constexpr double kByteMiB = 1.0 / 1048576;  ///< one byte: a smaller cap would be 0 bytes
+constexpr double kFloat32 = FLT_MAX;        ///< numbers the kernels read as float32
+}  // namespace bounds
+
 /// What the schema says of a key besides its name, member and type; the default is the
-/// struct's. Built in a chain: Key().at_least(1).resume().doc("...").
+/// struct's. Built in a chain: Key().at_least(1).at_most(1e6).resume().doc("...").
 struct Key {
   enum class Rule {
     None,
     AtLeast,
+    NotBelow,
     Positive,
     NonNegative,
     Fraction,
@@ -30,6 +53,9 @@ struct Key {
   };
   Rule rule = Rule::None;
   int64_t min = 0;          ///< AtLeast: the smallest integer (each entry of a list)
+  double lo = 0;            ///< NotBelow: the smallest number
+  const char* lo_is = "";   ///< NotBelow: what the smallest number is, for messages
+  double max = HUGE_VAL;    ///< the largest value (each entry of a list); HUGE_VAL: none
   const char* only = "";    ///< Equals: the one accepted string
   uint32_t owners = 0;      ///< a bit per data.format the key applies to; 0: to every one
   const char* misuse = "";  ///< added when the key is set for another format
@@ -40,6 +66,19 @@ struct Key {
     min = lo;
     return set(Rule::AtLeast);
   }
+  /// A number >= smallest, which messages explain as `meaning` ("one byte").
+  Key& not_below(double smallest, const char* meaning = "") {
+    lo = smallest;
+    lo_is = meaning;
+    return set(Rule::NotBelow);
+  }
+  /// The largest value of an integer or number key, besides its rule; integer bounds are
+  /// whole numbers below 2^53, so they compare exactly.
+  Key& at_most(double hi) {
+    max = hi;
+    return *this;
+  }
+  bool bounded() const { return max != HUGE_VAL; }
   Key& positive() { return set(Rule::Positive); }
   Key& non_negative() { return set(Rule::NonNegative); }
   /// In [0, 1) (each entry of a list).
@@ -101,10 +140,19 @@ void visit_split(SplitSource& s, V& v, bool train) {
           Key().only_for({DataFormat::Csv}).doc("CSV file: the features, then the integer label"));
   if (train) {
     v.field("samples", s.samples,
-            Key().only_for({DataFormat::Synthetic}).at_least(1).resume().doc("generated samples"));
+            Key()
+                .only_for({DataFormat::Synthetic})
+                .at_least(1)
+                .at_most(bounds::kSamples)
+                .resume()
+                .doc("generated samples"));
   } else {
     v.field("samples", s.samples,
-            Key().only_for({DataFormat::Synthetic}).at_least(0).doc("generated samples; 0: none"));
+            Key()
+                .only_for({DataFormat::Synthetic})
+                .at_least(0)
+                .at_most(bounds::kSamples)
+                .doc("generated samples; 0: none"));
   }
 }
 
@@ -124,8 +172,9 @@ void visit_data(DataConfig& d, V& v) {
               .only_for({DataFormat::Synthetic}, "; the shuffle seed is training.seed")
               .resume()
               .doc("seed of the synthetic data generator"));
-  v.field("prefetch", d.prefetch,
-          Key().at_least(1).doc("batches the loader thread prepares ahead"));
+  v.field(
+      "prefetch", d.prefetch,
+      Key().at_least(1).at_most(bounds::kPrefetch).doc("batches the loader thread prepares ahead"));
   v.field("share_on_node", d.share_on_node,
           Key().doc("a node's ranks map one copy of the data (/dev/shm)"));
   v.field("normalize", d.normalize,
@@ -136,7 +185,11 @@ void visit_data(DataConfig& d, V& v) {
 template <typename V>
 void visit_model(ModelConfig& m, V& v) {
   v.field("layers", m.layers,
-          Key().at_least(1).resume().doc("layer widths, input first; at least 2 entries"));
+          Key()
+              .at_least(1)
+              .at_most(bounds::kWidth)
+              .resume()
+              .doc("layer widths, input first; at least 2 entries"));
   v.field("activation", m.activation,
           Key().equals("relu").resume().doc("nonlinearity between Linear layers"));
   v.field("init_from", m.init_from, Key().doc(".safetensors file with the initial weights"));
@@ -145,18 +198,28 @@ void visit_model(ModelConfig& m, V& v) {
 template <typename V>
 void visit_optimizer(OptimizerConfig& o, V& v) {
   v.field("name", o.name, Key().resume().doc("torch.optim.SGD, Adam or AdamW"));
-  v.field("lr", o.lr, Key().positive().resume().doc("learning rate"));
-  v.field("momentum", o.momentum, Key().non_negative().resume().doc("sgd: momentum factor"));
-  v.field("dampening", o.dampening,
-          Key().non_negative().resume().doc("sgd: dampening for momentum"));
+  v.field("lr", o.lr, Key().positive().at_most(bounds::kFloat32).resume().doc("learning rate"));
+  v.field("momentum", o.momentum,
+          Key().non_negative().at_most(bounds::kFloat32).resume().doc("sgd: momentum factor"));
+  v.field(
+      "dampening", o.dampening,
+      Key().non_negative().at_most(bounds::kFloat32).resume().doc("sgd: dampening for momentum"));
   v.field("weight_decay", o.weight_decay,
-          Key().non_negative().resume().doc(
-              "sgd, adam: L2 penalty added to the gradient; adamw: decoupled decay"));
+          Key()
+              .non_negative()
+              .at_most(bounds::kFloat32)
+              .resume()
+              .doc("sgd, adam: L2 penalty added to the gradient; adamw: decoupled decay"));
   v.field("nesterov", o.nesterov,
           Key().resume().doc("sgd: Nesterov momentum; needs momentum > 0, dampening 0"));
   v.field("betas", o.betas,
           Key().fraction().resume().doc("adam, adamw: decay of the gradient's moments"));
-  v.field("eps", o.eps, Key().non_negative().resume().doc("adam, adamw: added to the denominator"));
+  v.field("eps", o.eps,
+          Key()
+              .non_negative()
+              .at_most(bounds::kFloat32)
+              .resume()
+              .doc("adam, adamw: added to the denominator"));
   v.field("amsgrad", o.amsgrad,
           Key().resume().doc("adam, adamw: divide by the largest second moment so far"));
 }
@@ -166,45 +229,75 @@ void visit_scheduler(SchedulerConfig& s, V& v) {
   v.field("name", s.name,
           Key().resume().doc("lr after warmup: constant, StepLR, CosineAnnealingLR, linear decay"));
   v.field("warmup_steps", s.warmup_steps,
-          Key().at_least(0).resume().doc("optimizer steps of linear warmup (LinearLR); 0: none"));
+          Key()
+              .at_least(0)
+              .at_most(bounds::kSteps)
+              .resume()
+              .doc("optimizer steps of linear warmup (LinearLR); 0: none"));
   v.field("warmup_start_factor", s.warmup_start_factor,
           Key().unit_interval().resume().doc("warmup starts at this fraction of optimizer.lr"));
   v.field("min_lr", s.min_lr,
           Key().non_negative().resume().doc("cosine, linear: the lr at scheduler.total_steps"));
   v.field("total_steps", s.total_steps,
-          Key().at_least(0).resume().doc(
-              "cosine, linear: steps of warmup and decay; 0: the run's optimizer steps"));
+          Key()
+              .at_least(0)
+              .at_most(bounds::kSteps)
+              .resume()
+              .doc("cosine, linear: steps of warmup and decay; 0: the run's optimizer steps"));
   v.field("step_size", s.step_size,
-          Key().at_least(0).resume().doc("step: optimizer steps between decays (StepLR)"));
+          Key()
+              .at_least(0)
+              .at_most(bounds::kSteps)
+              .resume()
+              .doc("step: optimizer steps between decays (StepLR)"));
   v.field("gamma", s.gamma, Key().positive().resume().doc("step: the factor of each decay"));
 }
 
 template <typename V>
 void visit_training(TrainingConfig& t, V& v) {
-  v.field("epochs", t.epochs, Key().at_least(1).doc("passes over the training split"));
-  v.field("batch_size", t.batch_size, Key().at_least(1).doc("samples per rank per micro-batch"));
+  v.field("epochs", t.epochs,
+          Key().at_least(1).at_most(bounds::kEpochs).doc("passes over the training split"));
+  v.field("batch_size", t.batch_size,
+          Key().at_least(1).at_most(bounds::kBatch).doc("samples per rank per micro-batch"));
   v.field("accumulate_steps", t.accumulate_steps,
-          Key().at_least(1).doc("micro-batches per optimizer step"));
+          Key().at_least(1).at_most(bounds::kAccumulate).doc("micro-batches per optimizer step"));
   v.field("seed", t.seed, Key().resume().doc("seed of weight init and shuffle"));
   v.field("log_every", t.log_every,
-          Key().at_least(0).doc("optimizer steps between progress lines; 0: epochs only"));
+          Key()
+              .at_least(0)
+              .at_most(bounds::kSteps)
+              .doc("optimizer steps between progress lines; 0: epochs only"));
   v.field("max_steps", t.max_steps,
-          Key().at_least(0).doc("stop after this many optimizer steps; 0: no limit"));
+          Key()
+              .at_least(0)
+              .at_most(bounds::kSteps)
+              .doc("stop after this many optimizer steps; 0: no limit"));
   v.field("print_shapes", t.print_shapes, Key().doc("each rank prints its replica's shapes"));
   v.field("resume", t.resume, Key().doc("\"\": fresh; auto: newest checkpoint; or a file"));
   v.field("start_over", t.start_over,
           Key().doc("a fresh run moves an earlier run's files in output.dir aside"));
   v.field("nan_policy", t.nan_policy, Key().doc("what a non-finite loss or gradient does"));
   v.field("clip_grad_norm", t.clip_grad_norm,
-          Key().non_negative().resume().doc(
-              "clip the averaged gradient to this global L2 norm; 0: off"));
+          Key()
+              .non_negative()
+              .at_most(bounds::kFloat32)
+              .resume()
+              .doc("clip the averaged gradient to this global L2 norm; 0: off"));
 }
 
 template <typename V>
 void visit_distributed(DistributedConfig& d, V& v) {
   v.field("backend", d.backend, Key().doc("gradient allreduce; auto: nccl on GPUs, else mpi"));
-  v.field("bucket_cap_mb", d.bucket_cap_mb, Key().positive().doc("MiB cap of later buckets"));
-  v.field("first_bucket_mb", d.first_bucket_mb, Key().positive().doc("MiB cap of bucket 0"));
+  v.field("bucket_cap_mb", d.bucket_cap_mb,
+          Key()
+              .not_below(bounds::kByteMiB, "one byte")
+              .at_most(bounds::kBucketMiB)
+              .doc("MiB cap of later buckets; the least is one byte"));
+  v.field("first_bucket_mb", d.first_bucket_mb,
+          Key()
+              .not_below(bounds::kByteMiB, "one byte")
+              .at_most(bounds::kBucketMiB)
+              .doc("MiB cap of bucket 0; the least is one byte"));
   v.field("shared_memory", d.shared_memory,
           Key().doc("one node: allreduce in an MPI shared-memory window"));
   v.field("shard_optimizer", d.shard_optimizer,
@@ -217,9 +310,12 @@ void visit_distributed(DistributedConfig& d, V& v) {
           Key().doc("compress on one node's shared-memory path too"));
   v.field("hierarchical", d.hierarchical,
           Key().doc("allreduce within each node, then across nodes; auto: when it helps"));
-  v.field("gpus", d.gpus, Key().at_least(0).doc("GPU of each local rank; []: local rank % GPUs"));
+  v.field(
+      "gpus", d.gpus,
+      Key().at_least(0).at_most(bounds::kGpu).doc("GPU of each local rank; []: local rank % GPUs"));
   v.field("nccl_algo", d.nccl_algo, Key().doc("ring sets NCCL_ALGO=Ring; auto: NCCL's choice"));
-  v.field("timeout_s", d.timeout_s, Key().positive().doc("seconds any collective may take"));
+  v.field("timeout_s", d.timeout_s,
+          Key().positive().at_most(bounds::kTimeoutS).doc("seconds any collective may take"));
 }
 
 template <typename V>
@@ -236,15 +332,19 @@ void visit_config(TrainConfig& c, V& v) {
     s.field("save_model", c.output.save_model, Key().doc("write <dir>/model.safetensors"));
     s.field("trace", c.output.trace, Key().doc("write <dir>/trace.json (Chrome trace)"));
     s.field("trace_steps", c.output.trace_steps,
-            Key().at_least(0).doc("optimizer steps traced; 0: all"));
+            Key().at_least(0).at_most(bounds::kSteps).doc("optimizer steps traced; 0: all"));
   });
   v.section("checkpoint", [&](V& s) {
     s.field("dir", c.checkpoint.dir, Key().doc("\"\": <output.dir>/checkpoints"));
     s.field("every_steps", c.checkpoint.every_steps,
-            Key().at_least(0).doc("checkpoint every N optimizer steps; 0: off"));
+            Key()
+                .at_least(0)
+                .at_most(bounds::kSteps)
+                .doc("checkpoint every N optimizer steps; 0: off"));
     s.field("every_epochs", c.checkpoint.every_epochs,
-            Key().at_least(0).doc("checkpoint every N epochs; 0: off"));
-    s.field("keep_last", c.checkpoint.keep_last, Key().at_least(0).doc("checkpoints kept; 0: all"));
+            Key().at_least(0).at_most(bounds::kEpochs).doc("checkpoint every N epochs; 0: off"));
+    s.field("keep_last", c.checkpoint.keep_last,
+            Key().at_least(0).at_most(bounds::kKept).doc("checkpoints kept; 0: all"));
   });
 }
 
@@ -300,7 +400,8 @@ struct KeyRow {
   std::string path;           ///< "training.batch_size"
   std::string type;           ///< "integer", "number", "bool", "string", "list of integers"
   std::string default_value;  ///< as --print-config writes it
-  std::string allowed;        ///< "cpu, cuda, auto", ">= 1", "> 0", ... or ""
+  std::string allowed;        ///< "cpu, cuda, auto", ">= 1", "> 0", "in [1, 1000000]", ... or ""
+  std::string maximum;        ///< the largest value of a bounded key, as `allowed` writes it; ""
   std::string format;         ///< the owning data.format, or ""
   bool resume = false;        ///< a resume must keep the value
   std::string doc;

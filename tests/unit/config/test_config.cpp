@@ -4,12 +4,15 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <cfloat>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "config/resources.h"
+#include "config/schema.h"
 #include "core/check.h"
 #include "ddp/config.h"
 #include "kernels/cuda/cuda.h"
@@ -416,9 +419,9 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.output.trace_steps = -1; },
        "output.trace_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.distributed.bucket_cap_mb = 0; },
-       "distributed.bucket_cap_mb: must be > 0, got 0.0"},
+       "distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 0.0"},
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
-       "distributed.first_bucket_mb: must be > 0, got -1.0"},
+       "distributed.first_bucket_mb: must be >= 9.5367431640625e-07 (one byte), got -1.0"},
       {[](TrainConfig& c) { c.output.dir = ""; }, "output.dir: must not be empty"},
       {[](TrainConfig& c) { c.checkpoint.every_steps = -1; },
        "checkpoint.every_steps: must be >= 0, got -1"},
@@ -671,6 +674,288 @@ TEST_CASE("config: range errors from a file name the file", "[config]") {
   c.training.batch_size = -2;
   CHECK(error_of([&] { ddp::validate_config(c); }) ==
         "mine.yaml: training.batch_size: must be >= 1, got -2");
+}
+
+// Each bounded key, set just above its bound through --set, is refused naming the key and the
+// bound; the list is pinned against the schema, so a key cannot lose its bound unnoticed.
+TEST_CASE("config: every numeric key has an upper bound, and a value above it names the key",
+          "[config][bounds]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.layers=[4, 1000000001]",
+       "--set model.layers: model.layers[1]: must be <= "
+       "1000000000, got 1000000001"},
+      {"data.train.samples=1000000000001",
+       "--set data.train.samples: must be <= 1000000000000, got 1000000000001"},
+      {"data.test.samples=1000000000001",
+       "--set data.test.samples: must be <= 1000000000000, got 1000000000001"},
+      {"data.prefetch=65537", "--set data.prefetch: must be <= 65536, got 65537"},
+      {"optimizer.lr=1e39", "--set optimizer.lr: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.momentum=1e39",
+       "--set optimizer.momentum: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.dampening=1e39",
+       "--set optimizer.dampening: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.weight_decay=1e39",
+       "--set optimizer.weight_decay: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"optimizer.eps=1e39", "--set optimizer.eps: must be <= 3.4028234663852886e+38, got 1e+39"},
+      {"scheduler.warmup_steps=1000000000001",
+       "--set scheduler.warmup_steps: must be <= 1000000000000, got 1000000000001"},
+      {"scheduler.total_steps=1000000000001",
+       "--set scheduler.total_steps: must be <= 1000000000000, got 1000000000001"},
+      {"scheduler.step_size=1000000000001",
+       "--set scheduler.step_size: must be <= 1000000000000, got 1000000000001"},
+      {"training.epochs=1000000001",
+       "--set training.epochs: must be <= 1000000000, got 1000000001"},
+      {"training.batch_size=1000000001",
+       "--set training.batch_size: must be <= 1000000000, got 1000000001"},
+      {"training.accumulate_steps=4611686018427387904",
+       "--set training.accumulate_steps: must be <= 1000000, got 4611686018427387904"},
+      {"training.log_every=1000000000001",
+       "--set training.log_every: must be <= 1000000000000, got 1000000000001"},
+      {"training.max_steps=9223372036854775807",
+       "--set training.max_steps: must be <= 1000000000000, got 9223372036854775807"},
+      {"training.clip_grad_norm=1e300",
+       "--set training.clip_grad_norm: must be <= 3.4028234663852886e+38, got 1e+300"},
+      {"distributed.bucket_cap_mb=1e300",
+       "--set distributed.bucket_cap_mb: must be <= 1e+09, got 1e+300"},
+      {"distributed.first_bucket_mb=1.000001e9",
+       "--set distributed.first_bucket_mb: must be <= 1e+09, got 1.000001e+09"},
+      {"distributed.gpus=[0, 65536]",
+       "--set distributed.gpus: distributed.gpus[1]: must be <= 65535, got 65536"},
+      {"distributed.timeout_s=1e10", "--set distributed.timeout_s: must be <= 1e+09, got 1e+10"},
+      {"output.trace_steps=1000000000001",
+       "--set output.trace_steps: must be <= 1000000000000, got 1000000000001"},
+      {"checkpoint.every_steps=4611686018427387904",
+       "--set checkpoint.every_steps: must be <= 1000000000000, got 4611686018427387904"},
+      {"checkpoint.every_epochs=1000000001",
+       "--set checkpoint.every_epochs: must be <= 1000000000, got 1000000001"},
+      {"checkpoint.keep_last=1000001",
+       "--set checkpoint.keep_last: must be <= 1000000, got 1000001"},
+  };
+  std::vector<std::string> refused;
+  for (const auto& [set, message] : cases) {
+    INFO("--set " << set);
+    CHECK(parse_error(kMinimal, {set}) == message);
+    refused.push_back(set.substr(0, set.find('=')));
+  }
+  // Numeric keys without an upper bound: seeds (any 64-bit value names a stream), numbers whose
+  // rule bounds them already, min_lr (at most optimizer.lr) and gamma (a step schedule's lr
+  // leaving float32 is the non-finite check's to stop, as any divergence is).
+  const std::vector<std::string> unbounded = {
+      "data.seed",        "optimizer.betas", "scheduler.warmup_start_factor",
+      "scheduler.min_lr", "scheduler.gamma", "training.seed"};
+  std::vector<std::string> bounded, numeric_unbounded;
+  for (const ddp::KeyRow& row : ddp::config_schema()) {
+    if (!row.maximum.empty()) bounded.push_back(row.path);
+    const bool numeric = row.type == "integer" || row.type == "number" ||
+                         row.type == "list of integers" || row.type == "list of 2 numbers";
+    if (numeric && row.maximum.empty()) numeric_unbounded.push_back(row.path);
+  }
+  CHECK(bounded == refused);
+  CHECK(numeric_unbounded == unbounded);
+}
+
+TEST_CASE("config: the bounds themselves are allowed", "[config][bounds]") {
+  TrainConfig c = valid_config();
+  c.data.prefetch = 65536;
+  c.optimizer.lr = c.optimizer.momentum = c.optimizer.weight_decay = FLT_MAX;
+  c.scheduler.name = ddp::SchedulerName::Cosine;
+  c.scheduler.warmup_steps = 1000000000000 - 1;
+  c.scheduler.total_steps = 1000000000000;
+  c.training.epochs = 1000000000;
+  c.training.accumulate_steps = 1000000;
+  c.training.log_every = c.training.max_steps = 1000000000000;
+  c.training.clip_grad_norm = FLT_MAX;
+  c.distributed.bucket_cap_mb = 1e9;
+  c.distributed.first_bucket_mb = 1.0 / 1048576;
+  c.distributed.gpus = {65535};
+  c.distributed.timeout_s = 1e9;
+  c.output.trace_steps = c.checkpoint.every_steps = 1000000000000;
+  c.checkpoint.keep_last = 1000000;
+  CHECK(error_of([&] { ddp::validate_config(c); }) == "(no error)");
+  c.checkpoint.every_steps = 0;
+  c.checkpoint.every_epochs = 1000000000;
+  c.data.test.samples = 1;
+  c.optimizer.dampening = FLT_MAX;
+  CHECK(error_of([&] { ddp::validate_config(c); }) == "(no error)");
+  c.distributed.first_bucket_mb = std::nextafter(1.0 / 1048576, 0.0);  // rounds to 0 bytes
+  CHECK(error_of([&] { ddp::validate_config(c); }) ==
+        "<config>: distributed.first_bucket_mb: must be >= 9.5367431640625e-07 (one byte), got "
+        "9.536743164062499e-07");
+  CHECK(parse_error(kMinimal, {"distributed.bucket_cap_mb=1e-300"}) ==
+        "--set distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 1e-300");
+}
+
+TEST_CASE("config: data.normalize's mean and std must be usable as float32", "[config][bounds]") {
+  const std::string head = "model: {layers: [4, 2]}\ndata:\n  train: {samples: 8}\n  normalize: ";
+  const std::string std_message =
+      "run.yaml: data.normalize[1]: std must be a normal float32 (from 1.1754943508222875e-38 to "
+      "3.4028234663852886e+38) with a finite reciprocal, got ";
+  // 1e-320 is 0 in float32, 1e-40 subnormal (its reciprocal is inf), 1e39 is inf.
+  for (const std::string std : {"1e-320", "1e-40", "1.1754942e-38", "1e39"}) {
+    INFO("std " << std);
+    const std::string shown = std == "1.1754942e-38" ? "1.1754942e-38"
+                              : std == "1e39"        ? "1e+39"
+                                                     : std;
+    CHECK(parse_error(head + "[0, " + std + "]\n") == std_message + shown);
+  }
+  CHECK(parse_error(head + "[1e39, 1]\n") ==
+        "run.yaml: data.normalize[0]: mean must be finite as a float32 (at most "
+        "3.4028234663852886e+38 in magnitude), got 1e+39");
+  CHECK(parse_error(head + "[-1e39, 1]\n") ==
+        "run.yaml: data.normalize[0]: mean must be finite as a float32 (at most "
+        "3.4028234663852886e+38 in magnitude), got -1e+39");
+  CHECK(parse_error(head + "[0, -1e-320]\n") ==
+        "run.yaml: data.normalize[1]: std must be > 0, got -1e-320");
+  // The extremes of float32's normal range are allowed, and so is the largest mean.
+  for (const std::string ok : {"[0, 1.1754943508222875e-38]", "[0, 3.4028234663852886e+38]",
+                               "[-3.4028234663852886e+38, 1]"}) {
+    INFO(ok);
+    CHECK(parse_error(head + ok + "\n") == "(no error)");
+  }
+}
+
+// The products of several keys: what memory_demands computes for a small config, in bytes.
+TEST_CASE("config: memory_demands are the products of the keys, and overflows are flagged",
+          "[config][bounds]") {
+  TrainConfig c = valid_config();
+  c.model.layers = {20, 10, 3};
+  c.training.batch_size = 50;
+  c.data.train.samples = 2000;
+  c.data.test.samples = 100;
+  c.optimizer.momentum = 0.9;
+  std::vector<ddp::MemoryDemand> d = ddp::memory_demands(c);
+  REQUIRE(d.size() == 5);
+  CHECK(d[0].bytes == 50 * 20 * 4);
+  CHECK(d[0].product == "training.batch_size 50 x model.layers[0] 20 x 4 bytes");
+  CHECK(d[1].bytes == (20 * 10 + 10 + 10 * 3 + 3) * 12);
+  CHECK(d[1].product ==
+        "243 in model.layers x 12 bytes (weight, gradient and 1 optimizer state(s))");
+  CHECK(d[2].bytes == 3 * 50 * 20 * 4);
+  CHECK(d[2].product ==
+        "(data.prefetch 2 + 1) x training.batch_size 50 x model.layers[0] 20 x 4 bytes");
+  CHECK(d[3].bytes == 2000 * 21 * 4);
+  CHECK(d[3].keys == std::vector<std::string>{"data.train.samples", "model.layers[0]"});
+  CHECK(d[4].bytes == 100 * 21 * 4);
+  for (const auto& x : d) CHECK_FALSE(x.overflows);
+
+  c.model.layers = {3, 1000, 2};
+  c.optimizer = {};
+  c.optimizer.name = ddp::OptimizerName::Adam;
+  c.optimizer.amsgrad = true;
+  c.data.test.samples = 0;
+  d = ddp::memory_demands(c);
+  REQUIRE(d.size() == 4);
+  CHECK(d[0].keys == std::vector<std::string>{"training.batch_size", "model.layers[1]"});
+  CHECK(d[1].bytes == (3 * 1000 + 1000 + 1000 * 2 + 2) * 20);
+  c.distributed.shard_optimizer = true;  // the state is split over the ranks: not counted
+  CHECK(ddp::memory_demands(c)[1].bytes == (3 * 1000 + 1000 + 1000 * 2 + 2) * 8);
+
+  c.model.layers = {1000000000, 1000000000, 1000000000};
+  c.training.batch_size = 1000000000;
+  c.data.prefetch = 65536;
+  c.data.train.samples = 1000000000000;
+  d = ddp::memory_demands(c);
+  CHECK_FALSE(d[0].overflows);  // 1e9 x 1e9 x 4 fits
+  CHECK(d[1].overflows);        // 2e18 parameters fit, their bytes do not
+  CHECK(d[1].product == "2000000002000000000 in model.layers x 8 bytes (weight and gradient)");
+  CHECK(d[2].overflows);
+  CHECK(d[3].overflows);
+  c.model.layers = std::vector<int64_t>(11, 1000000000);  // 1e19 parameters
+  CHECK(ddp::memory_demands(c)[1].product ==
+        "(the sum of in x out + out over model.layers) x 8 bytes (weight and gradient)");
+  c.data.format = ddp::DataFormat::Csv;  // the data's size is the file's, not the config's
+  CHECK(ddp::memory_demands(c).size() == 3);
+}
+
+TEST_CASE("config: a product of keys beyond int64 or the machine's memory is refused by name",
+          "[config][bounds]") {
+  const int64_t memory = ddp::physical_memory_bytes();
+  REQUIRE(memory > 0);
+  const std::string more = " of this machine's physical memory";
+  using Catch::Matchers::EndsWith;
+  using Catch::Matchers::StartsWith;
+  // The parameters of layers of 1e9 overflow, whatever the machine; the override is named.
+  CHECK(parse_error(kMinimal, {"model.layers=[1, 1000000000, 1000000000, 1000000000]"}) ==
+        "--set model.layers: the parameters overflow 64-bit integers: 2000000004000000000 in "
+        "model.layers x 8 bytes (weight and gradient)");
+  CHECK(
+      parse_error(kMinimal, {"data.train.samples=1000000000000", "model.layers=[1000000000, 3]"}) ==
+      "--set model.layers: model.layers[0]: the generated train samples overflow 64-bit "
+      "integers: data.train.samples 1000000000000 x (model.layers[0] 1000000000 + 1 label) x 4 "
+      "bytes");
+  // One micro-batch's activations of a layer of 1e9: 4e18 bytes, more than any machine has.
+  std::string e =
+      parse_error(kMinimal, {"model.layers=[4, 1000000000, 3]", "training.batch_size=1000000000"});
+  CHECK_THAT(
+      e,
+      StartsWith("--set training.batch_size: the activations of one micro-batch need "
+                 "4000000000000000000 bytes (3725290298.5 GiB) (training.batch_size 1000000000 x "
+                 "model.layers[1] 1000000000 x 4 bytes), more than the " +
+                 std::to_string(memory) + " bytes (") &&
+          EndsWith(more));
+  // The same product named by the layer when the layers were set last.
+  e = parse_error(kMinimal, {"training.batch_size=1000000000", "model.layers=[4, 1000000000, 3]"});
+  CHECK_THAT(e,
+             StartsWith("--set model.layers: model.layers[1]: the activations of one micro-batch"));
+  // 24 TB of batches prefetched, where one batch's activations take 0.4 GB.
+  e = parse_error(kMinimal,
+                  {"model.layers=[100, 3]", "data.prefetch=65536", "training.batch_size=1000000"});
+  CHECK_THAT(e,
+             StartsWith("--set training.batch_size: the loader's batches need 26214800000000 bytes "
+                        "(24414.4 GiB) ((data.prefetch 65536 + 1) x training.batch_size 1000000 x "
+                        "model.layers[0] 100 x 4 bytes), more than the ") &&
+                 EndsWith(more));
+  e = parse_error("model: {layers: [1000, 3]}\ndata: {train: {samples: 1000000000000}}\n");
+  CHECK_THAT(
+      e,
+      StartsWith("run.yaml: data.train.samples: the generated train samples need 4004000000000000 "
+                 "bytes (3729015.6 GiB) (data.train.samples 1000000000000 x (model.layers[0] 1000 "
+                 "+ 1 label) x 4 bytes), more than the ") &&
+          EndsWith(more));
+
+  // The comparison is against this machine's memory to the byte: a micro-batch of one layer of
+  // `width` that fills it passes, one more sample does not.
+  const int64_t width = 1000 * (1 + memory / 4000000000000);
+  const int64_t batch = memory / (4 * width);
+  REQUIRE(batch >= 1);
+  const std::string layers = "model.layers=[1, " + std::to_string(width) + "]";
+  CHECK(parse_error(kMinimal, {layers, "training.batch_size=" + std::to_string(batch)}) ==
+        "(no error)");
+  e = parse_error(kMinimal, {layers, "training.batch_size=" + std::to_string(batch + 1)});
+  CHECK_THAT(e, StartsWith("--set training.batch_size: the activations of one micro-batch need ") &&
+                    EndsWith(more));
+}
+
+TEST_CASE("config: a run's optimizer steps on generated data fit in 64 bits", "[config][bounds]") {
+  // 1e9 epochs of up to ceil(1e12 / 108) steps overflow, whatever the machine's memory.
+  CHECK(parse_error(kMinimal, {"data.train.samples=1000000000000", "training.batch_size=108",
+                               "training.epochs=1000000000"}) ==
+        "--set training.epochs: training.epochs 1000000000 x up to 9259259260 optimizer steps per "
+        "epoch (data.train.samples 1000000000000 / training.batch_size 108) overflow 64-bit "
+        "integers");
+  CHECK(parse_error(kMinimal, {"training.epochs=1000000000", "training.batch_size=1",
+                               "data.train.samples=1000000000000"}) ==
+        "--set data.train.samples: training.epochs 1000000000 x up to 1000000000000 optimizer "
+        "steps per epoch (data.train.samples 1000000000000 / training.batch_size 1) overflow "
+        "64-bit integers");
+  // 1e9 epochs of 10 steps are fine; so are 1e9 epochs of any file's data (known once read).
+  CHECK(parse_error(kMinimal, {"training.epochs=1000000000", "training.batch_size=1"}) ==
+        "(no error)");
+}
+
+TEST_CASE("config: a rank's samples per optimizer step keep the global batch in 64 bits",
+          "[config][bounds]") {
+  CHECK(parse_error(kMinimal, {"training.batch_size=65536", "training.accumulate_steps=65536"}) ==
+        "(no error)");
+  CHECK(parse_error(kMinimal, {"training.batch_size=65536", "training.accumulate_steps=65537"}) ==
+        "--set training.accumulate_steps: training.batch_size 65536 x training.accumulate_steps "
+        "65537 samples per rank and optimizer step is more than 4294967296, which keeps the global "
+        "batch over any number of ranks in 64 bits");
+  CHECK(parse_error(kMinimal,
+                    {"training.accumulate_steps=1000000", "training.batch_size=1000000000"}) ==
+        "--set training.batch_size: training.batch_size 1000000000 x training.accumulate_steps "
+        "1000000 samples per rank and optimizer step is more than 4294967296, which keeps the "
+        "global batch over any number of ranks in 64 bits");
 }
 
 TEST_CASE("config: nesterov needs momentum and no dampening, as in PyTorch", "[config]") {

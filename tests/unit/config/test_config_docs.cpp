@@ -3,6 +3,7 @@
 // and what ddp-train --list-config-keys prints.
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -15,11 +16,11 @@
 namespace {
 
 // "section.key" for every table row of docs/config.md, from the "### `section`" it stands
-// under; the split table (data.train / data.test keys) counts for both splits.
-std::set<std::string> documented_keys(const std::string& path) {
+// under, and the row; the split table (data.train / data.test keys) counts for both splits.
+std::map<std::string, std::string> documented_rows(const std::string& path) {
   std::ifstream in(path);
   REQUIRE(in.good());
-  std::set<std::string> keys;
+  std::map<std::string, std::string> keys;
   std::string section, line;
   bool split_table = false;
   const std::regex heading("^### (`([a-z_]+)`|Top level)");
@@ -36,13 +37,19 @@ std::set<std::string> documented_keys(const std::string& path) {
       split_table = false;
     } else if (std::regex_search(line, m, row) && (line.find("| key") == std::string::npos)) {
       if (split_table) {
-        keys.insert("data.train." + m[1].str());
-        keys.insert("data.test." + m[1].str());
+        keys["data.train." + m[1].str()] = line;
+        keys["data.test." + m[1].str()] = line;
       } else {
-        keys.insert(section + m[1].str());
+        keys[section + m[1].str()] = line;
       }
     }
   }
+  return keys;
+}
+
+std::set<std::string> documented_keys(const std::string& path) {
+  std::set<std::string> keys;
+  for (const auto& [key, row] : documented_rows(path)) keys.insert(key);
   return keys;
 }
 
@@ -70,6 +77,21 @@ TEST_CASE("docs/config.md lists exactly the config's keys", "[config]") {
     CHECK(schema.count(key) == 1);
   }
   CHECK(schema.size() > 40);  // the whole tree was walked
+}
+
+// The range of a bounded key is the schema's, written the way --list-config-keys writes it.
+TEST_CASE("docs/config.md gives each bounded key's range as the schema does", "[config]") {
+  const std::map<std::string, std::string> docs =
+      documented_rows(std::string(DDP_SOURCE_DIR) + "/docs/config.md");
+  int bounded = 0;
+  for (const ddp::KeyRow& row : ddp::config_schema()) {
+    if (row.maximum.empty() || docs.count(row.path) == 0) continue;
+    ++bounded;
+    INFO(row.path << ": docs/config.md's row does not say '" << row.allowed << "':\n"
+                  << docs.at(row.path));
+    CHECK(docs.at(row.path).find(row.allowed) != std::string::npos);
+  }
+  CHECK(bounded > 20);
 }
 
 TEST_CASE("the schema declares exactly the keys the loader writes, for every data.format",
