@@ -39,4 +39,9 @@ std::vector<NamedTensor> load_safetensors(const std::string& path);
 std::vector<NamedTensor> load_safetensors(const std::string& path,
                                           std::map<std::string, std::string>* metadata);
 
+/// Throws ddp::Error "<what>: tensor 'layers.0.weight' holds nan at index 17 (row 0, column 17)"
+/// for the first NaN or infinity of `tensors`, in their order (row and column for 2-D tensors):
+/// weights that would make every output nan. `what` names the file ("model 'm.safetensors'").
+void require_finite(const std::vector<NamedTensor>& tensors, const std::string& what);
+
 }  // namespace ddp

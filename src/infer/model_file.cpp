@@ -66,6 +66,7 @@ ModelFile read_model_file(const std::string& path) {
   std::map<std::string, std::string> metadata;
   m.tensors = load_safetensors(path, &metadata);
   m.layers = layer_widths(m.tensors, path);
+  require_finite(m.tensors, "model '" + path + "'");
   m.transform = normalization_from_metadata(metadata, path, m.features());
   return m;
 }

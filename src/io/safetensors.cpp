@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -54,6 +55,12 @@ uint64_t shape_numel(const std::vector<int64_t>& shape, const std::string& conte
     numel *= dim;
   }
   return numel;
+}
+
+// "nan", "inf" or "-inf": the sign of a NaN says nothing.
+const char* non_finite_name(float v) {
+  if (std::isnan(v)) return "nan";
+  return v > 0 ? "inf" : "-inf";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,6 +400,20 @@ std::vector<NamedTensor> load_safetensors(const std::string& path,
       read_tensors(file.fd(), entries, kLengthFieldBytes + header_size, where);
   if (metadata != nullptr) *metadata = std::move(parsed_metadata);
   return tensors;
+}
+
+void require_finite(const std::vector<NamedTensor>& tensors, const std::string& what) {
+  for (const NamedTensor& t : tensors) {
+    const auto bad =
+        std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
+    if (bad == t.data.end()) continue;
+    const auto i = static_cast<int64_t>(bad - t.data.begin());
+    std::ostringstream at;
+    if (t.shape.size() == 2)
+      at << " (row " << i / t.shape[1] << ", column " << i % t.shape[1] << ")";
+    DDP_THROW(what << ": tensor '" << t.name << "' holds " << non_finite_name(*bad) << " at index "
+                   << i << at.str());
+  }
 }
 
 }  // namespace ddp

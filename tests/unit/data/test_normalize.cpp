@@ -104,6 +104,19 @@ TEST_CASE("normalize: the metadata gives every float back; malformed metadata is
   broken["ddp.normalize.std"] = "[1, 1, 1, 0, 1, 1]";
   CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
         "m: metadata 'ddp.normalize.std' entry 3 is 0 (must be finite and > 0)");
+  broken["ddp.normalize.std"] = "[1, 1e-50, 1, 1, 1, 1]";  // 0 as a float
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' entry 1 is 1e-50 (must be finite and > 0)");
+  broken["ddp.normalize.std"] = "[1, 1, 1, 1, 1, -1e300]";
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' entry 5 is -1e+300 (must be finite and > 0)");
+  broken["ddp.normalize.std"] = "{\"a\": 1, \"b\": 1, \"c\": 1, \"d\": 1, \"e\": 1, \"f\": 1}";
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' is not a list of numbers");
+  broken = metadata;
+  broken["ddp.normalize.mean"] = "[0, 0, -3.5e38, 0, 0, 0]";  // the std's check said nothing of it
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.mean' entry 2 is -3.5e+38 (must be a finite float)");
   Dataset wrong = random_dataset(3, 4, 1);
   wrong.source = "w.csv";
   CHECK(error_of([&] { ddp::apply_normalization(t, wrong); }) ==

@@ -1,7 +1,7 @@
 // safetensors save/load: bitwise round trips, the on-disk layout checked by an independent parse,
 // atomic replacement under write failures (file size limit, full tmpfs, rename onto a directory),
-// every load-time validation error on hand-crafted files, and a header's parse time at the
-// tensor cap.
+// every load-time validation error on hand-crafted files, a header's parse time at the tensor
+// cap, and the finite-values check of loaded weights.
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -515,4 +515,23 @@ TEST_CASE("safetensors metadata that is not valid UTF-8 is saved with replacemen
         ddp::save_safetensors(path, {}, {{"bad\xff", "x"}});
       },
       {path, "metadata key is not valid UTF-8"});
+}
+
+TEST_CASE("safetensors require_finite names the tensor, the value and where it is",
+          "[safetensors]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<NamedTensor> tensors = {{"layers.0.weight", {2, 3}, {1, 2, 3, 4, 5, 6}},
+                                      {"layers.0.bias", {2}, {0, 0}},
+                                      {"empty", {0, 4}, {}}};
+  ddp::require_finite(tensors, "model 'm'");
+  tensors[1].data[1] = -inf;
+  require_error([&] { ddp::require_finite(tensors, "model 'm'"); },
+                {"model 'm': tensor 'layers.0.bias' holds -inf at index 1"});
+  tensors[0].data[4] = nan;  // the first tensor's is found first
+  CHECK(ddp_test::error_of([&] { ddp::require_finite(tensors, "model 'm'"); }) ==
+        "model 'm': tensor 'layers.0.weight' holds nan at index 4 (row 1, column 1)");
+  tensors[0].data[4] = inf;
+  CHECK(ddp_test::error_of([&] { ddp::require_finite(tensors, "model 'm'"); }) ==
+        "model 'm': tensor 'layers.0.weight' holds inf at index 4 (row 1, column 1)");
 }
