@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/features.h"
 
 namespace ddp {
 
@@ -27,7 +28,8 @@ void read_ahead(const Dataset& ds, int64_t i) {
 }
 
 // Each feature's mean and population standard deviation over the rows of `ds`, in double.
-// The features as stored, converted row by row (not through ds.transform).
+// The features as stored, converted row by row (not through ds.transform). A NaN or an
+// infinity, which would turn every value of its feature into nan, is refused by name.
 void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<double>& std) {
   const int64_t n = ds.size, d = ds.features;
   mean.assign(d, 0.0);
@@ -36,6 +38,8 @@ void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<d
   for (int64_t i = 0; i < n; ++i) {
     read_ahead(ds, i);
     ds.x.to_float(static_cast<size_t>(i * d), row.size(), row.data());
+    if (first_non_finite(row.data(), row.size()) != row.size())
+      require_finite_rows(ds.x, d, i, 1, ds.source);
     for (int64_t j = 0; j < d; ++j) mean[j] += row[j];
   }
   for (int64_t j = 0; j < d; ++j) mean[j] /= static_cast<double>(n);
@@ -68,7 +72,7 @@ std::vector<float> read_floats(const std::map<std::string, std::string>& metadat
   nlohmann::json list;
   try {
     list = nlohmann::json::parse(it->second);
-  } catch (const std::exception&) {
+  } catch (const std::exception&) {  // left null: refused below, as not a list
   }
   const auto is_number = [](const nlohmann::json& v) { return v.is_number(); };
   DDP_CHECK(list.is_array() && std::all_of(list.begin(), list.end(), is_number),

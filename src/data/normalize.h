@@ -17,7 +17,8 @@
 namespace ddp {
 
 /// The transform `n` asks for, fitted on `train` (standardize) or filled in (fixed). A feature
-/// that is constant over the training split keeps std 1 (it becomes 0 everywhere).
+/// that is constant over the training split keeps std 1 (it becomes 0 everywhere). Throws
+/// ddp::Error naming the sample and the feature when standardize meets a NaN or an infinity.
 FeatureTransform fit_normalization(const Normalization& n, const Dataset& train);
 
 /// Makes `t` the transform `ds`'s rows are read through (Dataset::read_rows). Throws ddp::Error

@@ -255,6 +255,9 @@ npy_config "$WORK/nan.npy" "$WORK/f32/labels.npy" 3 >"$WORK/c.yaml"
 expect_abort "npy NaN feature: the batch's rank names file, sample and feature at once" 2 \
   "$WORK/nan.npy (labels $WORK/f32/labels.npy): sample 2, feature 3 is nan (features must be finite)" \
   --config "$WORK/c.yaml" "${four[@]}"
+expect_error "npy NaN feature, standardised: every rank names it before training" 2 \
+  "$WORK/nan.npy (labels $WORK/f32/labels.npy): sample 2, feature 3 is nan (features must be finite)" \
+  --config "$WORK/c.yaml" "${four[@]}" --set data.normalize=standardize
 
 # The output directory cannot be written: the tests run as root, which permission bits do not
 # stop, so use an existing regular file, and a directory of /proc that exists but takes no files.

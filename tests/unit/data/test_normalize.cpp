@@ -1,5 +1,6 @@
 // Feature normalisation: standardize against a double-precision reference, a fixed [mean, std],
-// constant features, the metadata round trip (every float back exactly) and its refusals.
+// constant features, non-finite features refused, the metadata round trip (every float back
+// exactly) and its refusals.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -65,6 +66,20 @@ TEST_CASE("normalize: standardize is each feature's mean and population std, in 
   std::vector<float> row(5);
   x.read_rows(7, 1, row.data());
   CHECK(std::equal(row.begin(), row.end(), rows.begin() + 7 * 5));
+}
+
+TEST_CASE("normalize: standardize refuses a NaN or an infinity, naming sample and feature",
+          "[data][normalize]") {
+  Dataset train = random_dataset(40, 5, 3);
+  train.source = "x.npy";
+  std::vector<float> x = train.x.floats();
+  x[33 * 5 + 4] = INFINITY;  // it would make every value of feature 4 nan
+  train.x = ddp::FeatureStore(x);
+  CHECK(ddp_test::error_of([&] {
+          ddp::fit_normalization(mode(Normalization::Mode::Standardize), train);
+        }) == "x.npy: sample 33, feature 4 is inf (features must be finite)");
+  CHECK(ddp::fit_normalization(mode(Normalization::Mode::Fixed, 0.5, 2.0), train).mean.size() ==
+        5);  // nothing read: the loader finds it in its batch
 }
 
 TEST_CASE("normalize: none is the identity, [mean, std] is the same for every feature",
