@@ -64,7 +64,8 @@ std::string json_floats(const std::vector<float>& v) {
   return out + "]";
 }
 
-// The JSON list under `key`: `features` finite floats, each also > 0 when `positive` (a std).
+// The JSON list under `key`: `features` finite floats, each also a normal float > 0 when
+// `positive` (a std: the compute thread flushes denormals, which would divide by 0).
 std::vector<float> read_floats(const std::map<std::string, std::string>& metadata, const char* key,
                                const std::string& where, int64_t features, bool positive) {
   const auto it = metadata.find(key);
@@ -86,9 +87,9 @@ std::vector<float> read_floats(const std::map<std::string, std::string>& metadat
     const auto d = v.get<double>();
     const bool in_range = std::abs(d) <= std::numeric_limits<float>::max();
     const float f = in_range ? static_cast<float>(d) : 0.0f;
-    DDP_CHECK(in_range && (!positive || f > 0.0f),
+    DDP_CHECK(in_range && (!positive || f >= std::numeric_limits<float>::min()),
               where << ": metadata '" << key << "' entry " << out.size() << " is " << v.dump()
-                    << (positive ? " (must be finite and > 0)" : " (must be a finite float)"));
+                    << (positive ? " (must be a normal float > 0)" : " (must be a finite float)"));
     out.push_back(f);
   }
   return out;

@@ -30,7 +30,8 @@ void apply_normalization(const FeatureTransform& t, Dataset& ds);
 std::map<std::string, std::string> normalization_metadata(const FeatureTransform& t);
 
 /// The transform stored in `metadata` (the identity when it has none). Throws ddp::Error naming
-/// `where` when the entries are malformed or do not have `features` values.
+/// `where`, the key and the entry when the entries are malformed, do not have `features` values,
+/// or hold a value that is not a finite float (a std must be a normal float > 0).
 FeatureTransform normalization_from_metadata(const std::map<std::string, std::string>& metadata,
                                              const std::string& where, int64_t features);
 

@@ -118,13 +118,16 @@ TEST_CASE("normalize: the metadata gives every float back; malformed metadata is
         "m: metadata 'ddp.normalize.std' is not a list of numbers");
   broken["ddp.normalize.std"] = "[1, 1, 1, 0, 1, 1]";
   CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
-        "m: metadata 'ddp.normalize.std' entry 3 is 0 (must be finite and > 0)");
+        "m: metadata 'ddp.normalize.std' entry 3 is 0 (must be a normal float > 0)");
   broken["ddp.normalize.std"] = "[1, 1e-50, 1, 1, 1, 1]";  // 0 as a float
   CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
-        "m: metadata 'ddp.normalize.std' entry 1 is 1e-50 (must be finite and > 0)");
+        "m: metadata 'ddp.normalize.std' entry 1 is 1e-50 (must be a normal float > 0)");
+  broken["ddp.normalize.std"] = "[1, 1, 1e-39, 1, 1, 1]";  // denormal: 0 once flushed
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' entry 2 is 1e-39 (must be a normal float > 0)");
   broken["ddp.normalize.std"] = "[1, 1, 1, 1, 1, -1e300]";
   CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
-        "m: metadata 'ddp.normalize.std' entry 5 is -1e+300 (must be finite and > 0)");
+        "m: metadata 'ddp.normalize.std' entry 5 is -1e+300 (must be a normal float > 0)");
   broken["ddp.normalize.std"] = "{\"a\": 1, \"b\": 1, \"c\": 1, \"d\": 1, \"e\": 1, \"f\": 1}";
   CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
         "m: metadata 'ddp.normalize.std' is not a list of numbers");
