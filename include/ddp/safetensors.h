@@ -10,6 +10,11 @@
 
 namespace ddp {
 
+/// The most tensors one file may hold: far above any MLP's (two per layer, and an optimizer
+/// state or two beside them in a checkpoint), low enough that a header of millions of tiny
+/// entries is refused by name before any is built.
+constexpr uint64_t kMaxSafetensorsTensors = 65536;
+
 /// One named float32 tensor, row-major: a Linear weight is {out, in}, a bias {out}.
 struct NamedTensor {
   std::string name;
@@ -17,14 +22,17 @@ struct NamedTensor {
   std::vector<float> data;  // product(shape) values
 };
 
-/// Writes `tensors` (in the given order; names unique, data.size() == product(shape)) and
-/// `metadata` as an F32 safetensors file that atomically replaces `path`; throws ddp::Error
-/// naming the tensor or the path and the OS error, and then leaves any old file at `path` intact.
+/// Writes `tensors` (in the given order; at most kMaxSafetensorsTensors, names unique and valid
+/// UTF-8, data.size() == product(shape)) and `metadata` as an F32 safetensors file that
+/// atomically replaces `path`; a metadata value that is not valid UTF-8 is stored with U+FFFD for
+/// each invalid byte. Throws ddp::Error naming the tensor or the path and the OS error, and then
+/// leaves any old file at `path` intact.
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-/// Reads and fully validates an F32 safetensors file; returns its tensors in file (data offset)
-/// order, or throws ddp::Error naming the file and, where it applies, the tensor.
+/// Reads and fully validates an F32 safetensors file (in time linear in its size, at most
+/// kMaxSafetensorsTensors tensors); returns its tensors in file (data offset) order, or throws
+/// ddp::Error naming the file and, where it applies, the tensor.
 std::vector<NamedTensor> load_safetensors(const std::string& path);
 
 /// As above, and stores the header's "__metadata__" map (empty if absent) into *metadata.
@@ -34,5 +42,10 @@ std::vector<NamedTensor> load_safetensors(const std::string& path,
 /// The header's "__metadata__" map alone (empty if absent), without reading the tensors; the
 /// header is validated as load_safetensors validates it.
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
+
+/// Throws ddp::Error "<what>: tensor 'layers.0.weight' holds nan at index 17 (row 0, column 17)"
+/// for the first NaN or infinity of `tensors`, in their order (row and column for 2-D tensors):
+/// weights that would make every output nan. `what` names the file ("model 'm.safetensors'").
+void require_finite(const std::vector<NamedTensor>& tensors, const std::string& what);
 
 }  // namespace ddp

@@ -39,12 +39,35 @@ struct Options {
   ddp::ConvertRequest convert;  // convert
 };
 
+// An error only this rank saw (a bad batch, a failed step) ends the job: the message, then
+// MPI_Abort, which does not return.
+[[noreturn]] void abort_job(const std::exception& e) {
+  std::cerr << "ddp-train: error: " << e.what() << std::endl;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+// Runs `work` with the communicator alive: an error only this rank saw aborts the job here,
+// before the communicator's destructor frees its shared-memory windows, a collective that the
+// other ranks, waiting in a step's allreduce, would never join. Agreed errors pass.
+template <typename Work>
+void abort_on_local_error(Work work) {
+  try {
+    work();
+  } catch (const ddp::CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    abort_job(e);
+  }
+}
+
 // Collective: the saved model on the config's test split; rank 0 prints the report.
 int evaluate(const Options& opt) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   ddp::TrainConfig cfg;
   ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, opt.overrides); });
-  const ddp::Evaluation e = ddp::evaluate_model(cfg, *comm, opt.model);
+  ddp::Evaluation e;
+  abort_on_local_error([&] { e = ddp::evaluate_model(cfg, *comm, opt.model); });
   if (comm->rank() == 0) ddp::print_evaluation(e, std::cout);
   return 0;
 }
@@ -111,8 +134,11 @@ int train(const Options& opt) {
               << "\n";
     for (const auto& line : layout) std::cout << "  " << line << "\n";
   }
-  ddp::Trainer trainer(cfg, *comm, *comm, env.rank == 0 ? &std::cout : nullptr);
-  const ddp::TrainSummary summary = trainer.run();
+  ddp::TrainSummary summary;
+  abort_on_local_error([&] {
+    ddp::Trainer trainer(cfg, *comm, *comm, env.rank == 0 ? &std::cout : nullptr);
+    summary = trainer.run();
+  });
   // Every rank stopped at the same step and the checkpoint is durable: a requeued job resumes.
   return summary.interrupted ? ddp::kExitInterrupted : 0;
 }
@@ -130,9 +156,7 @@ int run_rank(const Options& opt, int rank, int world) {
     if (rank == 0) std::cerr << "ddp-train: error: " << e.what() << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ddp-train: error: " << e.what() << std::endl;
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+    abort_job(e);
   }
 }
 

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -36,6 +38,44 @@ size_t feature_bytes(FeatureType type) {
       break;
   }
   return 4;
+}
+
+namespace {
+
+// "nan", "inf" or "-inf": the sign of a NaN says nothing.
+const char* non_finite_name(float v) {
+  if (std::isnan(v)) return "nan";
+  return v > 0 ? "inf" : "-inf";
+}
+
+// The index of the first of the `n` IEEE values at `data` that is a NaN or an infinity (its
+// exponent bits all ones), or n. A block's largest magnitude, compared as bits, tells whether
+// the block holds one: a max reduction the compiler vectorises.
+template <typename Bits>
+size_t first_all_ones_exponent(const void* data, size_t n, Bits exponent, Bits magnitude) {
+  constexpr size_t kBlock = 256;
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  const auto bits = [bytes](size_t i) {
+    Bits b;
+    std::memcpy(&b, bytes + i * sizeof(Bits), sizeof b);
+    return b;
+  };
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t end = std::min(n, begin + kBlock);
+    Bits largest = 0;
+    for (size_t i = begin; i < end; ++i) largest = std::max<Bits>(largest, bits(i) & magnitude);
+    if (largest < exponent) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if ((bits(i) & magnitude) >= exponent) return i;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+size_t first_non_finite(const float* v, size_t n) {
+  return first_all_ones_exponent<uint32_t>(v, n, 0x7f800000u, 0x7fffffffu);
 }
 
 FeatureStore::FeatureStore(std::vector<float> values) {
@@ -103,6 +143,36 @@ bool FeatureStore::resident(size_t first, size_t n) const {
   std::vector<unsigned char> in((bytes + page - 1) / page);
   if (::mincore(reinterpret_cast<void*>(begin), bytes, in.data()) != 0) return false;
   return std::all_of(in.begin(), in.end(), [](unsigned char v) { return (v & 1) != 0; });
+}
+
+size_t FeatureStore::first_non_finite(size_t first, size_t n) const {
+  DDP_CHECK(first <= count_ && n <= count_ - first,
+            "FeatureStore: elements [" << first << ", " << first + n << ") of " << count_);
+  const size_t item = feature_bytes(type_);
+  const void* from = static_cast<const char*>(data_) + first * item;
+  if (type_ == FeatureType::F32)
+    return first + first_all_ones_exponent<uint32_t>(from, n, 0x7f800000u, 0x7fffffffu);
+  if (type_ == FeatureType::F16)
+    return first + first_all_ones_exponent<uint16_t>(from, n, 0x7c00u, 0x7fffu);
+  return first + n;
+}
+
+void require_finite_rows(const FeatureStore& x, int64_t features, int64_t first, int64_t n,
+                         const std::string& source) {
+  // In chunks, the next one's pages announced: a mapping advised for random reads reads no
+  // pages ahead by itself.
+  constexpr size_t kChunk = size_t{1} << 20;
+  const auto row = static_cast<size_t>(features);
+  const size_t begin = static_cast<size_t>(first) * row, end = begin + static_cast<size_t>(n) * row;
+  x.will_need(begin, kChunk);
+  for (size_t at = begin; at < end; at += kChunk) {
+    x.will_need(at + kChunk, kChunk);
+    const size_t count = std::min(kChunk, end - at);
+    const size_t bad = x.first_non_finite(at, count);
+    if (bad == at + count) continue;
+    DDP_THROW(source << ": sample " << bad / row << ", feature " << bad % row << " is "
+                     << non_finite_name(x[bad]) << " (features must be finite)");
+  }
 }
 
 float FeatureStore::operator[](size_t i) const {

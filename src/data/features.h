@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ddp {
@@ -21,6 +22,10 @@ enum class FeatureType {
 
 const char* to_string(FeatureType type);
 size_t feature_bytes(FeatureType type);
+
+/// The index of the first NaN or infinity among v[0, n), or n when every value is finite.
+/// Vectorised: cheap enough for every value of every batch.
+size_t first_non_finite(const float* v, size_t n);
 
 class FeatureStore {
  public:
@@ -49,6 +54,10 @@ class FeatureStore {
   /// only the pages this process has mapped, so a page another process read counts as absent.
   bool resident(size_t first, size_t n) const;
 
+  /// The first element of [first, first + n) whose stored value is a NaN or an infinity (bytes
+  /// never are), or first + n when there is none.
+  size_t first_non_finite(size_t first, size_t n) const;
+
   /// Elements [first, first + n) as floats into `out`.
   void to_float(size_t first, size_t n, float* out) const;
   /// Element i as a float.
@@ -63,5 +72,11 @@ class FeatureStore {
   std::shared_ptr<const void> owner_;
   bool file_backed_ = false;
 };
+
+/// Throws ddp::Error "<source>: sample i, feature j is nan (features must be finite)" for the
+/// first NaN or infinity stored in rows [first, first + n) of `x` (`features` elements a row),
+/// which are read in order, a file's pages ahead of the scan.
+void require_finite_rows(const FeatureStore& x, int64_t features, int64_t first, int64_t n,
+                         const std::string& source);
 
 }  // namespace ddp

@@ -146,6 +146,20 @@ void Loader::read_ahead(int64_t batch_index) {
   if (reading_ahead_) announce(batch_index + 1);
 }
 
+// Every value the model sees must be finite: a NaN or an infinity in the data would surface only
+// as a non-finite loss, blamed on the learning rate. The stored value tells which is at fault:
+// the file, or a normalisation that overflows.
+void Loader::check_finite(const float* row, int64_t sample) const {
+  const auto f = static_cast<size_t>(ds_.features);
+  const size_t j = first_non_finite(row, f);
+  if (j == f) return;
+  require_finite_rows(ds_.x, ds_.features, sample, 1, ds_.source);
+  DDP_THROW(ds_.source << ": sample " << sample << ", feature " << j << " is "
+                       << ds_.x[static_cast<size_t>(sample) * f + j]
+                       << ", which data.normalize (mean " << ds_.transform.mean[j] << ", std "
+                       << ds_.transform.std[j] << ") turns into " << row[j]);
+}
+
 void Loader::fill(Batch& batch, int64_t batch_index) {
   const auto n = static_cast<int64_t>(indices_.size());
   const int64_t begin = batch_index * batch_size_;
@@ -160,7 +174,9 @@ void Loader::fill(Batch& batch, int64_t batch_index) {
                                                        << " of the epoch is outside dataset "
                                                        << ds_.source << " (size " << ds_.size
                                                        << ")");
-    ds_.read_rows(i, 1, batch.x.data() + static_cast<size_t>(r) * f);
+    float* row = batch.x.data() + static_cast<size_t>(r) * f;
+    ds_.read_rows(i, 1, row);
+    check_finite(row, i);
     batch.y[static_cast<size_t>(r)] = ds_.y[static_cast<size_t>(i)];
   }
   batch.rows = rows;

@@ -3,6 +3,8 @@
 // after the one being assembled announced to the kernel, so that their pages are read in
 // parallel, ahead of time, instead of one page fault at a time. Every 16th batch probes
 // whether the next one's rows are in memory; read-ahead runs until a probe finds them all.
+// Every value of every batch is checked to be finite as it is assembled (a NaN or an infinity
+// is an error naming the file, the sample and the feature).
 // A ring of prefetch + 1 reusable slots (one held by the consumer, up to `prefetch` ahead):
 // no allocation after construction, and the batch contents depend only on the index order.
 #pragma once
@@ -39,7 +41,8 @@ class Loader {
   /// checked by the worker: one outside [0, ds.size) makes next() throw ddp::Error at its batch.
   void start_epoch(std::vector<int64_t> indices);
   /// The next batch, or nullptr at the end of the epoch; valid until the following
-  /// next()/start_epoch(). Rethrows an exception raised by the worker for this batch.
+  /// next()/start_epoch(). Rethrows an exception raised by the worker for this batch: an index
+  /// outside the data set, or a feature that is not finite (as stored, or once normalised).
   const Batch* next();
   /// Batches the current epoch yields (a final partial batch counts unless drop_last).
   int64_t batches_in_epoch() const;
@@ -49,6 +52,7 @@ class Loader {
  private:
   void worker_loop();
   void fill(Batch& batch, int64_t batch_index);
+  void check_finite(const float* row, int64_t sample) const;
   void read_ahead(int64_t batch_index);
   bool resident(int64_t batch_index) const;
   void announce(int64_t batch_index) const;

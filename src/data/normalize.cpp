@@ -1,11 +1,14 @@
 // Feature normalisation (normalize.h).
 #include "data/normalize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/features.h"
 
 namespace ddp {
 
@@ -25,7 +28,8 @@ void read_ahead(const Dataset& ds, int64_t i) {
 }
 
 // Each feature's mean and population standard deviation over the rows of `ds`, in double.
-// The features as stored, converted row by row (not through ds.transform).
+// The features as stored, converted row by row (not through ds.transform). A NaN or an
+// infinity, which would turn every value of its feature into nan, is refused by name.
 void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<double>& std) {
   const int64_t n = ds.size, d = ds.features;
   mean.assign(d, 0.0);
@@ -34,6 +38,8 @@ void feature_moments(const Dataset& ds, std::vector<double>& mean, std::vector<d
   for (int64_t i = 0; i < n; ++i) {
     read_ahead(ds, i);
     ds.x.to_float(static_cast<size_t>(i * d), row.size(), row.data());
+    if (first_non_finite(row.data(), row.size()) != row.size())
+      require_finite_rows(ds.x, d, i, 1, ds.source);
     for (int64_t j = 0; j < d; ++j) mean[j] += row[j];
   }
   for (int64_t j = 0; j < d; ++j) mean[j] /= static_cast<double>(n);
@@ -58,19 +64,34 @@ std::string json_floats(const std::vector<float>& v) {
   return out + "]";
 }
 
+// The JSON list under `key`: `features` finite floats, each also a normal float > 0 when
+// `positive` (a std: the compute thread flushes denormals, which would divide by 0).
 std::vector<float> read_floats(const std::map<std::string, std::string>& metadata, const char* key,
-                               const std::string& where, int64_t features) {
+                               const std::string& where, int64_t features, bool positive) {
   const auto it = metadata.find(key);
   DDP_CHECK(it != metadata.end(), where << ": metadata '" << key << "' is missing");
-  std::vector<float> out;
+  nlohmann::json list;
   try {
-    for (const auto& v : nlohmann::json::parse(it->second)) out.push_back(v.get<float>());
-  } catch (const std::exception&) {
-    DDP_THROW(where << ": metadata '" << key << "' is not a list of numbers");
+    list = nlohmann::json::parse(it->second);
+  } catch (const std::exception&) {  // left null: refused below, as not a list
   }
-  DDP_CHECK(static_cast<int64_t>(out.size()) == features,
-            where << ": metadata '" << key << "' has " << out.size() << " values, the model "
+  const auto is_number = [](const nlohmann::json& v) { return v.is_number(); };
+  DDP_CHECK(list.is_array() && std::all_of(list.begin(), list.end(), is_number),
+            where << ": metadata '" << key << "' is not a list of numbers");
+  DDP_CHECK(static_cast<int64_t>(list.size()) == features,
+            where << ": metadata '" << key << "' has " << list.size() << " values, the model "
                   << features << " input features");
+  std::vector<float> out;
+  for (const nlohmann::json& v : list) {
+    // Compared in double first: a value beyond float's range has no float to become.
+    const auto d = v.get<double>();
+    const bool in_range = std::abs(d) <= std::numeric_limits<float>::max();
+    const float f = in_range ? static_cast<float>(d) : 0.0f;
+    DDP_CHECK(in_range && (!positive || f >= std::numeric_limits<float>::min()),
+              where << ": metadata '" << key << "' entry " << out.size() << " is " << v.dump()
+                    << (positive ? " (must be a normal float > 0)" : " (must be a finite float)"));
+    out.push_back(f);
+  }
   return out;
 }
 
@@ -111,13 +132,8 @@ FeatureTransform normalization_from_metadata(const std::map<std::string, std::st
                                              const std::string& where, int64_t features) {
   FeatureTransform t;
   if (metadata.count(kMeanKey) == 0 && metadata.count(kStdKey) == 0) return t;
-  t.mean = read_floats(metadata, kMeanKey, where, features);
-  t.std = read_floats(metadata, kStdKey, where, features);
-  for (size_t j = 0; j < t.std.size(); ++j) {
-    DDP_CHECK(t.std[j] > 0.0f && std::isfinite(t.std[j]) && std::isfinite(t.mean[j]),
-              where << ": metadata '" << kStdKey << "' entry " << j << " is " << t.std[j]
-                    << " (must be finite and > 0)");
-  }
+  t.mean = read_floats(metadata, kMeanKey, where, features, /*positive=*/false);
+  t.std = read_floats(metadata, kStdKey, where, features, /*positive=*/true);
   return t;
 }
 

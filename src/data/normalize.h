@@ -17,7 +17,8 @@
 namespace ddp {
 
 /// The transform `n` asks for, fitted on `train` (standardize) or filled in (fixed). A feature
-/// that is constant over the training split keeps std 1 (it becomes 0 everywhere).
+/// that is constant over the training split keeps std 1 (it becomes 0 everywhere). Throws
+/// ddp::Error naming the sample and the feature when standardize meets a NaN or an infinity.
 FeatureTransform fit_normalization(const Normalization& n, const Dataset& train);
 
 /// Makes `t` the transform `ds`'s rows are read through (Dataset::read_rows). Throws ddp::Error
@@ -29,7 +30,8 @@ void apply_normalization(const FeatureTransform& t, Dataset& ds);
 std::map<std::string, std::string> normalization_metadata(const FeatureTransform& t);
 
 /// The transform stored in `metadata` (the identity when it has none). Throws ddp::Error naming
-/// `where` when the entries are malformed or do not have `features` values.
+/// `where`, the key and the entry when the entries are malformed, do not have `features` values,
+/// or hold a value that is not a finite float (a std must be a normal float > 0).
 FeatureTransform normalization_from_metadata(const std::map<std::string, std::string>& metadata,
                                              const std::string& where, int64_t features);
 

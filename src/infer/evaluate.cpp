@@ -56,6 +56,7 @@ Evaluation evaluate_model(const TrainConfig& cfg, ProcessGroup& comm,
     const ModelFile file = read_model_file(model_path);
     check_model_fits(cfg, file);
     test = load_split(cfg.data, cfg.data.test, true, file.features(), file.classes());
+    require_finite_rows(test.x, test.features, 0, test.size, test.source);
     apply_normalization(file.transform, test);
     ctx = make_device_context(place_rank(cfg, comm));
     model = std::make_unique<InferenceModel>(file, *ctx, kEvalBatch);

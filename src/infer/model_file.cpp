@@ -9,22 +9,31 @@ namespace ddp {
 
 namespace {
 
-const NamedTensor* find_tensor(const std::vector<NamedTensor>& tensors, const std::string& name) {
-  for (const NamedTensor& t : tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+using TensorIndex = std::map<std::string, const NamedTensor*>;
+
+// The tensors by name: a file may hold up to kMaxSafetensorsTensors of them, so no search
+// through all of them per layer.
+TensorIndex index_tensors(const std::vector<NamedTensor>& tensors) {
+  TensorIndex index;
+  for (const NamedTensor& t : tensors) index.emplace(t.name, &t);
+  return index;
+}
+
+const NamedTensor* find_tensor(const TensorIndex& index, const std::string& name) {
+  const auto it = index.find(name);
+  return it == index.end() ? nullptr : it->second;
 }
 
 // The widths the weights chain into, each bias checked against its weight.
 std::vector<int64_t> layer_widths(const std::vector<NamedTensor>& tensors,
                                   const std::string& path) {
+  const TensorIndex index = index_tensors(tensors);
   std::vector<int64_t> widths;
   size_t i = 0;
   for (;; ++i) {
     const std::string w = "layers." + std::to_string(i) + ".weight";
     const std::string b = "layers." + std::to_string(i) + ".bias";
-    const NamedTensor* weight = find_tensor(tensors, w);
+    const NamedTensor* weight = find_tensor(index, w);
     if (weight == nullptr) break;
     DDP_CHECK(weight->shape.size() == 2, path << ": " << w << " has shape "
                                               << shape_string(weight->shape) << ", not [out, in]");
@@ -32,7 +41,7 @@ std::vector<int64_t> layer_widths(const std::vector<NamedTensor>& tensors,
     DDP_CHECK(widths.empty() || widths.back() == in, path << ": " << w << " takes " << in
                                                           << " inputs, the layer before gives "
                                                           << widths.back());
-    const NamedTensor* bias = find_tensor(tensors, b);
+    const NamedTensor* bias = find_tensor(index, b);
     DDP_CHECK(bias != nullptr, path << ": " << w << " has no " << b);
     DDP_CHECK(bias->shape == std::vector<int64_t>{out}, path << ": " << b << " has shape "
                                                              << shape_string(bias->shape) << ", "
@@ -57,6 +66,7 @@ ModelFile read_model_file(const std::string& path) {
   std::map<std::string, std::string> metadata;
   m.tensors = load_safetensors(path, &metadata);
   m.layers = layer_widths(m.tensors, path);
+  require_finite(m.tensors, "model '" + path + "'");
   m.transform = normalization_from_metadata(metadata, path, m.features());
   return m;
 }
@@ -74,8 +84,9 @@ InferenceModel::InferenceModel(const ModelFile& file, DeviceContext& ctx, int64_
   grads_ = Buffer(total, ctx.device());
   model_.bind(values_.data(), grads_.data(), offsets);
   const std::vector<std::string> names = model_.parameter_names();
+  const TensorIndex index = index_tensors(file.tensors);
   for (size_t p = 0; p < names.size(); ++p) {
-    const NamedTensor* t = find_tensor(file.tensors, names[p]);
+    const NamedTensor* t = find_tensor(index, names[p]);
     DDP_CHECK(t != nullptr, file.path << ": no tensor " << names[p]);
     ctx.copy_from_host(values_.data() + offsets[p], t->data.data(), t->data.size());
   }

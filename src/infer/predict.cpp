@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "core/check.h"
@@ -56,6 +57,22 @@ Dataset read_data_for(const PredictRequest& r, const ModelFile& m) {
   return ds;
 }
 
+// The stored values are finite (predict_to_csv checks them on load), but the model's
+// normalisation may still overflow.
+void require_finite_batch(const float* x, int64_t first, int64_t rows, const Dataset& ds,
+                          const ModelFile& m) {
+  const auto f = static_cast<size_t>(ds.features);
+  const size_t bad = first_non_finite(x, static_cast<size_t>(rows) * f);
+  if (bad == static_cast<size_t>(rows) * f) return;
+  const size_t j = bad % f;
+  std::ostringstream transform;
+  if (!m.transform.identity())
+    transform << " (mean " << m.transform.mean[j] << ", std " << m.transform.std[j] << ")";
+  DDP_THROW("predict: " << ds.source << ": sample " << first + static_cast<int64_t>(bad / f)
+                        << ", feature " << j << " is " << x[bad] << " once normalised as " << m.path
+                        << " says" << transform.str());
+}
+
 // One CSV line: index, the first maximum's class, softmax probabilities (in double), label.
 void write_row(std::ofstream& out, int64_t index, const float* logits, int64_t classes,
                const Dataset& ds) {
@@ -83,6 +100,7 @@ int64_t predict_to_csv(const PredictRequest& r) {
             "predict: --format must be idx, csv or npy, got '" << r.format << "'");
   const ModelFile m = read_model_file(r.model);
   Dataset ds = read_data_for(r, m);
+  require_finite_rows(ds.x, ds.features, 0, ds.size, ds.source);  // read whole anyway
   apply_normalization(m.transform, ds);
   std::unique_ptr<DeviceContext> ctx = make_device_context(DevicePlacement{});
   InferenceModel model(m, *ctx, kPredictBatch);
@@ -98,6 +116,7 @@ int64_t predict_to_csv(const PredictRequest& r) {
   for (int64_t first = 0; first < ds.size; first += kPredictBatch) {
     const int64_t rows = std::min(kPredictBatch, ds.size - first);
     ds.read_rows(first, rows, batch.data());
+    require_finite_batch(batch.data(), first, rows, ds, m);
     const Tensor x{batch.data(), rows, ds.features, Device::CPU};
     const Tensor& logits = model.forward(x);
     for (int64_t i = 0; i < rows; ++i)

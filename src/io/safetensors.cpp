@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,12 @@ uint64_t shape_numel(const std::vector<int64_t>& shape, const std::string& conte
   return numel;
 }
 
+// "nan", "inf" or "-inf": the sign of a NaN says nothing.
+const char* non_finite_name(float v) {
+  if (std::isnan(v)) return "nan";
+  return v > 0 ? "inf" : "-inf";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writing
 
@@ -66,17 +73,33 @@ std::string encode_length(uint64_t n) {
   return bytes;
 }
 
+// Names become JSON keys that a reader matches byte for byte, so one that is not valid UTF-8
+// is refused (a replacement character could make two names one); metadata values are text for
+// people (a data path, say) and are stored with U+FFFD in place of each invalid byte.
+void require_utf8(const std::string& s, const std::string& context) {
+  try {
+    (void)Json(s).dump();
+  } catch (const Json::exception&) {
+    DDP_THROW(context << " is not valid UTF-8");
+  }
+}
+
 // The length field, then the JSON header padded with spaces so the data starts 8-byte aligned.
 std::string encode_header(const std::string& where, const std::vector<NamedTensor>& tensors,
                           const std::map<std::string, std::string>& metadata) {
   OrderedJson header = OrderedJson::object();
+  for (const auto& entry : metadata) require_utf8(entry.first, where + ": metadata key");
   if (!metadata.empty()) header[kMetadataKey] = metadata;
+  DDP_CHECK(tensors.size() <= kMaxSafetensorsTensors,
+            where << ": " << tensors.size() << " tensors, more than the " << kMaxSafetensorsTensors
+                  << " a file may hold");
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
     const std::string context = where + ": tensor '" + t.name + "'";
     DDP_CHECK(t.name != kMetadataKey, context << ": the name is reserved for metadata");
     DDP_CHECK(names.insert(t.name).second, context << ": duplicate tensor name");
+    require_utf8(t.name, context + ": the name");
     const uint64_t numel = shape_numel(t.shape, context);
     DDP_CHECK(t.data.size() == numel, context << ": shape " << shape_string(t.shape) << " needs "
                                               << numel << " values but data has " << t.data.size());
@@ -85,12 +108,7 @@ std::string encode_header(const std::string& where, const std::vector<NamedTenso
         {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", OrderedJson::array({offset, end})}};
     offset = end;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    DDP_THROW(where << ": a tensor name or metadata string is not valid UTF-8: " << e.what());
-  }
+  std::string text = header.dump(-1, ' ', false, Json::error_handler_t::replace);
   text.append((kLengthFieldBytes - text.size() % kLengthFieldBytes) % kLengthFieldBytes, ' ');
   return encode_length(text.size()) + text;
 }
@@ -165,29 +183,69 @@ uint64_t read_header_length(int fd, uint64_t file_size, const std::string& where
   return n;
 }
 
+// A first pass over the header text with nlohmann's SAX interface, linear in its length and
+// building nothing: it refuses a top-level key given twice (the parse that builds the object would
+// keep the last one) and more tensors than a file may hold, before any of them is built.
+class TopLevelKeys final : public Json::json_sax_t {
+ public:
+  explicit TopLevelKeys(const std::string& where) : where_(where) {}
+
+  bool key(string_t& name) override {
+    if (depth_ != 1) return true;
+    DDP_CHECK(keys_.insert(name).second,
+              where_ << ": header names '" << name << "' more than once");
+    DDP_CHECK(name == kMetadataKey || ++tensors_ <= kMaxSafetensorsTensors,
+              where_ << ": header lists more than " << kMaxSafetensorsTensors
+                     << " tensors, the most a file may hold (corrupt, or not a model)");
+    return true;
+  }
+  bool start_object(std::size_t) override { return enter(); }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_object() override { return leave(); }
+  bool end_array() override { return leave(); }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  // Syntax errors, invalid UTF-8 and numbers out of range (1e400) all arrive here.
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    DDP_THROW(where_ << ": header is not valid JSON: " << e.what());
+  }
+
+ private:
+  bool enter() {
+    ++depth_;
+    return true;
+  }
+  bool leave() {
+    --depth_;
+    return true;
+  }
+
+  const std::string& where_;
+  int depth_ = 0;
+  uint64_t tensors_ = 0;
+  std::set<std::string> keys_;
+};
+
 // Strict like the reference: a JSON object, starting with '{', no NUL bytes (nlohmann would
-// stop at one), no duplicate top-level keys (nlohmann would silently keep the last).
+// stop at one), no duplicate top-level keys; and no more than kMaxSafetensorsTensors entries.
 Json parse_header(const std::string& text, const std::string& where) {
   DDP_CHECK(text.find('\0') == std::string::npos, where << ": header is not valid JSON (NUL byte)");
   DDP_CHECK(!text.empty() && text[0] == '{',
             where << ": header is not a JSON object (must start with '{')");
-  std::set<std::string> keys;
-  std::string duplicate;
-  auto find_duplicates = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::key && depth == 1 &&
-        !keys.insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
+  TopLevelKeys keys(where);
+  Json::sax_parse(text, &keys);
   Json header;
   try {
-    header = Json::parse(text, find_duplicates);
-  } catch (const Json::exception& e) {  // parse errors, and numbers out of range (1e400)
+    header = Json::parse(text);
+  } catch (const Json::exception& e) {  // the first pass has seen every syntax error already
     DDP_THROW(where << ": header is not valid JSON: " << e.what());
   }
   DDP_CHECK(header.is_object(), where << ": header is not a JSON object");
-  DDP_CHECK(duplicate.empty(), where << ": header names '" << duplicate << "' more than once");
   return header;
 }
 
@@ -286,6 +344,23 @@ void check_tiling(std::vector<TensorEntry>* entries, uint64_t data_size, const s
                                         << data_size << ") are not covered by any tensor" << rule);
 }
 
+// The length field and the JSON header, validated; the file's size beside them.
+struct Header {
+  Json json;
+  uint64_t file_size = 0;
+  uint64_t size = 0;  ///< bytes of JSON after the length field
+};
+
+Header read_header(int fd, const std::string& where) {
+  Header h;
+  h.file_size = regular_file_size(fd, where);
+  h.size = read_header_length(fd, h.file_size, where);
+  std::string text(h.size, '\0');
+  read_exact(fd, kLengthFieldBytes, text.data(), h.size, where);
+  h.json = parse_header(text, where);
+  return h;
+}
+
 std::vector<NamedTensor> read_tensors(int fd, const std::vector<TensorEntry>& entries,
                                       uint64_t data_start, const std::string& where) {
   std::vector<NamedTensor> tensors;
@@ -321,16 +396,11 @@ std::vector<NamedTensor> load_safetensors(const std::string& path,
   const std::string where = "safetensors file '" + path + "'";
   ReadOnlyFile file(path);
   DDP_CHECK(file.fd() >= 0, "cannot open " << where << ": " << std::strerror(file.open_errno()));
-  const uint64_t file_size = regular_file_size(file.fd(), where);
-  const uint64_t header_size = read_header_length(file.fd(), file_size, where);
-  std::string text(header_size, '\0');
-  read_exact(file.fd(), kLengthFieldBytes, text.data(), header_size, where);
-  const Json header = parse_header(text, where);
-
-  const uint64_t data_size = file_size - kLengthFieldBytes - header_size;
+  const Header header = read_header(file.fd(), where);
+  const uint64_t data_size = header.file_size - kLengthFieldBytes - header.size;
   std::map<std::string, std::string> parsed_metadata;
   std::vector<TensorEntry> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
+  for (auto it = header.json.begin(); it != header.json.end(); ++it) {
     if (it.key() == kMetadataKey) {
       parsed_metadata = parse_metadata(it.value(), where);
     } else {
@@ -339,7 +409,7 @@ std::vector<NamedTensor> load_safetensors(const std::string& path,
   }
   check_tiling(&entries, data_size, where);
   std::vector<NamedTensor> tensors =
-      read_tensors(file.fd(), entries, kLengthFieldBytes + header_size, where);
+      read_tensors(file.fd(), entries, kLengthFieldBytes + header.size, where);
   if (metadata != nullptr) *metadata = std::move(parsed_metadata);
   return tensors;
 }
@@ -348,14 +418,24 @@ std::map<std::string, std::string> load_safetensors_metadata(const std::string& 
   const std::string where = "safetensors file '" + path + "'";
   ReadOnlyFile file(path);
   DDP_CHECK(file.fd() >= 0, "cannot open " << where << ": " << std::strerror(file.open_errno()));
-  const uint64_t file_size = regular_file_size(file.fd(), where);
-  const uint64_t header_size = read_header_length(file.fd(), file_size, where);
-  std::string text(header_size, '\0');
-  read_exact(file.fd(), kLengthFieldBytes, text.data(), header_size, where);
-  const Json header = parse_header(text, where);
-  const auto it = header.find(kMetadataKey);
-  if (it == header.end()) return {};
+  const Header header = read_header(file.fd(), where);
+  const auto it = header.json.find(kMetadataKey);
+  if (it == header.json.end()) return {};
   return parse_metadata(*it, where);
+}
+
+void require_finite(const std::vector<NamedTensor>& tensors, const std::string& what) {
+  for (const NamedTensor& t : tensors) {
+    const auto bad =
+        std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
+    if (bad == t.data.end()) continue;
+    const auto i = static_cast<int64_t>(bad - t.data.begin());
+    std::ostringstream at;
+    if (t.shape.size() == 2)
+      at << " (row " << i / t.shape[1] << ", column " << i % t.shape[1] << ")";
+    DDP_THROW(what << ": tensor '" << t.name << "' holds " << non_finite_name(*bad) << " at index "
+                   << i << at.str());
+  }
 }
 
 }  // namespace ddp

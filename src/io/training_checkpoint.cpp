@@ -255,6 +255,7 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
   const std::string computed = hex32(checkpoint_crc(tensors, metadata));
   DDP_CHECK(stored == computed, where << ": checksum mismatch (stored " << stored << ", computed "
                                       << computed << "): the file is corrupt");
+  require_finite(tensors, where);
   TrainingCheckpoint ckpt;
   ckpt.state = decode_state(metadata, where);
   for (NamedTensor& t : tensors) {

@@ -137,6 +137,7 @@ void Replica::init_parameters(Sequential& target) const {
   }
   const std::string& path = cfg_.model.init_from;
   auto tensors = load_safetensors(path);
+  require_finite(tensors, "model.init_from '" + path + "'");
   for (Parameter* p : target.parameters()) {
     auto it = std::find_if(tensors.begin(), tensors.end(),
                            [&](const NamedTensor& t) { return t.name == p->name; });

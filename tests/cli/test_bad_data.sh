@@ -222,6 +222,43 @@ npy_config "$WORK/npy/features.npy" "$WORK/ybig.npy" >"$WORK/c.yaml"
 expect_error "npy label outside the classes" 2 "label 37 at sample 1 is outside [0, 10)" \
   --config "$WORK/c.yaml"
 
+# --- non-finite features: float32 .npy (a CSV's floats, converted) with a NaN --------------------
+# expect_abort NAME N MESSAGE ARGS...: an error that one rank sees inside training (the others
+# wait in the step's allreduce) ends the job at once, long before distributed.timeout_s (600 s):
+# MESSAGE from that rank, which exits 1, and mpiexec returns 1.
+expect_abort() {
+  local name="$1" n="$2" message="$3"; shift 3
+  checks=$((checks + 1))
+  run_ranks "$n" 60 "$@"
+  if ((rc == 124)); then fail "$name: hung (killed after 60 s)"; return; fi
+  if ! grep -qF -- "$message" <<<"$out"; then
+    fail "$name: message '$message' not in output:"; echo "$out" | tail -8; return
+  fi
+  if ((rc != 1 || elapsed > 30)) || [[ " $rank_codes" != *" 1 "* ]]; then
+    fail "$name: mpiexec $rc after ${elapsed}s, rank codes '$rank_codes'"; echo "$out" | tail -8
+    return
+  fi
+  pass "$name (${elapsed}s, rank codes: $rank_codes)"
+}
+printf '0.1,0.2,0.3,0.4,1\n0.5,0.6,0.7,0.8,2\n0.9,1.0,1.1,1.2,1\n1.3,1.4,1.5,1.6,0\n' >"$WORK/floats.csv"
+"$DDP_TRAIN" convert --format csv --data "$WORK/floats.csv" --out "$WORK/f32" >/dev/null
+npy_config "$WORK/f32/features.npy" "$WORK/f32/labels.npy" 3 >"$WORK/f32.yaml"
+four=(--set "model.layers=[4, 8, 3]" --set training.epochs=1)
+checks=$((checks + 1))
+run_ranks 2 60 --config "$WORK/f32.yaml" "${four[@]}"
+if ((rc == 0)); then pass "the float32 .npy pair trains"; else fail "float32 .npy: rc $rc"; fi
+# The 64 data bytes end the file; sample 2, feature 3 becomes a NaN.
+cp "$WORK/f32/features.npy" "$WORK/nan.npy"
+printf '\x00\x00\xc0\x7f' | dd of="$WORK/nan.npy" bs=1 conv=notrunc status=none \
+  seek=$(($(stat -c %s "$WORK/nan.npy") - 64 + (2 * 4 + 3) * 4))
+npy_config "$WORK/nan.npy" "$WORK/f32/labels.npy" 3 >"$WORK/c.yaml"
+expect_abort "npy NaN feature: the batch's rank names file, sample and feature at once" 2 \
+  "$WORK/nan.npy (labels $WORK/f32/labels.npy): sample 2, feature 3 is nan (features must be finite)" \
+  --config "$WORK/c.yaml" "${four[@]}"
+expect_error "npy NaN feature, standardised: every rank names it before training" 2 \
+  "$WORK/nan.npy (labels $WORK/f32/labels.npy): sample 2, feature 3 is nan (features must be finite)" \
+  --config "$WORK/c.yaml" "${four[@]}" --set data.normalize=standardize
+
 # The output directory cannot be written: the tests run as root, which permission bits do not
 # stop, so use an existing regular file, and a directory of /proc that exists but takes no files.
 printf 'not a directory\n' >"$WORK/out-file"

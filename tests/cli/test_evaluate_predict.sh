@@ -1,7 +1,8 @@
 # ddp-train evaluate and predict end to end: a trained model's evaluation prints what training's
 # last evaluation printed (on 1, 2 and 3 ranks), its confusion matrix adds up, its predictions
-# agree with the evaluation and with the model computed independently, and each misfit between
-# model, config and data is refused naming both sides.
+# agree with the evaluation and with the model computed independently, each misfit between
+# model, config and data is refused naming both sides, and a NaN in the weights or the features
+# is refused naming where it is.
 source "$(dirname "$0")/lib.sh"
 
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
@@ -151,5 +152,48 @@ expect_error "evaluate: no test split" 2 "has no test split (data.test) to evalu
   evaluate --config "$seed" --set data.normalize=standardize --model "$WORK/m/model.safetensors"
 expect_error "evaluate: missing model file" 2 "$WORK/none.safetensors" \
   evaluate "${csv_example[@]}" --model "$WORK/none.safetensors"
+
+# A NaN in the weights or in the features: refused naming the file and where it is, never nan
+# probabilities. nan_at FILE OFFSET writes a float32 NaN over the 4 bytes at OFFSET.
+nan_at() { printf '\x00\x00\xc0\x7f' | dd of="$1" bs=1 seek="$2" conv=notrunc status=none; }
+# tensor_start FILE NAME: the byte offset of tensor NAME's first value in safetensors FILE.
+tensor_start() {
+  local n begin
+  n="$(od -An -t u8 -N8 "$1" | tr -d ' ')"
+  begin="$(head -c $((8 + n)) "$1" | grep -ao "\"$2\":{[^}]*}" |
+    sed 's/.*"data_offsets":\[\([0-9]*\),.*/\1/')"
+  echo $((8 + n + begin))
+}
+w="$WORK/nan-model.safetensors"
+cp "$m" "$w"
+nan_at "$w" $(($(tensor_start "$w" layers.0.weight) + 17 * 4))  # [8, 4]: row 4, column 1
+where="tensor 'layers.0.weight' holds nan at index 17 (row 4, column 1)"
+predict_error "a NaN in the model's weights" "model '$w': $where" \
+  --model "$w" --data "$WORK/features.csv" --out "$WORK/x.csv"
+expect_error "evaluate: a NaN in the model's weights" 2 "model '$w': $where" \
+  evaluate "${csv_example[@]}" --model "$w"
+expect_error "model.init_from: a NaN in the weights" 2 "model.init_from '$w': $where" \
+  "${csv_example[@]}" --set "model.init_from=$w" --set "output.dir=$WORK/i"
+# The converted CSV: 12 samples of 4 float32 features end the file; sample 5, feature 2 is NaN.
+x="$WORK/nan-features.npy"
+cp "$WORK/npy/features.npy" "$x"
+nan_at "$x" $(($(stat -c %s "$x") - 12 * 4 * 4 + (5 * 4 + 2) * 4))
+predict_error "a NaN in a features .npy" "$x: sample 5, feature 2 is nan (features must be finite)" \
+  --model "$m" --data "$x" --out "$WORK/x.csv"
+npy_eval() {  # npy_eval TEST_FEATURES: the CSV example's model on the converted pair
+  cat <<YAML
+model: {layers: [4, 8, 3]}
+data: {format: npy, normalize: standardize,
+       train: {features: $WORK/npy/features.npy, labels: $WORK/npy/labels.npy},
+       test: {features: $1, labels: $WORK/npy/labels.npy}}
+YAML
+}
+npy_eval "$WORK/npy/features.npy" >"$WORK/npy-eval.yaml"
+run_ranks 2 60 evaluate --config "$WORK/npy-eval.yaml" --model "$m"
+check "evaluate reads the converted pair" test "$rc $rank_codes" = "0 0 0 "
+npy_eval "$x" >"$WORK/npy-eval.yaml"
+expect_error "evaluate: a NaN in the test features, every rank agrees" 2 \
+  "$x (labels $WORK/npy/labels.npy): sample 5, feature 2 is nan (features must be finite)" \
+  evaluate --config "$WORK/npy-eval.yaml" --model "$m"
 
 finish

@@ -134,7 +134,19 @@ def st():
     write("safetensors", "duplicate_key", struct.pack("<Q", len(dup)) + dup + b"\0" * 8)
     nested = b"[" * 2000 + b"]" * 2000
     write("safetensors", "deep_json", struct.pack("<Q", len(nested)) + nested)
-
+    # "MANY" or "HUGE", the count's power of two, its offset + 128, one entry repeated (see
+    # fuzz_safetensors.cpp). HUGE ones take seconds each, instrumented: ctest replays them from
+    # safetensors_many, the fuzzers do not start from them.
+    entry = b'"t#i":{"dtype":"F32","shape":[1],"data_offsets":[#b,#e]}'
+    nested = b'"t#i":{"a":{"b":[#b,{"c":#e}]},"d":{}}'
+    write("safetensors", "many_valid", b"MANY" + bytes([10, 128]) + entry)  # 1,024 tensors
+    write("safetensors", "many_same_name", b"MANY" + bytes([6, 128]) + entry.replace(b"#i", b""))
+    write("safetensors", "many_nested", b"MANY" + bytes([6, 128]) + nested)
+    write("safetensors_many", "valid_16k", b"HUGE" + bytes([14, 128]) + entry)  # the most it loads
+    # Nested objects: the callback parser re-scanned the parent at the end of each one.
+    write("safetensors_many", "nested_16k", b"HUGE" + bytes([14, 128]) + nested)
+    write("safetensors_many", "over_cap", b"HUGE" + bytes([16, 129]) + entry)  # 65,537
+    write("safetensors_many", "over_cap_far", b"HUGE" + bytes([17, 255]) + entry)  # 131,199
 
 # --- npy: "\x93NUMPY", version, header length (2 bytes in 1.0, 4 in 2.0/3.0), the dict
 # padded with spaces and "\n" (to 64 bytes, as numpy.save does), then the data.

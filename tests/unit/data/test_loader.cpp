@@ -1,9 +1,12 @@
 // Loader: batches reproduce the given index order exactly (checked row by row against the
 // dataset), partial/dropped tails, prefetch depths, restarts, abandoning an epoch, a held batch
-// surviving the worker running ahead, worker errors surfacing in next(), and clean shutdown.
+// surviving the worker running ahead, worker errors surfacing in next(), a NaN or an infinity
+// in a batch refused by name, and clean shutdown.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -236,4 +239,39 @@ TEST_CASE("Loader converts bytes and normalises while assembling: the float32 co
     rows += b->rows;
   }
   REQUIRE(rows == n);
+}
+
+TEST_CASE("loader refuses a NaN or an infinity in a batch, naming the sample and the feature",
+          "[data][loader]") {
+  Dataset ds = numbered_dataset(10, 3);
+  std::vector<float> x = ds.x.floats();
+  const Indices order = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (const float bad : {NAN, INFINITY, -INFINITY}) {
+    x[7 * 3 + 2] = bad;  // sample 7, feature 2
+    ds.x = ddp::FeatureStore(x);
+    Loader loader(ds, 4, false, 2);
+    loader.start_epoch(order);
+    const Batch* first = loader.next();  // the batch before the bad one arrives
+    REQUIRE(first != nullptr);
+    require_batch(*first, ds, order, 4, 0);
+    const std::string name = std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf";
+    REQUIRE_THROWS_WITH(loader.next(), Contains("numbered: sample 7, feature 2 is " + name +
+                                                " (features must be finite)"));
+    loader.start_epoch({0, 1, 2, 3, 4, 5, 6, 8, 9});  // without sample 7, it trains on
+    int64_t rows = 0;
+    while (const Batch* b = loader.next()) rows += b->rows;
+    CHECK(rows == 9);
+  }
+}
+
+TEST_CASE("loader refuses a normalisation that overflows, naming the value and the transform",
+          "[data][loader]") {
+  Dataset ds = numbered_dataset(4, 3);  // sample 1, feature 0 is 100
+  ds.transform.mean = {0.0f, 0.0f, 0.0f};
+  ds.transform.std = {1e-38f, 1.0f, 1.0f};
+  Loader loader(ds, 2, false, 0);
+  loader.start_epoch({0, 1, 2, 3});
+  REQUIRE_THROWS_WITH(loader.next(),
+                      Contains("numbered: sample 1, feature 0 is 100, which data.normalize (mean "
+                               "0, std 1e-38) turns into inf"));
 }

@@ -1,5 +1,6 @@
 // Feature normalisation: standardize against a double-precision reference, a fixed [mean, std],
-// constant features, the metadata round trip (every float back exactly) and its refusals.
+// constant features, non-finite features refused, the metadata round trip (every float back
+// exactly) and its refusals.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -67,6 +68,20 @@ TEST_CASE("normalize: standardize is each feature's mean and population std, in 
   CHECK(std::equal(row.begin(), row.end(), rows.begin() + 7 * 5));
 }
 
+TEST_CASE("normalize: standardize refuses a NaN or an infinity, naming sample and feature",
+          "[data][normalize]") {
+  Dataset train = random_dataset(40, 5, 3);
+  train.source = "x.npy";
+  std::vector<float> x = train.x.floats();
+  x[33 * 5 + 4] = INFINITY;  // it would make every value of feature 4 nan
+  train.x = ddp::FeatureStore(x);
+  CHECK(ddp_test::error_of([&] {
+          ddp::fit_normalization(mode(Normalization::Mode::Standardize), train);
+        }) == "x.npy: sample 33, feature 4 is inf (features must be finite)");
+  CHECK(ddp::fit_normalization(mode(Normalization::Mode::Fixed, 0.5, 2.0), train).mean.size() ==
+        5);  // nothing read: the loader finds it in its batch
+}
+
 TEST_CASE("normalize: none is the identity, [mean, std] is the same for every feature",
           "[data][normalize]") {
   const Dataset train = random_dataset(10, 4, 1);
@@ -103,7 +118,23 @@ TEST_CASE("normalize: the metadata gives every float back; malformed metadata is
         "m: metadata 'ddp.normalize.std' is not a list of numbers");
   broken["ddp.normalize.std"] = "[1, 1, 1, 0, 1, 1]";
   CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
-        "m: metadata 'ddp.normalize.std' entry 3 is 0 (must be finite and > 0)");
+        "m: metadata 'ddp.normalize.std' entry 3 is 0 (must be a normal float > 0)");
+  broken["ddp.normalize.std"] = "[1, 1e-50, 1, 1, 1, 1]";  // 0 as a float
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' entry 1 is 1e-50 (must be a normal float > 0)");
+  broken["ddp.normalize.std"] = "[1, 1, 1e-39, 1, 1, 1]";  // denormal: 0 once flushed
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' entry 2 is 1e-39 (must be a normal float > 0)");
+  broken["ddp.normalize.std"] = "[1, 1, 1, 1, 1, -1e300]";
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' entry 5 is -1e+300 (must be a normal float > 0)");
+  broken["ddp.normalize.std"] = "{\"a\": 1, \"b\": 1, \"c\": 1, \"d\": 1, \"e\": 1, \"f\": 1}";
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.std' is not a list of numbers");
+  broken = metadata;
+  broken["ddp.normalize.mean"] = "[0, 0, -3.5e38, 0, 0, 0]";  // the std's check said nothing of it
+  CHECK(error_of([&] { ddp::normalization_from_metadata(broken, "m", 6); }) ==
+        "m: metadata 'ddp.normalize.mean' entry 2 is -3.5e+38 (must be a finite float)");
   Dataset wrong = random_dataset(3, 4, 1);
   wrong.source = "w.csv";
   CHECK(error_of([&] { ddp::apply_normalization(t, wrong); }) ==

@@ -1,6 +1,7 @@
 // Data sets from .npy pairs (load_npy) and back (save_npy, convert_to_npy): the floats every
 // feature dtype reads as, every integer label dtype, a data set that survives the round trip
-// bit for bit, and every refusal named by its file and field.
+// bit for bit, every refusal named by its file and field, and NaN and infinities found where
+// they are stored.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,8 +17,10 @@
 #include "core/float16.h"
 #include "data/convert.h"
 #include "data/dataset.h"
+#include "data/features.h"
 #include "data/npy.h"
 #include "temp_files.h"
+#include "test_helpers.h"
 
 using Catch::Contains;
 using ddp::NpyType;
@@ -257,4 +261,75 @@ TEST_CASE("npy data: a file-backed store knows which rows are in memory and read
   CHECK(arrived);  // read in the background, without touching it
   CHECK(ds.x.resident(other, features) == other_was_resident);  // nothing else was
   CHECK(ds.x[last] == 7.0f / 255.0f);
+}
+
+TEST_CASE("npy data: the first NaN or infinity is found at every position, and only those",
+          "[npy][data]") {
+  // Finite extremes must pass; each non-finite kind is found wherever it sits, block
+  // boundaries (256 values) included, and the first of two wins.
+  std::vector<float> v(600);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) - 300.0f;
+  v[1] = std::numeric_limits<float>::max();
+  v[2] = -std::numeric_limits<float>::max();
+  v[3] = std::numeric_limits<float>::denorm_min();
+  v[4] = -0.0f;
+  REQUIRE(ddp::first_non_finite(v.data(), v.size()) == v.size());
+  REQUIRE(ddp::first_non_finite(v.data(), 0) == 0);
+  for (const float bad : {NAN, -NAN, INFINITY, -INFINITY}) {
+    for (size_t at = 0; at < v.size(); ++at) {
+      std::vector<float> w = v;
+      w[at] = bad;
+      if (at + 7 < w.size()) w[at + 7] = bad;
+      INFO("value " << bad << " at " << at);
+      REQUIRE(ddp::first_non_finite(w.data(), w.size()) == at);
+      REQUIRE(ddp::first_non_finite(w.data(), at) == at);  // not within the first `at`
+    }
+  }
+}
+
+TEST_CASE("npy data: a stored NaN or infinity is named by sample and feature", "[npy][data]") {
+  ddp_test::TempDir dir("npy_data");
+  const std::string x = dir.file("x.npy");
+  SECTION("float32") {
+    std::vector<float> v(4 * 3, 0.5f);
+    save(x, NpyType::F32, {4, 3}, v);
+    ddp::Dataset ds = ddp::load_npy(x, "");
+    ddp::require_finite_rows(ds.x, ds.features, 0, ds.size, ds.source);
+    v[2 * 3 + 1] = -INFINITY;
+    v[3 * 3 + 0] = NAN;
+    save(x, NpyType::F32, {4, 3}, v);
+    ds = ddp::load_npy(x, "");
+    CHECK(ds.x.first_non_finite(0, 12) == 7);
+    CHECK(ds.x.first_non_finite(8, 4) == 9);
+    CHECK(ds.x.first_non_finite(0, 7) == 7);  // none in [0, 7)
+    CHECK(ddp_test::error_of([&] {
+            ddp::require_finite_rows(ds.x, ds.features, 0, ds.size, ds.source);
+          }) == x + ": sample 2, feature 1 is -inf (features must be finite)");
+    CHECK(ddp_test::error_of([&] {
+            ddp::require_finite_rows(ds.x, ds.features, 3, 1, ds.source);
+          }) == x + ": sample 3, feature 0 is nan (features must be finite)");
+    ddp::require_finite_rows(ds.x, ds.features, 0, 2, ds.source);  // rows 0 and 1 are fine
+  }
+  SECTION("float16: exponent all ones is NaN or infinity, the largest half is finite") {
+    std::vector<uint16_t> h = {0x3c00, 0x7bff, 0xfbff, 0x0001, 0x7c00, 0x3c00};
+    save(x, NpyType::F16, {3, 2}, h);
+    ddp::Dataset ds = ddp::load_npy(x, "");
+    CHECK(ds.x.first_non_finite(0, 6) == 4);
+    CHECK(ddp_test::error_of([&] {
+            ddp::require_finite_rows(ds.x, ds.features, 0, ds.size, ds.source);
+          }) == x + ": sample 2, feature 0 is inf (features must be finite)");
+    h[4] = 0x3c00;
+    h[1] = 0xfe01;  // a NaN with a sign and a payload
+    save(x, NpyType::F16, {3, 2}, h);
+    ds = ddp::load_npy(x, "");
+    CHECK(ddp_test::error_of([&] {
+            ddp::require_finite_rows(ds.x, ds.features, 0, ds.size, ds.source);
+          }) == x + ": sample 0, feature 1 is nan (features must be finite)");
+  }
+  SECTION("bytes are always finite") {
+    std::vector<uint8_t> b(6, 255);
+    save(x, NpyType::U8, {3, 2}, b);
+    const ddp::Dataset ds = ddp::load_npy(x, "");
+    CHECK(ds.x.first_non_finite(0, 6) == 6);
+  }
 }

@@ -1,6 +1,7 @@
 // safetensors save/load: bitwise round trips, the on-disk layout checked by an independent parse,
 // atomic replacement under write failures (file size limit, full tmpfs, rename onto a directory),
-// and every load-time validation error on hand-crafted files.
+// every load-time validation error on hand-crafted files, a header's parse time at the tensor
+// cap, and the finite-values check of loaded weights.
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "ddp/safetensors.h"
 #include "temp_files.h"
 #include "test_helpers.h"
@@ -430,4 +432,106 @@ TEST_CASE("safetensors load rejects short, truncated and corrupt-length files", 
   }
   write_bytes(path, bytes);  // the harness itself must not be what fails
   CHECK(ddp::load_safetensors(path).size() == 2);
+}
+
+namespace {
+// A file of `n` one-float tensors "t0", "t1", ... tiling 4n data bytes.
+std::string many_tensors_file(uint64_t n) {
+  std::string header = "{";
+  for (uint64_t i = 0; i < n; ++i) {
+    header += (i == 0 ? "" : ",") +
+              entry("t" + std::to_string(i), R"("dtype":"F32","shape":[1],"data_offsets":[)" +
+                                                 std::to_string(4 * i) + "," +
+                                                 std::to_string(4 * i + 4) + "]");
+  }
+  return craft(header + "}", std::string(4 * n, '\0'));
+}
+
+// The CPU seconds `fn` takes on this thread: unlike wall time, not stretched by other programs
+// on a loaded machine.
+template <typename Fn>
+double cpu_seconds_of(Fn&& fn) {
+  const double t0 = ddp::thread_cpu_seconds();
+  fn();
+  return ddp::thread_cpu_seconds() - t0;
+}
+
+// What a header of the most tensors may take to load: well above an optimised build's time
+// (0.3-0.5 s on a 2-core VM, most of it allocation and one read per tensor), far below the old
+// parse's, which grew with the square of the entries (3 s at 16k entries, about a minute at
+// 65k). Builds under AddressSanitizer get ten times more.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DDP_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(DDP_TEST_ASAN)
+constexpr double kLoadBudgetSeconds = 10.0;
+#else
+constexpr double kLoadBudgetSeconds = 1.0;
+#endif
+}  // namespace
+
+TEST_CASE("safetensors load parses a header in linear time and caps the tensor count",
+          "[safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("many.safetensors");
+  const uint64_t cap = ddp::kMaxSafetensorsTensors;
+  write_bytes(path, many_tensors_file(cap));
+  std::vector<NamedTensor> tensors;
+  const double at_cap = cpu_seconds_of([&] { tensors = ddp::load_safetensors(path); });
+  REQUIRE(tensors.size() == cap);
+  CHECK(tensors.back().name == "t" + std::to_string(cap - 1));
+  INFO(cap << " tensors loaded in " << at_cap << " s of CPU time");
+  CHECK(at_cap < kLoadBudgetSeconds);
+
+  for (const uint64_t n : {cap + 1, uint64_t{100000}}) {
+    write_bytes(path, many_tensors_file(n));
+    const double refused = cpu_seconds_of([&] {
+      require_error([&] { ddp::load_safetensors(path); },
+                    {path, "more than 65536 tensors, the most a file may hold"});
+    });
+    INFO(n << " tensors refused in " << refused << " s of CPU time");
+    CHECK(refused < kLoadBudgetSeconds);
+  }
+  std::vector<NamedTensor> too_many(cap + 1, NamedTensor{"", {0}, {}});
+  for (size_t i = 0; i < too_many.size(); ++i) too_many[i].name = "t" + std::to_string(i);
+  require_error([&] { ddp::save_safetensors(path, too_many); },
+                {path, "65537 tensors, more than the 65536 a file may hold"});
+}
+
+TEST_CASE("safetensors metadata that is not valid UTF-8 is saved with replacement characters",
+          "[safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("meta.safetensors");
+  // A data path in Latin-1, as a file system may hold it: "caf\xe9" is not UTF-8.
+  ddp::save_safetensors(path, {{"w", {1}, {1.0f}}}, {{"data", "/data/caf\xe9/x.npy"}, {"ok", "λ"}});
+  std::map<std::string, std::string> metadata;
+  ddp::load_safetensors(path, &metadata);
+  CHECK(metadata.at("data") == "/data/caf\xef\xbf\xbd/x.npy");  // U+FFFD
+  CHECK(metadata.at("ok") == "λ");
+  require_error(
+      [&] {
+        ddp::save_safetensors(path, {}, {{"bad\xff", "x"}});
+      },
+      {path, "metadata key is not valid UTF-8"});
+}
+
+TEST_CASE("safetensors require_finite names the tensor, the value and where it is",
+          "[safetensors]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<NamedTensor> tensors = {{"layers.0.weight", {2, 3}, {1, 2, 3, 4, 5, 6}},
+                                      {"layers.0.bias", {2}, {0, 0}},
+                                      {"empty", {0, 4}, {}}};
+  ddp::require_finite(tensors, "model 'm'");
+  tensors[1].data[1] = -inf;
+  require_error([&] { ddp::require_finite(tensors, "model 'm'"); },
+                {"model 'm': tensor 'layers.0.bias' holds -inf at index 1"});
+  tensors[0].data[4] = nan;  // the first tensor's is found first
+  CHECK(ddp_test::error_of([&] { ddp::require_finite(tensors, "model 'm'"); }) ==
+        "model 'm': tensor 'layers.0.weight' holds nan at index 4 (row 1, column 1)");
+  tensors[0].data[4] = inf;
+  CHECK(ddp_test::error_of([&] { ddp::require_finite(tensors, "model 'm'"); }) ==
+        "model 'm': tensor 'layers.0.weight' holds inf at index 4 (row 1, column 1)");
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -210,6 +211,19 @@ TEST_CASE("checkpoint: a model file and malformed state are refused", "[checkpoi
   ddp::write_checkpoint(path, c);
   CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
              Contains("tensor 'optimizer.stray' is not optimizer.<state>.<weight>"));
+}
+
+TEST_CASE("checkpoint: a NaN or an infinity in the weights or the momentum is refused",
+          "[checkpoint]") {
+  TempDir dir("ddp_ckpt");
+  const std::string path = dir.file("nan.safetensors");
+  TrainingCheckpoint c = sample_checkpoint();
+  c.optimizer[0].tensors[2].data[4] = std::numeric_limits<float>::quiet_NaN();
+  ddp::write_checkpoint(path, c);  // the checksum covers it: only the value check can tell
+  CHECK(
+      error_of([&] { ddp::read_checkpoint(path); }) ==
+      "checkpoint '" + path +
+          "': tensor 'optimizer.momentum.layers.1.weight' holds nan at index 4 (row 1, column 1)");
 }
 
 TEST_CASE("checkpoint: a different model, data or config is refused naming it", "[checkpoint]") {
