@@ -5,7 +5,8 @@
 //   ddp-train convert --format idx --images I --labels L --out DIR   (or --format csv --data F)
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT/SIGUSR1
-// end it at the next step with a checkpoint and exit code 75 (resume with --resume auto). Every
+// end training at the next step with a checkpoint and exit code 75 (resume with --resume auto),
+// and evaluate, predict and convert within a second with no output and 128 + the signal. Every
 // rank exits with the agreed code even when the launcher signals it during MPI_Finalize.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 
 #include "config/schema.h"
 #include "core/check.h"
+#include "core/stop_flag.h"
 #include "data/convert.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
@@ -115,6 +117,14 @@ int train(const Options& opt) {
   return summary.interrupted ? ddp::kExitInterrupted : 0;
 }
 
+// The exit code of a failed command: 1, or for a one-shot command a signal stopped (its loops
+// throw once a stop is requested), 128 + the signal, as if the signal had ended it.
+int failure_code(const Options& opt) {
+  const int signal = ddp::stop_requested();
+  if (opt.command == Command::Train || signal == 0) return 1;
+  return ddp::exit_code_of_stop(signal);
+}
+
 // train() with its errors turned into the exit code every rank agrees on; an error on some
 // ranks only aborts the job here (MPI_Abort does not return).
 int run_rank(const Options& opt, int rank, int world) {
@@ -126,11 +136,12 @@ int run_rank(const Options& opt, int rank, int world) {
   } catch (const ddp::CollectiveError& e) {
     // Every rank has this error: one message, clean exit with a failure code everywhere.
     if (rank == 0) std::cerr << "ddp-train: error: " << e.what() << std::endl;
-    return 1;
+    return failure_code(opt);
   } catch (const std::exception& e) {
     std::cerr << "ddp-train: error: " << e.what() << std::endl;
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+    // One process has no peer waiting in a collective: it ends as cleanly as an agreed error.
+    if (world > 1 || opt.command == Command::Train) MPI_Abort(MPI_COMM_WORLD, failure_code(opt));
+    return failure_code(opt);
   }
 }
 
@@ -218,8 +229,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   // After MPI_Init, which may install handlers of its own: SIGTERM/SIGINT/SIGUSR1 then ask training
-  // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank.
+  // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank; the
+  // one-shot commands stop in their loops, leaving no partial output, and exit 128 + signal.
   ddp::install_stop_handlers();
+  ddp::set_stop_interrupts(opt.command != Command::Train);
+  // A closed stdout (`| head -1`) must not kill a run before it writes its files.
+  ddp::ignore_broken_pipes();
   const int code = run_rank(opt, rank, world);
   // Every rank agreed on this outcome. Once the first rank exits non-zero, mpirun ends the
   // others with SIGTERM, possibly while they are still in MPI_Finalize: they exit with this

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "core/check.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 
 namespace ddp {
@@ -26,6 +27,7 @@ Dataset read_source(const ConvertRequest& r) {
 
 ConvertResult convert_to_npy(const ConvertRequest& r) {
   const Dataset ds = read_source(r);
+  throw_if_stopped("convert");
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(r.out, ec);

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/input_file.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 
 namespace ddp {
@@ -123,6 +124,8 @@ Dataset load_csv(const std::string& path, bool header, bool labeled) {
   int64_t first_blank = 0;  // blank lines are only allowed after the last row
   while (in.next(line)) {
     ++line_no;
+    if (interrupting_stop() != 0)
+      throw_if_stopped("reading " + path + " at line " + std::to_string(line_no));
     if (header && line_no == 1) continue;
     if (trim(line).empty()) {
       if (first_blank == 0) first_blank = line_no;

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/input_file.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 
 namespace ddp {
@@ -48,6 +49,7 @@ class GzReader {
   size_t read(unsigned char* dst, size_t n) {
     size_t got = 0;
     while (got < n) {
+      throw_if_stopped("reading " + path_);  // a one-shot command stops within a chunk
       const unsigned want = static_cast<unsigned>(std::min(n - got, kChunk));
       const int r = gzread(file_, dst + got, want);
       if (r < 0) {
