@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/stop_flag.h"
 #include "data/dataset.h"
 #include "infer/model_file.h"
@@ -119,6 +120,9 @@ std::string header_line(const ModelFile& m, const Dataset& ds) {
 int64_t predict_to_csv(const PredictRequest& r) {
   DDP_CHECK(r.format.empty() || r.format == "csv" || r.format == "idx" || r.format == "npy",
             "predict: --format must be idx, csv or npy, got '" << r.format << "'");
+  // The data may be mapped while the predictions are written: replacing it would lose it.
+  refuse_output_onto_input(r.out, "predict: --out", r.data, "--data");
+  refuse_output_onto_input(r.out, "predict: --out", r.model, "--model");
   const ModelFile m = read_model_file(r.model);
   Dataset ds = read_data_for(r, m);
   apply_normalization(m.transform, ds);
