@@ -5,7 +5,8 @@
 //   ddp-train convert --format idx --images I --labels L --out DIR   (or --format csv --data F)
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT/SIGUSR1
-// end it at the next step with a checkpoint and exit code 75 (resume with --resume auto). Every
+// end training at the next step with a checkpoint and exit code 75 (resume with --resume auto),
+// and evaluate, predict and convert within a second with no output and 128 + the signal. Every
 // rank exits with the agreed code even when the launcher signals it during MPI_Finalize.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 
 #include "config/schema.h"
 #include "core/check.h"
+#include "core/stop_flag.h"
 #include "data/convert.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
@@ -39,11 +41,24 @@ struct Options {
   ddp::ConvertRequest convert;  // convert
 };
 
-// An error only this rank saw (a bad batch, a failed step) ends the job: the message, then
-// MPI_Abort, which does not return.
-[[noreturn]] void abort_job(const std::exception& e) {
+// The exit code of a failed command: 1, or for a one-shot command a signal stopped (its loops
+// throw once a stop is requested), 128 + the signal, as if the signal had ended it.
+int failure_code(const Options& opt) {
+  const int signal = ddp::stop_requested();
+  if (opt.command == Command::Train || signal == 0) return 1;
+  return ddp::exit_code_of_stop(signal);
+}
+
+// Whether an error only this rank saw must end the job with MPI_Abort: peers may be waiting in
+// a collective (a one-process subcommand has none, and ends as cleanly as an agreed error).
+bool must_abort(const Options& opt, int world) {
+  return world > 1 || opt.command == Command::Train;
+}
+
+// The message, then MPI_Abort with the failure's code (it does not return).
+[[noreturn]] void abort_job(const std::exception& e, const Options& opt) {
   std::cerr << "ddp-train: error: " << e.what() << std::endl;
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  MPI_Abort(MPI_COMM_WORLD, failure_code(opt));
   std::abort();
 }
 
@@ -51,13 +66,14 @@ struct Options {
 // before the communicator's destructor frees its shared-memory windows, a collective that the
 // other ranks, waiting in a step's allreduce, would never join. Agreed errors pass.
 template <typename Work>
-void abort_on_local_error(Work work) {
+void abort_on_local_error(const Options& opt, int world, Work work) {
   try {
     work();
   } catch (const ddp::CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
-    abort_job(e);
+    if (!must_abort(opt, world)) throw;
+    abort_job(e, opt);
   }
 }
 
@@ -67,7 +83,7 @@ int evaluate(const Options& opt) {
   ddp::TrainConfig cfg;
   ddp::run_agreed(*comm, [&] { cfg = ddp::load_config(opt.config, opt.overrides); });
   ddp::Evaluation e;
-  abort_on_local_error([&] { e = ddp::evaluate_model(cfg, *comm, opt.model); });
+  abort_on_local_error(opt, comm->size(), [&] { e = ddp::evaluate_model(cfg, *comm, opt.model); });
   if (comm->rank() == 0) ddp::print_evaluation(e, std::cout);
   return 0;
 }
@@ -135,7 +151,7 @@ int train(const Options& opt) {
     for (const auto& line : layout) std::cout << "  " << line << "\n";
   }
   ddp::TrainSummary summary;
-  abort_on_local_error([&] {
+  abort_on_local_error(opt, env.world, [&] {
     ddp::Trainer trainer(cfg, *comm, *comm, env.rank == 0 ? &std::cout : nullptr);
     summary = trainer.run();
   });
@@ -154,9 +170,11 @@ int run_rank(const Options& opt, int rank, int world) {
   } catch (const ddp::CollectiveError& e) {
     // Every rank has this error: one message, clean exit with a failure code everywhere.
     if (rank == 0) std::cerr << "ddp-train: error: " << e.what() << std::endl;
-    return 1;
+    return failure_code(opt);
   } catch (const std::exception& e) {
-    abort_job(e);
+    if (must_abort(opt, world)) abort_job(e, opt);
+    std::cerr << "ddp-train: error: " << e.what() << std::endl;
+    return failure_code(opt);
   }
 }
 
@@ -248,8 +266,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   // After MPI_Init, which may install handlers of its own: SIGTERM/SIGINT/SIGUSR1 then ask training
-  // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank.
+  // to checkpoint and stop (exit code ddp::kExitInterrupted) instead of killing the rank; the
+  // one-shot commands stop in their loops, leaving no partial output, and exit 128 + signal.
   ddp::install_stop_handlers();
+  ddp::set_stop_interrupts(opt.command != Command::Train);
+  // A closed stdout (`| head -1`) must not kill a run before it writes its files.
+  ddp::ignore_broken_pipes();
   const int code = run_rank(opt, rank, world);
   // Every rank agreed on this outcome. Once the first rank exits non-zero, mpirun ends the
   // others with SIGTERM, possibly while they are still in MPI_Finalize: they exit with this

@@ -21,6 +21,7 @@
 #include "config/resources.h"
 #include "config/schema.h"
 #include "core/check.h"
+#include "core/input_file.h"
 #include "kernels/cuda/cuda.h"
 
 namespace ddp {
@@ -585,15 +586,13 @@ YAML::Node parse_document(const std::string& text, const std::string& name) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (!file) DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
+  // A FIFO, a device or a directory is refused before a byte is read.
+  const InputStream file = open_input_stream(path, "config file '" + path + "'");
   std::string text;
   char buf[1 << 14];
   size_t n = 0;
   while ((n = std::fread(buf, 1, sizeof buf, file.get())) > 0) text.append(buf, n);
-  // fopen succeeds on a directory; the read is what fails (EISDIR).
-  if (std::ferror(file.get()))
+  if (std::ferror(file.get()))  // a device error (EIO) after the open
     DDP_THROW("cannot read config file " << path << ": " << std::strerror(errno));
   return text;
 }

@@ -27,8 +27,9 @@ struct ConvertResult {
 };
 
 /// Reads the source with the training readers (every error names the file, line or field) and
-/// writes the pair (save_npy). Throws ddp::Error for another format, a missing input option, or
-/// an output directory that cannot be created.
+/// writes the pair (save_npy). Throws ddp::Error for another format, a missing input option, an
+/// output directory that cannot be created, an output file that is one of the inputs, or a stop
+/// request (core/stop_flag.h) before the pair is written ("convert: stopped by SIGTERM").
 ConvertResult convert_to_npy(const ConvertRequest& request);
 
 }  // namespace ddp

@@ -1,15 +1,18 @@
 // CSV reader for "f1,...,fd,label" rows (or "f1,...,fd" for data to predict on). Numbers are parsed
 // with std::from_chars, which is locale-independent, and every failure names the file, line and
 // column.
+#include <stdio.h>
+
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <string_view>
 
 #include "core/check.h"
+#include "core/input_file.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 
 namespace ddp {
@@ -79,23 +82,50 @@ void parse_row(std::string_view line, const Place& at, bool labeled, Dataset& ds
   ++ds.size;
 }
 
+/// The file's lines without their '\n', read through a stream opened as input files are
+/// (a FIFO or a device is refused, never read from).
+class LineReader {
+ public:
+  explicit LineReader(const std::string& path) : path_(path), in_(open_input_stream(path, path)) {}
+  ~LineReader() { std::free(buf_); }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
+  /// The next line (valid until the next call); false at the end of the file or on an error.
+  bool next(std::string_view& line) {
+    const ssize_t got = ::getline(&buf_, &capacity_, in_.get());
+    if (got < 0) return false;
+    line = std::string_view(buf_, static_cast<size_t>(got));
+    if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+    return true;
+  }
+  /// Throws if reading stopped on an error rather than at the end of the file.
+  void check_read(int64_t lines) const {
+    DDP_CHECK(!std::ferror(in_.get()),
+              path_ << ": read error after line " << lines << " (" << std::strerror(errno) << ")");
+  }
+
+ private:
+  std::string path_;
+  InputStream in_;
+  char* buf_ = nullptr;  // getline's, grown as needed
+  size_t capacity_ = 0;
+};
+
 }  // namespace
 
 Dataset load_csv(const std::string& path, bool header, bool labeled) {
-  errno = 0;
-  std::ifstream in(path);
-  DDP_CHECK(in.is_open(),
-            path << ": cannot open (" << (errno ? std::strerror(errno) : "open failed") << ")");
-  // A directory opens fine on Linux and then fails every read; say so instead.
-  DDP_CHECK(!std::filesystem::is_directory(path), path << ": cannot read: it is a directory");
+  LineReader in(path);
   Dataset ds;
   ds.source = path;
   std::vector<float> x;
-  std::string line;
+  std::string_view line;
   int64_t line_no = 0;
   int64_t first_blank = 0;  // blank lines are only allowed after the last row
-  while (std::getline(in, line)) {
+  while (in.next(line)) {
     ++line_no;
+    if (interrupting_stop() != 0)
+      throw_if_stopped("reading " + path + " at line " + std::to_string(line_no));
     if (header && line_no == 1) continue;
     if (trim(line).empty()) {
       if (first_blank == 0) first_blank = line_no;
@@ -105,7 +135,7 @@ Dataset load_csv(const std::string& path, bool header, bool labeled) {
                                      << line_no << ")");
     parse_row(line, Place{path, line_no}, labeled, ds, x);
   }
-  DDP_CHECK(!in.bad(), path << ": read error after line " << line_no);
+  in.check_read(line_no);
   DDP_CHECK(ds.size > 0, path << ": no data rows" << (header ? " after the header" : ""));
   x.shrink_to_fit();
   ds.x = FeatureStore(std::move(x));

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/input_file.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 
 namespace ddp {
@@ -28,14 +30,16 @@ std::string hex32(uint32_t v) {
   return oss.str();
 }
 
-/// RAII gzFile; throws naming the path when it cannot be opened.
+/// RAII gzFile; throws naming the path when it cannot be opened or is not a regular file.
 class GzReader {
  public:
   explicit GzReader(const std::string& path) : path_(path) {
+    InputFile input(path, path);
     errno = 0;
-    file_ = gzopen(path.c_str(), "rb");
-    DDP_CHECK(file_ != nullptr,
-              path << ": cannot open (" << (errno ? std::strerror(errno) : "gzopen failed") << ")");
+    file_ = gzdopen(input.fd(), "rb");
+    DDP_CHECK(file_ != nullptr, path << ": cannot open ("
+                                     << (errno ? std::strerror(errno) : "gzdopen failed") << ")");
+    input.release();  // gzclose closes it
   }
   ~GzReader() { gzclose(file_); }
   GzReader(const GzReader&) = delete;
@@ -45,6 +49,7 @@ class GzReader {
   size_t read(unsigned char* dst, size_t n) {
     size_t got = 0;
     while (got < n) {
+      throw_if_stopped("reading " + path_);  // a one-shot command stops within a chunk
       const unsigned want = static_cast<unsigned>(std::min(n - got, kChunk));
       const int r = gzread(file_, dst + got, want);
       if (r < 0) {

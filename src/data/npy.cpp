@@ -19,6 +19,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/input_file.h"
 
 namespace ddp {
 namespace {
@@ -379,8 +380,7 @@ NpyHeader parse_npy_header(const std::string& file, const uint8_t* bytes, size_t
 }
 
 NpyFile NpyFile::open(const std::string& path, NpyAccess access) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DDP_CHECK(fd >= 0, "cannot open " << where(path) << ": " << std::strerror(errno));
+  const int fd = InputFile(path, where(path)).release();  // a FIFO or a device is refused
   struct stat st {};
   const int stat_rc = ::fstat(fd, &st);
   const int stat_errno = errno;

@@ -6,6 +6,7 @@
 #include <ostream>
 
 #include "core/check.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/sampler.h"
@@ -75,6 +76,7 @@ Evaluation evaluate_model(const TrainConfig& cfg, ProcessGroup& comm,
   std::vector<float> host_logits(static_cast<size_t>(kEvalBatch * e.classes));
   int64_t done = 0;
   for (bool more = feed->start([&loader] { return loader.next(); }); more; more = feed->advance()) {
+    throw_if_stopped("evaluate");  // on this rank: main ends the others (MPI_Abort)
     const DeviceBatch batch = feed->take();
     const Tensor& logits = model->forward(batch.x);
     e.tally.add(be.softmax_xent(logits, batch.labels, 0.0f, nullptr), batch.rows);

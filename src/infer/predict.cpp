@@ -2,15 +2,15 @@
 #include "infer/predict.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/input_file.h"
+#include "core/stop_flag.h"
 #include "data/dataset.h"
 #include "infer/model_file.h"
 
@@ -73,8 +73,41 @@ void require_finite_batch(const float* x, int64_t first, int64_t rows, const Dat
                         << " says" << transform.str());
 }
 
+// The predictions file: CSV text gathered a buffer at a time and written whole or not at all
+// (AtomicFile), so a failure or a stop leaves no partial file behind.
+class PredictionsFile {
+ public:
+  explicit PredictionsFile(const std::string& path) : file_(open(path)) {}
+
+  std::string& text() { return text_; }
+  /// Writes the gathered text once it fills the buffer.
+  void flush_if_full() {
+    if (text_.size() < kBufferBytes) return;
+    file_.write(text_.data(), text_.size());
+    text_.clear();
+  }
+  void commit() {
+    file_.write(text_.data(), text_.size());
+    file_.commit();
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+
+  static AtomicFile open(const std::string& path) {
+    try {
+      return AtomicFile(path, "predictions");
+    } catch (const Error& e) {
+      DDP_THROW("predict: --out " << path << ": cannot write (" << e.message() << ")");
+    }
+  }
+
+  AtomicFile file_;
+  std::string text_;
+};
+
 // One CSV line: index, the first maximum's class, softmax probabilities (in double), label.
-void write_row(std::ofstream& out, int64_t index, const float* logits, int64_t classes,
+void write_row(std::string& out, int64_t index, const float* logits, int64_t classes,
                const Dataset& ds) {
   const float* top = std::max_element(logits, logits + classes);
   double sum = 0.0;
@@ -84,13 +117,19 @@ void write_row(std::ofstream& out, int64_t index, const float* logits, int64_t c
     sum += p[c];
   }
   char buf[32];
-  out << index << "," << (top - logits);
+  out += std::to_string(index) + "," + std::to_string(top - logits);
   for (int64_t c = 0; c < classes; ++c) {
     std::snprintf(buf, sizeof buf, ",%.6g", p[c] / sum);
-    out << buf;
+    out += buf;
   }
-  if (!ds.y.empty()) out << "," << ds.y[static_cast<size_t>(index)];
-  out << "\n";
+  if (!ds.y.empty()) out += "," + std::to_string(ds.y[static_cast<size_t>(index)]);
+  out += "\n";
+}
+
+std::string header_line(const ModelFile& m, const Dataset& ds) {
+  std::string line = "index,predicted";
+  for (int64_t c = 0; c < m.classes(); ++c) line += ",p" + std::to_string(c);
+  return line + (ds.y.empty() ? "\n" : ",label\n");
 }
 
 }  // namespace
@@ -98,32 +137,31 @@ void write_row(std::ofstream& out, int64_t index, const float* logits, int64_t c
 int64_t predict_to_csv(const PredictRequest& r) {
   DDP_CHECK(r.format.empty() || r.format == "csv" || r.format == "idx" || r.format == "npy",
             "predict: --format must be idx, csv or npy, got '" << r.format << "'");
+  // The data may be mapped while the predictions are written: replacing it would lose it.
+  refuse_output_onto_input(r.out, "predict: --out", r.data, "--data");
+  refuse_output_onto_input(r.out, "predict: --out", r.model, "--model");
   const ModelFile m = read_model_file(r.model);
   Dataset ds = read_data_for(r, m);
   require_finite_rows(ds.x, ds.features, 0, ds.size, ds.source);  // read whole anyway
   apply_normalization(m.transform, ds);
   std::unique_ptr<DeviceContext> ctx = make_device_context(DevicePlacement{});
   InferenceModel model(m, *ctx, kPredictBatch);
-  errno = 0;
-  std::ofstream out(r.out);
-  DDP_CHECK(out.is_open(), "predict: --out " << r.out << ": cannot write ("
-                                             << (errno ? std::strerror(errno) : "open failed")
-                                             << ")");
-  out << "index,predicted";
-  for (int64_t c = 0; c < m.classes(); ++c) out << ",p" << c;
-  out << (ds.y.empty() ? "\n" : ",label\n");
+  PredictionsFile out(r.out);
+  out.text() = header_line(m, ds);
   std::vector<float> batch(static_cast<size_t>(kPredictBatch * ds.features));
   for (int64_t first = 0; first < ds.size; first += kPredictBatch) {
+    throw_if_stopped("predict");
     const int64_t rows = std::min(kPredictBatch, ds.size - first);
     ds.read_rows(first, rows, batch.data());
     require_finite_batch(batch.data(), first, rows, ds, m);
     const Tensor x{batch.data(), rows, ds.features, Device::CPU};
     const Tensor& logits = model.forward(x);
     for (int64_t i = 0; i < rows; ++i)
-      write_row(out, first + i, logits.data + i * m.classes(), m.classes(), ds);
+      write_row(out.text(), first + i, logits.data + i * m.classes(), m.classes(), ds);
+    out.flush_if_full();
   }
-  out.flush();
-  DDP_CHECK(out.good(), "predict: --out " << r.out << ": write failed");
+  throw_if_stopped("predict");
+  out.commit();
   return ds.size;
 }
 

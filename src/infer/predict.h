@@ -18,9 +18,11 @@ struct PredictRequest {
   std::string out;          ///< where the predictions go
 };
 
-/// Writes the predictions and returns how many samples they cover. Throws ddp::Error naming the
-/// files when the data does not fit the model: another feature count, a label outside the
-/// model's classes, a row of neither the model's features nor features and a label.
+/// Writes the predictions (whole or not at all) and returns how many samples they cover. Throws
+/// ddp::Error naming the files when the data does not fit the model: another feature count, a
+/// label outside the model's classes, a row of neither the model's features nor features and a
+/// label; when --out is the data or the model file; or when a stop request (core/stop_flag.h)
+/// interrupts it ("predict: stopped by SIGTERM"), leaving no output.
 int64_t predict_to_csv(const PredictRequest& request);
 
 }  // namespace ddp

@@ -18,6 +18,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/input_file.h"
 #include "core/tensor.h"
 
 namespace ddp {
@@ -125,8 +126,9 @@ struct TensorEntry {
 
 class ReadOnlyFile {
  public:
+  // A FIFO or a device is refused (InputFile) before open() could block on it.
   explicit ReadOnlyFile(const std::string& path)
-      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), open_errno_(errno) {}
+      : fd_(InputFile(path, "safetensors file '" + path + "'").release()), open_errno_(0) {}
   ~ReadOnlyFile() {
     if (fd_ >= 0) ::close(fd_);
   }

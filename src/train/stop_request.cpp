@@ -1,6 +1,6 @@
-// Stop requests from SIGTERM, SIGINT and SIGUSR1 (see stop.h). The handler only stores to a
-// lock-free atomic, or ends the process with its decided code: everything else (agreeing,
-// checkpointing, exiting) happens on the training thread.
+// Stop requests from SIGTERM, SIGINT and SIGUSR1 (see stop_request.h). The handler only stores
+// to a lock-free atomic (core/stop_flag.h), or ends the process with its decided code:
+// everything else (agreeing, checkpointing, exiting) happens on the thread doing the work.
 #include "train/stop_request.h"
 
 #include <signal.h>
@@ -9,17 +9,18 @@
 #include <atomic>
 #include <initializer_list>
 
+#include "core/stop_flag.h"
+
 namespace ddp {
 namespace {
 
-std::atomic<int> g_stop_signal{0};
 std::atomic<int> g_final_exit_code{-1};  // < 0 while the outcome is open
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
 extern "C" void on_stop_signal(int signal) {
   const int final_code = g_final_exit_code.load();
   if (final_code >= 0) _exit(final_code);  // the outcome is decided: a signal cannot change it
-  if (g_stop_signal.exchange(signal) != 0) {
+  if (exchange_stop_signal(signal) != 0) {
     // Second signal: the user insists. Default action, re-raised (returning re-delivers it).
     ::signal(signal, SIG_DFL);
     ::raise(signal);
@@ -36,11 +37,13 @@ void install_stop_handlers() {
   for (const int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaction(signal, &action, nullptr);
 }
 
-void request_stop(int signal) { g_stop_signal.store(signal); }
+void ignore_broken_pipes() { ::signal(SIGPIPE, SIG_IGN); }
 
-int stop_requested() { return g_stop_signal.load(); }
+void request_stop(int signal) { exchange_stop_signal(signal); }
 
-void clear_stop_request() { g_stop_signal.store(0); }
+int stop_requested() { return stop_signal(); }
+
+void clear_stop_request() { exchange_stop_signal(0); }
 
 void set_final_exit_code(int code) { g_final_exit_code.store(code < 0 ? 1 : code); }
 

@@ -1,7 +1,8 @@
 // Graceful stop requests: SIGTERM (Slurm preemption, kill), SIGINT (Ctrl-C) and SIGUSR1 (what
 // mpirun forwards to every rank; launch/ddp-run turns its own SIGINT/SIGTERM into it) only set
-// a flag; the trainer's ranks agree on it at an optimizer-step boundary, write a checkpoint and
-// end with kExitInterrupted, so a requeued job continues with --resume auto.
+// a flag (core/stop_flag.h); the trainer's ranks agree on it at an optimizer-step boundary,
+// write a checkpoint and end with kExitInterrupted, so a requeued job continues with --resume
+// auto. convert, predict and evaluate stop in their loops instead and exit exit_code_of_stop().
 #pragma once
 
 namespace ddp {
@@ -10,10 +11,18 @@ namespace ddp {
 /// again"; resume with --resume auto).
 constexpr int kExitInterrupted = 75;
 
+/// Exit code of a one-shot command (convert, predict, evaluate) a signal stopped: 128 + the
+/// signal, as a shell reports a process the signal killed (SIGTERM 143, SIGINT 130).
+constexpr int exit_code_of_stop(int signal) { return 128 + signal; }
+
 /// Installs the SIGTERM, SIGINT and SIGUSR1 handlers. The first signal requests a stop; a second
 /// one ends the process at once with the default action (a user pressing Ctrl-C twice). Once the
 /// outcome is final (set_final_exit_code) any signal ends the process with that code.
 void install_stop_handlers();
+
+/// Ignores SIGPIPE: a closed stdout (`ddp-train ... | head -1`) then fails writes with EPIPE,
+/// which the streams absorb, instead of killing a run before it writes its files.
+void ignore_broken_pipes();
 
 /// Optimizer steps between the trainer's stop polls (all ranks poll at the same steps). A poll
 /// is a one-float allreduce; polling every step cost ~3% of a small model's step time. A stop

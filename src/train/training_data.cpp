@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -52,10 +53,14 @@ size_t node_image_bytes(ProcessGroup& comm, const Dataset& ds, const char* split
 }
 
 // One split through the node's shared memory: the first rank's copy written once, every rank
-// (the first too) viewing it. Empty on every rank when the node cannot share.
-bool share_split(ProcessGroup& comm, Dataset& ds, const char* split, std::string& why_not) {
+// (the first too) viewing it. Empty on every rank when the node cannot share. Adds a log line
+// to `swept` for each copy a dead run of the job had left behind and the nodes removed.
+bool share_split(ProcessGroup& comm, Dataset& ds, const char* split, const std::string& job,
+                 std::string& why_not, std::string& swept) {
   const size_t bytes = node_image_bytes(comm, ds, split);
-  const NodeSharedMemory mem = share_on_node(comm, bytes, [&](void* out) { write_image(ds, out); });
+  const NodeSharedMemory mem = share_on_node(
+      comm, bytes, [&](void* out) { write_image(ds, out); }, job);
+  for (const std::string& line : mem.swept) swept += "data: " + line + "\n";
   if (!mem.data) {
     why_not = mem.why_not;
     return false;
@@ -85,16 +90,17 @@ std::string TrainingData::share(const TrainConfig& cfg, ProcessGroup& comm) {
     return "data: a copy per rank (data.share_on_node: false), " + mib(train.x.bytes()) +
            " of training features each" + stored;
   }
-  std::string why_not;
-  bool shared = share_split(comm, train, "train", why_not);
-  if (shared && has_test) shared = share_split(comm, test, "test", why_not);
+  const std::string job = node_job_key(std::getenv("SLURM_JOB_ID"), cfg.output.dir);
+  std::string why_not, swept;
+  bool shared = share_split(comm, train, "train", job, why_not, swept);
+  if (shared && has_test) shared = share_split(comm, test, "test", job, why_not, swept);
   if (!shared) {
     run_agreed(comm, [&] {
       if (comm.local_rank() != 0) read_splits(cfg);
     });
-    return "data: a copy per rank: " + why_not;
+    return swept + "data: a copy per rank: " + why_not;
   }
-  return "data: one copy per node, mapped by its " + std::to_string(comm.local_size()) +
+  return swept + "data: one copy per node, mapped by its " + std::to_string(comm.local_size()) +
          " ranks (data.share_on_node): " + mib(train.x.bytes()) + " of training features" +
          std::string(" (") + to_string(train.x.type()) + ")";
 }

@@ -3,6 +3,9 @@
 // copy per rank, so bitwise the same weights, from IDX bytes and from CSV floats, and from the
 // .npy conversion of the IDX files, which every rank maps; the mapping's fallback and failure
 // paths reach every rank alike.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdint>
@@ -31,6 +34,9 @@ using ddp_test::require_identical_replicas;
 std::string shared_scratch(const std::string& name) {
   return ddp_test::shared_scratch_dir("ddp_node_data_", name);
 }
+
+// The job key the share_on_node tests pass (node_job_key gives letters and digits too).
+const std::string kJob = "test1";
 
 void put_be32(std::ofstream& out, uint32_t v) {
   const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16),
@@ -216,7 +222,7 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
     auto* p = static_cast<unsigned char*>(out);
     for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7 + 1);
   };
-  const ddp::NodeSharedMemory mem = ddp::share_on_node(*comm, bytes, fill, dir);
+  const ddp::NodeSharedMemory mem = ddp::share_on_node(*comm, bytes, fill, kJob, dir);
   REQUIRE(mem.data != nullptr);
   REQUIRE(mem.bytes == bytes);
   long wrong = 0;
@@ -226,9 +232,15 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
   // The name is gone once every rank has the mapping: nothing is left behind.
   comm->barrier();
   CHECK(std::filesystem::is_empty(dir));
+  // Ranks whose output directories are spelt apart pass other keys: rank 0's names the copy.
+  const ddp::NodeSharedMemory keyed =
+      ddp::share_on_node(*comm, bytes, fill, "rank" + std::to_string(comm->rank()), dir);
+  ddp_test::require_on_all_ranks(*comm, keyed.data == nullptr, "ranks without the copy");
+  comm->barrier();
+  CHECK(std::filesystem::is_empty(dir));
 
   // A directory that cannot hold it: every rank learns so, and why.
-  const ddp::NodeSharedMemory none = ddp::share_on_node(*comm, bytes, fill, dir + "/missing");
+  const ddp::NodeSharedMemory none = ddp::share_on_node(*comm, bytes, fill, kJob, dir + "/missing");
   CHECK(none.data == nullptr);
   CHECK_THAT(none.why_not,
              Catch::Contains(dir + "/missing/ddp-") && Catch::Contains("cannot create"));
@@ -239,7 +251,7 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
   {
     std::optional<ddp_test::FileSizeLimit> cap;
     if (comm->local_rank() == 0) cap.emplace(4096);
-    const ddp::NodeSharedMemory capped = ddp::share_on_node(*comm, bytes, fill, dir);
+    const ddp::NodeSharedMemory capped = ddp::share_on_node(*comm, bytes, fill, kJob, dir);
     cap.reset();
     CHECK(capped.data == nullptr);
     CHECK_THAT(capped.why_not, Catch::Contains("cannot hold 4099 bytes (" +
@@ -259,7 +271,7 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
     MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (mounted) {
       const ddp::NodeSharedMemory none_left = ddp::share_on_node(
-          *comm, 64 * 1024, [](void*) {}, tiny);
+          *comm, 64 * 1024, [](void*) {}, kJob, tiny);
       CHECK(none_left.data == nullptr);
       CHECK_THAT(none_left.why_not, Catch::Contains("cannot hold 65536 bytes (" +
                                                     std::string(std::strerror(ENOSPC)) + ")"));
@@ -278,8 +290,131 @@ TEST_CASE("share_on_node: the first rank's bytes on every rank; no room falls ba
 
   // A failing fill fails every rank, and leaves nothing behind.
   auto failing = [](void*) { DDP_THROW("data.train: x.idx: truncated data"); };
-  CHECK_THROWS_WITH(ddp::share_on_node(*comm, bytes, failing, dir),
+  CHECK_THROWS_WITH(ddp::share_on_node(*comm, bytes, failing, kJob, dir),
                     Catch::Contains("x.idx: truncated data"));
   comm->barrier();
   CHECK(std::filesystem::is_empty(dir));
+}
+
+// Ranks standing in for two nodes on one machine share one directory, as two real nodes never
+// do: each node's ranks still map their own first rank's copy (named by its pid), not the other
+// node's.
+TEST_CASE("share_on_node: each node's ranks map their own first rank's copy", "[mpi][data]") {
+  const int n = ddp_test::world_size();
+  if (n < 2 || n % 2 != 0) return;  // needs two nodes of equal size
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD, n / 2);
+  const std::string dir = shared_scratch("two_nodes");
+  const size_t bytes = 1000;
+  const int node = comm->rank() / (n / 2);
+  const auto byte = [](int node_of, size_t i) {
+    return static_cast<unsigned char>(i + 50 * node_of);
+  };
+  const ddp::NodeSharedMemory mem = ddp::share_on_node(
+      *comm, bytes,
+      [&](void* out) {
+        for (size_t i = 0; i < bytes; ++i) static_cast<unsigned char*>(out)[i] = byte(node, i);
+      },
+      kJob, dir);
+  INFO("why not: " << mem.why_not);
+  long wrong = mem.data == nullptr ? 1 : 0;
+  for (size_t i = 0; mem.data && i < bytes; ++i)
+    wrong += static_cast<const unsigned char*>(mem.data.get())[i] != byte(node, i);
+  ddp_test::require_on_all_ranks(*comm, wrong, "bytes that are not this node's first rank's");
+  comm->barrier();
+  CHECK(std::filesystem::is_empty(dir));
+}
+
+namespace {
+
+// A pid no process has: a child's, once it has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return child;
+}
+
+std::string copy_name(const std::string& job, pid_t pid, const char* random) {
+  return "ddp-" + std::to_string(::geteuid()) + "-" + job + "-" + std::to_string(pid) + "-" +
+         random;
+}
+
+void plant(const std::string& path) {
+  std::ofstream(path) << "left behind";
+  REQUIRE(std::filesystem::exists(path));
+}
+
+}  // namespace
+
+// A job killed between creating its node's copy and unlinking it leaves the copy behind; the
+// next run of the same job removes it, and only it. Planted in a scratch directory on rank 0.
+TEST_CASE("a dead run's copy of the node's data is swept; a live, foreign or other job's is kept",
+          "[mpi][data]") {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  if (comm->rank() == 0) {
+    ddp_test::TempDir tmp("ddp_sweep");
+    const std::string dir = tmp.path().string();
+    const pid_t dead = dead_pid();
+    const std::string gone = tmp.file(copy_name("jobA", dead, "1f"));
+    const std::string alive = tmp.file(copy_name("jobA", ::getppid(), "2f"));
+    const std::string other_job = tmp.file(copy_name("jobB", dead, "3f"));
+    const std::string not_a_file = tmp.file(copy_name("jobA", dead, "4f"));
+    const std::string not_a_copy = tmp.file("ddp-notes-" + std::to_string(dead));
+    const std::string foreign = tmp.file(copy_name("jobA", dead, "5f"));
+    for (const std::string& path : {gone, alive, other_job, not_a_copy, foreign}) plant(path);
+    std::filesystem::create_directory(not_a_file);
+    // Another user's copy (the name says our uid, the owner does not): root can make one.
+    const bool chowned = ::geteuid() == 0 && ::chown(foreign.c_str(), 4242, 4242) == 0;
+    if (!chowned) std::filesystem::remove(foreign);
+
+    const std::vector<std::string> removed = ddp::sweep_dead_copies(dir, "jobA");
+    REQUIRE(removed.size() == 1);
+    CHECK_THAT(removed[0], Catch::Contains("removed " + gone) &&
+                               Catch::Contains("process " + std::to_string(dead) + " is gone"));
+    CHECK_FALSE(std::filesystem::exists(gone));
+    CHECK(std::filesystem::exists(alive));  // its creator (this process's parent) still runs
+    CHECK(std::filesystem::exists(other_job));
+    CHECK(std::filesystem::exists(not_a_file));
+    CHECK(std::filesystem::exists(not_a_copy));
+    if (chowned) {
+      CHECK(std::filesystem::exists(foreign));
+    } else {
+      WARN("another user's copy: not tried (chown needs root)");
+    }
+    CHECK(ddp::sweep_dead_copies(dir, "jobA").empty());
+    CHECK(ddp::sweep_dead_copies(dir + "/missing", "jobA").empty());
+  }
+  comm->barrier();
+
+  // Through share_on_node: the first rank sweeps before it creates, and every rank learns it.
+  const std::string dir = shared_scratch("sweep");
+  std::string planted;
+  if (comm->rank() == 0) {
+    planted = dir + "/" + copy_name(kJob, dead_pid(), "9");
+    plant(planted);
+  }
+  planted = ddp::broadcast_string(*comm, planted, 0);
+  comm->barrier();
+  const ddp::NodeSharedMemory mem = ddp::share_on_node(
+      *comm, 64, [](void* out) { std::memset(out, 7, 64); }, kJob, dir);
+  CHECK(mem.data != nullptr);
+  REQUIRE(mem.swept.size() == 1);
+  CHECK_THAT(mem.swept[0], Catch::Contains("removed " + planted));
+  comm->barrier();
+  CHECK(std::filesystem::is_empty(dir));
+}
+
+TEST_CASE("a job's copies are named by its Slurm job id, else by its output directory",
+          "[mpi][data]") {
+  CHECK(ddp::node_job_key("4711", "runs/a") == "slurm4711");
+  CHECK(ddp::node_job_key("4711", "runs/b") == "slurm4711");  // a requeued job keeps its id
+  const std::string a = ddp::node_job_key(nullptr, "runs/a");
+  CHECK(a.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") == std::string::npos);
+  CHECK(ddp::node_job_key(nullptr, "./runs/x/../a/") == a);
+  CHECK(ddp::node_job_key(nullptr, (std::filesystem::current_path() / "runs/a").string()) == a);
+  CHECK(ddp::node_job_key("", "runs/a") == a);
+  CHECK(ddp::node_job_key(nullptr, "runs/b") != a);
+  CHECK(ddp::node_job_key("12-x", "runs/a") == a);  // not a job id: never part of a name
 }

@@ -973,9 +973,9 @@ TEST_CASE("config: nesterov needs momentum and no dampening, as in PyTorch", "[c
 TEST_CASE("config: unreadable and malformed files", "[config]") {
   TempDir tmp;
   CHECK(error_of([&] { ddp::load_config(tmp.path() + "/nope.yaml"); }) ==
-        "cannot read config file " + tmp.path() + "/nope.yaml: No such file or directory");
+        "config file '" + tmp.path() + "/nope.yaml': cannot open (No such file or directory)");
   CHECK(error_of([&] { ddp::load_config(tmp.path()); }) ==
-        "cannot read config file " + tmp.path() + ": Is a directory");
+        "config file '" + tmp.path() + "': not a regular file (a directory)");
 
   std::string bad = tmp.file("bad.yaml", "model:\n  layers: [4, 3\ntraining:\n  epochs: 2\n");
   CHECK(error_of([&] { ddp::load_config(bad); }) ==

@@ -240,7 +240,7 @@ TEST_CASE("load_idx names the file and the problem for every bad input", "[data]
   }
   SECTION("a directory instead of a file") {
     REQUIRE_THROWS_WITH(ddp::load_idx(img, dir.path.string()),
-                        Contains(dir.path.string() + ": read error after 0 bytes"));
+                        Contains(dir.path.string() + ": not a regular file (a directory)"));
   }
 }
 
@@ -315,7 +315,7 @@ TEST_CASE("load_csv names file, line and column for every bad input", "[data][cs
   }
   SECTION("a directory instead of a file") {
     REQUIRE_THROWS_WITH(ddp::load_csv(dir.path.string(), false),
-                        Contains(dir.path.string() + ": cannot read: it is a directory"));
+                        Contains(dir.path.string() + ": not a regular file (a directory)"));
   }
   SECTION("ragged row") {
     REQUIRE_THROWS_WITH(load("1,2,0\n3,4,1\n5,1\n"),
