@@ -178,20 +178,16 @@ int run_rank(const Options& opt, int rank, int world) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "ddp-train: data-parallel MLP training, one process per MPI rank.\n"
-      "Launch with mpirun/srun (or launch/ddp-run -n N CONFIG)."};
-  Options opt;
+// Training's options: the config, overrides, resume and start over, the config listings.
+void add_training_options(CLI::App& app, Options& opt) {
   app.add_option("-c,--config", opt.config, "YAML config file (see docs/config.md)");
   app.add_option("-s,--set", opt.overrides, "override a config key: key.path=value (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
   app.add_option("-r,--resume", opt.resume,
-                 "continue from a checkpoint: auto (the newest in checkpoint.dir, or a fresh "
-                 "start if none) or a checkpoint file; same as --set training.resume=...");
+                 "continue from a checkpoint: auto (the newest in checkpoint.dir that can "
+                 "continue this run, or a fresh start if none) or a checkpoint file; same as "
+                 "--set training.resume=...");
   app.add_flag("--start-over", opt.start_over,
                "a fresh run where an earlier one left checkpoints: move that run's files aside "
                "(into <dir>/earlier-run-<time>/) instead of refusing; same as --set "
@@ -207,7 +203,9 @@ int main(int argc, char** argv) {
       },
       "print every config key (type, default, allowed values, whether a resume must keep it, "
       "what it does) and exit; needs no --config");
-  app.require_subcommand(0, 1);
+}
+
+CLI::App* add_evaluate(CLI::App& app, Options& opt) {
   CLI::App* eval = app.add_subcommand(
       "evaluate",
       "loss, accuracy and confusion matrix of a saved model on the config's test "
@@ -218,6 +216,10 @@ int main(int argc, char** argv) {
   eval->add_option("-s,--set", opt.overrides, "override a config key: key.path=value")
       ->take_all()
       ->allow_extra_args(false);
+  return eval;
+}
+
+CLI::App* add_predict(CLI::App& app, Options& opt) {
   CLI::App* pred = app.add_subcommand(
       "predict",
       "a saved model's predicted class and class probabilities for each sample of a "
@@ -233,6 +235,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"idx", "csv", "npy"}));
   pred->add_flag("--csv-header", opt.predict.csv_header, "csv: the first line is a header");
   pred->add_option("-o,--out", opt.predict.out, "the CSV file to write")->required();
+  return pred;
+}
+
+CLI::App* add_convert(CLI::App& app, Options& opt) {
   CLI::App* conv = app.add_subcommand(
       "convert",
       "an IDX pair or a labeled CSV as the features.npy and labels.npy that data.format npy "
@@ -246,6 +252,21 @@ int main(int argc, char** argv) {
   conv->add_flag("--csv-header", opt.convert.csv_header, "csv: the first line is a header");
   conv->add_option("-o,--out", opt.convert.out, "directory for features.npy and labels.npy")
       ->required();
+  return conv;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ddp-train: data-parallel MLP training, one process per MPI rank.\n"
+      "Launch with mpirun/srun (or launch/ddp-run -n N CONFIG)."};
+  Options opt;
+  add_training_options(app, opt);
+  app.require_subcommand(0, 1);
+  CLI::App* eval = add_evaluate(app, opt);
+  CLI::App* pred = add_predict(app, opt);
+  CLI::App* conv = add_convert(app, opt);
   CLI11_PARSE(app, argc, argv);
   if (*eval) opt.command = Command::Evaluate;
   if (*pred) opt.command = Command::Predict;
