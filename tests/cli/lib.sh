@@ -97,16 +97,30 @@ wait_until() {
   return 1
 }
 
-# expect_error NAME N MESSAGE ARGS...: the run must fail within 60 s with MESSAGE in the
-# output, every rank exiting 1 by itself and mpiexec returning 1.
-expect_error() {
+# check NAME COMMAND...: passes if the command succeeds.
+check() {
+  local name="$1"; shift
+  checks=$((checks + 1))
+  if "$@"; then pass "$name"; else fail "$name"; fi
+}
+
+# run_for_message NAME N MESSAGE ARGS...: counts a check and runs ddp-train ARGS on N ranks for
+# 60 s at most; fails it (returning 1) when the run hung or MESSAGE is not in its output.
+run_for_message() {
   local name="$1" n="$2" message="$3"; shift 3
   checks=$((checks + 1))
   run_ranks "$n" 60 "$@"
-  if ((rc == 124)); then fail "$name: hung (killed after 60 s)"; return; fi
+  if ((rc == 124)); then fail "$name: hung (killed after 60 s)"; return 1; fi
   if ! grep -qF -- "$message" <<<"$out"; then
-    fail "$name: message '$message' not in output:"; echo "$out" | tail -8; return
+    fail "$name: message '$message' not in output:"; echo "$out" | tail -8; return 1
   fi
+}
+
+# expect_error NAME N MESSAGE ARGS...: the run must fail within 60 s with MESSAGE in the
+# output, every rank exiting 1 by itself and mpiexec returning 1.
+expect_error() {
+  local name="$1" n="$2"
+  run_for_message "$@" || return
   local expected
   expected="$(printf '1 %.0s' $(seq "$n"))"
   if ((rc != 1)) || [[ "$rank_codes" != "$expected" ]]; then

@@ -227,13 +227,8 @@ expect_error "npy label outside the classes" 2 "label 37 at sample 1 is outside 
 # wait in the step's allreduce) ends the job at once, long before distributed.timeout_s (600 s):
 # MESSAGE from that rank, which exits 1, and mpiexec returns 1.
 expect_abort() {
-  local name="$1" n="$2" message="$3"; shift 3
-  checks=$((checks + 1))
-  run_ranks "$n" 60 "$@"
-  if ((rc == 124)); then fail "$name: hung (killed after 60 s)"; return; fi
-  if ! grep -qF -- "$message" <<<"$out"; then
-    fail "$name: message '$message' not in output:"; echo "$out" | tail -8; return
-  fi
+  local name="$1"
+  run_for_message "$@" || return
   if ((rc != 1 || elapsed > 30)) || [[ " $rank_codes" != *" 1 "* ]]; then
     fail "$name: mpiexec $rc after ${elapsed}s, rank codes '$rank_codes'"; echo "$out" | tail -8
     return

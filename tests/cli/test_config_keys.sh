@@ -2,11 +2,6 @@
 # keys are exactly the keys --print-config writes over the data formats (synthetic, csv, idx, npy).
 source "$(dirname "$0")/lib.sh"
 
-check() {  # check NAME COMMAND...: passes if the command succeeds
-  local name="$1"; shift
-  checks=$((checks + 1))
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
 
 # The key paths of --print-config's block YAML (two spaces per level), one per line.
 yaml_keys() {

@@ -6,11 +6,6 @@
 source "$(dirname "$0")/lib.sh"
 
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
-check() {  # check NAME COMMAND...: passes if the command succeeds
-  local name="$1"; shift
-  checks=$((checks + 1))
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
 # Synthetic data with a test split, standardised; the model goes to $WORK/m.
 synthetic=(--config "$seed" --set data.test.samples=700 --set data.normalize=standardize)
 

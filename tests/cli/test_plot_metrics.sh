@@ -17,11 +17,6 @@ if [[ -z "$python" ]]; then
   exit 77
 fi
 
-check() {  # check NAME COMMAND...: passes if the command succeeds
-  local name="$1"; shift
-  checks=$((checks + 1))
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
 
 # run_plot ARGS...: runs plot-metrics ARGS through its own #! line; sets $out (stdout), $err
 # (stderr) and $rc.

@@ -59,14 +59,22 @@ hostile_folder() {
 }
 hostile_folder
 
+# start_endless NAME DIR: one rank trains into DIR until stopped ($launcher); returns once it
+# holds DIR's lock and has written a checkpoint (1, and the check failed, if it never does).
+start_endless() {
+  local name="$1" dir="$2"
+  start_ranks 1 "$dir.log" "${common[@]}" --set "output.dir=$dir" --set training.epochs=100000 \
+    --set checkpoint.every_steps=2000
+  under_way() { [[ -s "$dir/.ddp-lock" ]] && compgen -G "$dir/checkpoints/step-*.safetensors" >/dev/null; }
+  wait_until 60 under_way && return
+  fail "$name: the job never wrote a checkpoint"; kill "$launcher"; wait "$launcher"; return 1
+}
+
 # --- two jobs, one output.dir ---------------------------------------------------------------
 two_jobs() {
   checks=$((checks + 1))
   local dir="$WORK/two"
-  start_ranks 1 "$dir.log" "${common[@]}" --set "output.dir=$dir" --set training.epochs=100000 \
-    --set checkpoint.every_steps=2000
-  has_lock_holder() { [[ -s "$dir/.ddp-lock" ]] && compgen -G "$dir/checkpoints/step-*" >/dev/null; }
-  if ! wait_until 60 has_lock_holder; then fail "two jobs: the first never started"; kill "$launcher"; return; fi
+  start_endless "two jobs" "$dir" || return
   local first="$launcher"
   ranks_command 2 "${common[@]}" --set "output.dir=$dir"
   local second
@@ -93,10 +101,7 @@ two_jobs
 stale_lock() {
   checks=$((checks + 1))
   local dir="$WORK/stale"
-  start_ranks 1 "$dir.log" "${common[@]}" --set "output.dir=$dir" --set training.epochs=100000 \
-    --set checkpoint.every_steps=2000
-  has_checkpoint() { compgen -G "$dir/checkpoints/step-*.safetensors" >/dev/null; }
-  if ! wait_until 60 has_checkpoint; then fail "stale lock: no checkpoint"; kill "$launcher"; return; fi
+  start_endless "stale lock" "$dir" || return
   kill -9 "$(ranks_of "output.dir=$dir( |$)")"
   wait "$launcher"
   run_ranks 2 120 "${common[@]}" --set "output.dir=$dir" --set training.epochs=20 --resume auto

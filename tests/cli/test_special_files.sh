@@ -7,11 +7,6 @@
 source "$(dirname "$0")/lib.sh"
 
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
-check() {  # check NAME COMMAND...: passes if the command succeeds
-  local name="$1"; shift
-  checks=$((checks + 1))
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
 
 # refused NAME MESSAGE ARGS...: ddp-train ARGS (one process) exits 1 within 20 s saying MESSAGE.
 # A process blocked in open() does not end on timeout's SIGTERM (it only asks for a stop): -k.

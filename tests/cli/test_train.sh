@@ -5,11 +5,6 @@ source "$(dirname "$0")/lib.sh"
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
 ddp_run="$DDP_SOURCE_DIR/launch/ddp-run"
 
-check() {  # check NAME COMMAND...: passes if the command succeeds
-  local name="$1"; shift
-  checks=$((checks + 1))
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
 
 out="$(timeout 120 "$ddp_run" -n 2 "$seed" --set "output.dir=$WORK/a" --set training.epochs=2 2>&1)"
 rc=$?
