@@ -144,6 +144,24 @@ fresh_over_earlier() {
 }
 fresh_over_earlier
 
+# --- a resumed run's earlier metrics: a link in their place is refused, not followed --------
+metrics_link() {
+  local dir="$WORK/earlier" victim="$WORK/metrics-victim"
+  printf 'precious\n' >"$victim"
+  mv "$dir/metrics.jsonl" "$dir/metrics.kept"
+  ln -s "$victim" "$dir/metrics.jsonl"
+  expect_error "a link in place of metrics.jsonl on resume" 2 \
+    "output.dir: cannot read $dir/metrics.jsonl: it is a symbolic link" \
+    "${common[@]}" --set "output.dir=$dir" --set checkpoint.every_steps=40 --set optimizer.lr=0.5 \
+    --set training.epochs=11 --resume auto
+  check "the link's target kept its bytes" test "$(cat "$victim")" = precious
+  rm "$dir/metrics.jsonl" && mv "$dir/metrics.kept" "$dir/metrics.jsonl"
+  expect_error "--start-over with --resume" 2 \
+    "training.start_over: starts a fresh run; training.resume 'auto' continues one: not both" \
+    "${common[@]}" --set "output.dir=$dir" --start-over --resume auto
+}
+metrics_link
+
 # --- --resume auto passes over damaged checkpoints ------------------------------------------
 damaged_newest() {
   checks=$((checks + 1))

@@ -435,6 +435,11 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        },
        "checkpoint.every_epochs: set either checkpoint.every_steps or checkpoint.every_epochs, "
        "not both"},
+      {[](TrainConfig& c) {
+         c.training.start_over = true;
+         c.training.resume = "auto";
+       },
+       "training.start_over: starts a fresh run; training.resume 'auto' continues one: not both"},
   };
   require_each_refused(cases);
 }
