@@ -1,5 +1,5 @@
 // A CPU emulation of a subset of NCCL 2.28 for tests only: with DDP_CUDA_EMULATION defined,
-// src/dist/nccl/nccl_api.h includes this header instead of <nccl.h>, so the NCCL communicator runs
+// src/comm/nccl/nccl_api.h includes this header instead of <nccl.h>, so the NCCL communicator runs
 // in CI with several MPI processes (or threads) on one machine, without a GPU or a real NCCL.
 //
 // How it works (and what that means for code using it):

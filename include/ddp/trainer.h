@@ -16,8 +16,8 @@
 
 namespace ddp {
 
-class ProcessGroup;          // src/dist/process_group.h: the ranks of the job, control messages
-class GradientCommunicator;  // src/dist/gradient_communicator.h: the gradient buckets' allreduce
+class ProcessGroup;          // src/comm/process_group.h: the ranks of the job, control messages
+class GradientCommunicator;  // src/comm/gradient_communicator.h: the gradient buckets' allreduce
 
 struct TrainSummary {
   int64_t epochs = 0;    ///< epochs started

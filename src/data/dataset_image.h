@@ -1,5 +1,5 @@
 // A Dataset as one flat block of memory, and a Dataset that reads its features in place from such
-// a block: how the ranks of a node share one copy of a data set (dist/node_shared_memory.h).
+// a block: how the ranks of a node share one copy of a data set (comm/node_shared_memory.h).
 // Layout: a header (sizes, the feature type), the source's name, the labels, then the features
 // in their stored type on a 64-byte boundary.
 #pragma once

@@ -10,7 +10,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/sampler.h"
-#include "dist/agreement.h"
+#include "comm/agreement.h"
 #include "infer/model_file.h"
 #include "train/training_data.h"
 

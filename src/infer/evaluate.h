@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ddp/config.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "train/report.h"
 
 namespace ddp {

@@ -28,7 +28,7 @@ class Sequential {
   std::vector<std::string> parameter_names() const;
   /// Each parameter's layer, in registration order (an index that grows with depth). Backward
   /// reads a layer's parameter values until it starts on the layer below: once a parameter of
-  /// layer k is marked ready, the values of every layer above k may change (dist/reducer.h's
+  /// layer k is marked ready, the values of every layer above k may change (comm/reducer.h's
   /// fuse).
   std::vector<size_t> parameter_layers() const;
   int64_t in_features() const { return widths_.front(); }

@@ -10,7 +10,7 @@
 #include "config/fingerprint.h"
 #include "core/check.h"
 #include "core/clock.h"
-#include "dist/agreement.h"
+#include "comm/agreement.h"
 
 namespace ddp {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ddp/config.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "io/training_checkpoint.h"
 #include "train/device_context.h"
 #include "train/replica.h"

@@ -9,7 +9,7 @@
 #include <cstdlib>
 
 #include "core/clock.h"
-#include "dist/device_communicators.h"
+#include "comm/device_communicators.h"
 #include "kernels/cuda/cuda.h"
 
 namespace ddp {

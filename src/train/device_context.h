@@ -14,9 +14,9 @@
 #include "core/tensor.h"
 #include "data/loader.h"
 #include "ddp/config.h"
-#include "dist/environment.h"
-#include "dist/gradient_communicator.h"
-#include "dist/process_group.h"
+#include "comm/environment.h"
+#include "comm/gradient_communicator.h"
+#include "comm/process_group.h"
 #include "kernels/backend.h"
 
 namespace ddp {

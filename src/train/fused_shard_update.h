@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "dist/gradient_communicator.h"
+#include "comm/gradient_communicator.h"
 #include "kernels/backend.h"
 #include "nn/optimizer.h"
 

@@ -6,7 +6,7 @@
 
 #include "core/check.h"
 #include "core/random.h"
-#include "dist/agreement.h"
+#include "comm/agreement.h"
 
 namespace ddp {
 

@@ -14,7 +14,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/clock.h"
-#include "dist/agreement.h"
+#include "comm/agreement.h"
 #include "train/device_context.h"
 #include "train/run_directory.h"
 

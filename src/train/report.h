@@ -13,7 +13,7 @@
 #include "core/atomic_file.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
 

@@ -9,7 +9,7 @@
 
 #include "config/fingerprint.h"
 #include "core/check.h"
-#include "dist/agreement.h"
+#include "comm/agreement.h"
 #include "train/run_directory.h"
 
 namespace ddp {

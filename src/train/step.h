@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ddp/config.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "kernels/backend.h"
 #include "train/device_context.h"
 #include "train/replica.h"

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 namespace ddp {
 

@@ -10,7 +10,7 @@
 
 #include "ddp/config.h"
 #include "ddp/trainer.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "io/training_checkpoint.h"
 #include "nn/lr_schedule.h"
 #include "train/checkpoint_policy.h"

@@ -10,8 +10,8 @@
 
 #include "config/fingerprint.h"
 #include "core/check.h"
-#include "dist/agreement.h"
-#include "dist/environment.h"
+#include "comm/agreement.h"
+#include "comm/environment.h"
 #include "kernels/cuda/cuda.h"
 #include "train/checkpoint_policy.h"
 #include "train/device_context.h"

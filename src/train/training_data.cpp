@@ -13,8 +13,8 @@
 
 #include "core/check.h"
 #include "data/dataset_image.h"
-#include "dist/agreement.h"
-#include "dist/node_shared_memory.h"
+#include "comm/agreement.h"
+#include "comm/node_shared_memory.h"
 
 namespace ddp {
 

@@ -13,7 +13,7 @@
 #include "data/normalize.h"
 #include "data/sampler.h"
 #include "ddp/config.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 namespace ddp {
 

@@ -17,9 +17,9 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "ddp/trainer.h"
-#include "dist/compression.h"
-#include "dist/device_communicators.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/compression.h"
+#include "comm/device_communicators.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "kernels/cuda/cuda.h"
 #include "mpi_test_helpers.h"
 
@@ -93,7 +93,7 @@ std::vector<float> compression_data(int r, int n) {
   return v;
 }
 
-// dist/compression.h's sum: rank 0's values cast, each other rank's added in rank order with
+// comm/compression.h's sum: rank 0's values cast, each other rank's added in rank order with
 // a rounding after every addition, the result cast back.
 std::vector<float> compressed_sum(ddp::Compression format, int n) {
   const size_t total = kScattered + n * kPart;

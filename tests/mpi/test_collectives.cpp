@@ -12,9 +12,9 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "ddp/trainer.h"
-#include "dist/agreement.h"
-#include "dist/mpi/mpi_communicator.h"
-#include "dist/shard_plan.h"
+#include "comm/agreement.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/shard_plan.h"
 #include "mpi_test_helpers.h"
 
 using ddp_test::require_on_all_ranks;

@@ -13,9 +13,9 @@
 
 #include "core/check.h"
 #include "ddp/trainer.h"
-#include "dist/compression.h"
-#include "dist/mpi/mpi_communicator.h"
-#include "dist/shard_plan.h"
+#include "comm/compression.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/shard_plan.h"
 #include "mpi_test_helpers.h"
 
 using ddp::Compression;

@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 #include "ddp/trainer.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
 namespace {

@@ -14,8 +14,8 @@
 
 #include "core/check.h"
 #include "ddp/trainer.h"
-#include "dist/compression.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/compression.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
 using ddp::Compression;

@@ -21,8 +21,8 @@
 #include "core/check.h"
 #include "data/convert.h"
 #include "ddp/trainer.h"
-#include "dist/mpi/mpi_communicator.h"
-#include "dist/node_shared_memory.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/node_shared_memory.h"
 #include "mpi_test_helpers.h"
 #include "temp_files.h"
 

@@ -14,8 +14,8 @@
 
 #include "core/check.h"
 #include "ddp/trainer.h"
-#include "dist/agreement.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/agreement.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
 #include "nn/lr_schedule.h"

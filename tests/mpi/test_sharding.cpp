@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ddp/trainer.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
 

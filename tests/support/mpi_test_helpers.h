@@ -19,8 +19,8 @@
 
 #include "ddp/safetensors.h"
 #include "ddp/trainer.h"
-#include "dist/agreement.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/agreement.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "scratch_dirs.h"
 
 namespace ddp_test {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "dist/reducer.h"
+#include "comm/reducer.h"
 #include "kernels/backend.h"
 #include "nn/sequential.h"
 #include "test_helpers.h"

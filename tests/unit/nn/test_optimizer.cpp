@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/random.h"
-#include "dist/shard_plan.h"
+#include "comm/shard_plan.h"
 #include "kernels/backend.h"
 #include "nn/optimizer.h"
 

@@ -7,7 +7,7 @@
 
 #include "ddp/safetensors.h"
 #include "ddp/trainer.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 
 namespace {
 

@@ -1,0 +1,116 @@
+// GradientCommunicator: what the Reducer drives, the gradient arena and the asynchronous
+// allreduce of its buckets (PyTorch DDP's comm hook; the control messages are the
+// ProcessGroup's, process_group.h). The MPI implementation runs them on a communication lane
+// per rank (src/comm/mpi/lane.h): its own thread drives them while the training thread computes
+// the rest of backward (Open MPI does not progress a non-blocking collective unless someone
+// calls into MPI), and a thread that waits for one drives them itself. The CUDA communicators
+// (src/comm/device_communicators.h) implement it over GPU memory: NCCL on a comm stream, or
+// staged through pinned host memory and MPI.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ddp/config.h"
+#include "comm/work.h"
+
+namespace ddp {
+
+/// Work a device communicator has done on the communication lane around an MPI collective of
+/// host memory: `ready` waits for the data to exist (not timed), `before` stages it into the
+/// host buffer, `after` copies the result back. Each may be empty.
+struct LaneHooks {
+  std::function<void()> ready, before, after;
+};
+
+/// A few doubles of every rank that ride on a collective (the sharded step's gradient norm and
+/// non-finite count on its parameter allgather): this rank's `mine` (at most kMaxDoubles), every
+/// rank's into `*all` (mine.size() x ranks, in rank order). The collective holds `all` itself,
+/// so a lost one that returns late writes into memory that still exists.
+struct ScalarRiders {
+  static constexpr size_t kMaxDoubles = 4;
+  std::vector<double> mine;
+  std::shared_ptr<std::vector<double>> all;
+};
+
+/// The gradient buckets of every rank, summed (or averaged) in place bucket by bucket, each
+/// allreduce started as soon as its bucket is complete and finished when its Work is waited on.
+class GradientCommunicator {
+ public:
+  virtual ~GradientCommunicator() = default;
+
+  /// Starts an in-place allreduce of `count` floats; with `average` the result is divided by
+  /// the number of ranks. The buffer must not be touched until wait() returns. Collectives
+  /// start in call order. `hooks` (MPI communicator only) run on the communication lane
+  /// around it.
+  virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
+                                                const LaneHooks* hooks = nullptr) = 0;
+
+  /// Collective, once: `numel` zero-initialised floats for the gradient buckets, owned by the
+  /// communicator until it is destroyed. allreduce_async on ranges of this memory may take a
+  /// zero-copy path (MPI: when every rank is on one node, the memory is an MPI shared-memory
+  /// window and ranks reduce straight out of each other's buckets). Device communicators
+  /// return device memory. shared=false asks for ordinary memory (and so MPI_Allreduce) even
+  /// on one node.
+  virtual float* gradient_arena(size_t numel, bool shared = true) = 0;
+
+  /// The sharded optimizer's collectives (distributed.shard_optimizer; comm/shard_plan.h gives
+  /// each rank's part of a bucket as shard_part(count, ranks, rank)). The MPI communicator has
+  /// them; the others throw ddp::Error.
+  ///
+  /// Starts a reduce-scatter of the bucket [data, data + count) of the gradient arena: once
+  /// waited on, this rank's part holds the sum over ranks (pre-scaled, as with allreduce); the
+  /// rest of the bucket is left as it was. Collectives start in call order.
+  virtual std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count);
+
+  /// This rank's summed part of a bucket handed over instead of stored: `at` is where in the
+  /// gradient arena the `n` summed floats belong, `sum` holds them (valid during the call
+  /// only). Called on the communication lane, in arena order, once or more per bucket (on one
+  /// node a block at a time, while the block is still in cache).
+  using PartConsumer = std::function<void(float* at, const float* sum, size_t n)>;
+
+  /// reduce_scatter_async with this rank's part of the sum going to `consume` (the sharded
+  /// optimizer's update fused with its reduce-scatter, distributed.overlap_optimizer);
+  /// afterwards that part of the arena holds the sum or what was there. The MPI communicator
+  /// has it; the others throw ddp::Error.
+  virtual std::shared_ptr<Work> reduce_scatter_into_async(float* data, size_t count,
+                                                          PartConsumer consume);
+
+  /// Starts an allgather of the parameters: every rank's part of each of `buckets` of `arena`
+  /// goes to every rank, and `riders` (if any) with it. It is also what tells a rank that its
+  /// peers have finished reading its gradient buckets, so one must follow every step's
+  /// reduce-scatters before backward writes the gradient arena again. In parameter_arena()
+  /// memory shared by every rank it is a barrier.
+  virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
+                                                ScalarRiders riders = {});
+
+  /// Collective, once: room for `numel` zeroed parameters. On one node (and unless
+  /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:
+  /// each rank writes its parts and reads all of them, with no copy. Ordinary memory otherwise.
+  virtual float* parameter_arena(size_t numel, bool shared = true);
+
+  /// distributed.compression, once, before gradient_arena: later gradient collectives
+  /// (allreduce_async, reduce_scatter_async) cast each bucket to `format` (comm/compression.h),
+  /// sum it across ranks in that type, rounding after every addition, and cast the result back
+  /// into the float bucket. The MPI communicator keeps float32 on one node's shared-memory path
+  /// unless `on_node`. The default accepts Compression::None only and throws otherwise.
+  virtual void set_compression(Compression format, bool on_node);
+
+  /// distributed.hierarchical, once, before gradient_arena: with `on`, across nodes with more
+  /// than one rank each, a bucket's allreduce is summed on each node's shared memory, each
+  /// local rank allreduces its chunk of the node's sum with the same chunk of every other node,
+  /// and the node shares the result back (the MPI communicator; compressed across nodes when
+  /// set_compression says so). The default accepts false only and throws otherwise.
+  virtual void set_hierarchical(bool on);
+
+  /// How long a bucket's allreduce may take before it is declared lost (a dead or stalled
+  /// peer): waiting for it then throws ddp::Error naming the collective and the time, and the
+  /// communicator is broken. Default 600 s.
+  virtual void set_timeout(double seconds) = 0;
+  virtual double timeout() const = 0;
+};
+
+}  // namespace ddp

@@ -1,0 +1,482 @@
+// MPI communicator, the process group and the host gradient communicator in one: collectives
+// run in submission order on the rank's communication lane (lane.h), so async allreduces overlap
+// the training thread's compute, and only one thread at a time ever calls MPI
+// (MPI_THREAD_SERIALIZED suffices). On one node, gradient buckets are summed straight out of
+// each other's memory (node_window.h); the other collectives are non-blocking MPI calls
+// completed by a bounded, core-yielding poll.
+#include "comm/mpi/mpi_communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
+#include "core/tensor.h"
+#include "comm/compression.h"
+#include "comm/mpi/compressed_collectives.h"
+#include "comm/mpi/lane.h"
+#include "comm/mpi/node_window.h"
+#include "comm/shard_plan.h"
+
+namespace ddp {
+
+namespace {
+
+MPI_Op to_mpi(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// The average of a sum over `size` ranks.
+void divide(float* data, size_t count, int size) {
+  if (size == 1) return;
+  const float inv = 1.0f / static_cast<float>(size);
+  for (size_t i = 0; i < count; ++i) data[i] *= inv;
+}
+
+class LaneMpiCommunicator final : public MpiCommunicator {
+ public:
+  LaneMpiCommunicator(MPI_Comm comm, int ranks_per_node) {
+    int provided = 0;
+    DDP_MPI_CHECK(MPI_Query_thread(&provided));
+    DDP_CHECK(provided >= MPI_THREAD_SERIALIZED,
+              "MPI was initialised without thread support (MPI_THREAD_SERIALIZED needed for the "
+              "communication lane)");
+    DDP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    DDP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    split_nodes(ranks_per_node);
+    // More ranks than cores on this machine: a waiting rank spins on a core its peer needs.
+    MPI_Comm machine = MPI_COMM_NULL;
+    int machine_ranks = 1;
+    DDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &machine));
+    DDP_MPI_CHECK(MPI_Comm_size(machine, &machine_ranks));
+    MPI_Comm_free(&machine);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool spin = cores <= 0 || machine_ranks <= cores;
+    lane_ = std::make_unique<Lane>(spin);
+    node_ = std::make_unique<NodeWindow>(win_comm_, *lane_, spin);
+  }
+
+  // The ranks of this rank's node (those sharing memory, or blocks of ranks_per_node when
+  // given), the ranks of the same local rank on every node, and whether nodes are equal.
+  void split_nodes(int ranks_per_node) {
+    if (ranks_per_node > 0) {
+      DDP_MPI_CHECK(MPI_Comm_split(comm_, rank_ / ranks_per_node, rank_, &node_comm_));
+    } else {
+      DDP_MPI_CHECK(
+          MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_));
+    }
+    DDP_MPI_CHECK(MPI_Comm_rank(node_comm_, &local_rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(node_comm_, &local_size_));
+    DDP_MPI_CHECK(MPI_Comm_split(comm_, local_rank_, rank_, &cross_comm_));
+    int sizes[2] = {local_size_, -local_size_};
+    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_));
+    uniform_nodes_ = sizes[0] == -sizes[1];
+    single_node_ = local_size_ == size_;
+    // The shared-memory window spans the job on one node, a node when hierarchical.
+    win_comm_ = single_node_ ? comm_ : node_comm_;
+  }
+
+  ~LaneMpiCommunicator() override {
+    if (lane_->broken()) {
+      // A collective was lost: MPI may still hold requests into the arena and the window, and
+      // the lane's thread may be stuck in a blocking MPI call a peer never joined. The job is
+      // about to be aborted: leave all of it to the end of the process.
+      if (lane_->stop_broken()) lane_.release();
+      new Buffer(std::move(arena_storage_));
+      new Buffer(std::move(parameter_storage_));
+      node_.release();
+      return;
+    }
+    lane_.reset();  // runs what is queued, then joins its thread
+    node_.reset();  // frees the windows (collective)
+    for (MPI_Comm* c : {&node_comm_, &cross_comm_})
+      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+
+  void set_compression(Compression format, bool on_node) override {
+    DDP_CHECK(arena_ == nullptr, "set_compression() after gradient_arena()");
+    format_ = format;
+    on_node_ = on_node;
+    node_->set_rounding(node_format());
+  }
+
+  void set_hierarchical(bool on) override {
+    DDP_CHECK(arena_ == nullptr, "set_hierarchical() after gradient_arena()");
+    DDP_CHECK(!on || uniform_nodes_,
+              "distributed.hierarchical: needs the same number of ranks on every node (rank "
+                  << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
+    hierarchical_ = on && !single_node_ && local_size_ > 1;
+  }
+
+  float* gradient_arena(size_t numel, bool shared) override {
+    DDP_CHECK(arena_ == nullptr, "gradient_arena() called twice");
+    if (!shared || !(single_node_ || hierarchical_) || size_ == 1 || numel == 0) {
+      arena_storage_ = Buffer(numel);
+      arena_ = arena_storage_.data();
+      return arena_;
+    }
+    lane_
+        ->submit(
+            "allocation of the shared gradient arena",
+            [this, numel] { arena_ = node_->allocate_gradients(numel); }, nullptr,
+            /*any_thread=*/false)
+        ->wait();
+    return arena_;
+  }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
+                                        const LaneHooks* hooks) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " floats is too large");
+    std::string what = "allreduce of " + std::to_string(count) + " floats";
+    if (node_->holds_gradients(data, count)) {
+      // Across nodes (hierarchical) each rank's chunk takes a blocking MPI call: on the lane's
+      // thread only, like any bucket across nodes.
+      const size_t offset = node_->offset_of(data);
+      return lane_->submit(
+          std::move(what),
+          [this, offset, count, average] {
+            node_->allreduce(offset, count, across_nodes());
+            if (average) scale(arena_ + offset, count);
+          },
+          hooks, /*any_thread=*/!hierarchical_);
+    }
+    if (format_ != Compression::None)
+      return compressed_allreduce_async(data, count, average, hooks);
+    if (count <= kPolledFloats) {
+      return lane_->submit(
+          std::move(what),
+          [this, data, count, average] {
+            polled_allreduce(data, count, MPI_FLOAT, MPI_SUM);
+            if (average) scale(data, count);
+          },
+          hooks);
+    }
+    // A gradient bucket across nodes: Open MPI's blocking allreduce picks the algorithm for the
+    // message size (its non-blocking one progresses only while polled). It has no deadline, so
+    // only the lane's thread runs it and a waiter's timeout is what ends a lost one. Everything
+    // it uses is captured by value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    return lane_->submit(
+        std::move(what),
+        [comm, size, data, count, average] {
+          DDP_MPI_CHECK(
+              MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+          if (average) divide(data, count, size);
+        },
+        hooks, /*any_thread=*/false);
+  }
+
+  float* parameter_arena(size_t numel, bool shared) override {
+    DDP_CHECK(parameters_ == nullptr, "parameter_arena() called twice");
+    DDP_CHECK(!hierarchical_, "the sharded optimizer's collectives are not hierarchical");
+    if (!shared || !single_node_ || size_ == 1 || numel == 0) {
+      parameter_storage_ = Buffer(numel);
+      parameters_ = parameter_storage_.data();
+      return parameters_;
+    }
+    lane_
+        ->submit(
+            "allocation of the shared parameter arena",
+            [this, numel] { parameters_ = node_->allocate_parameters(numel); }, nullptr,
+            /*any_thread=*/false)
+        ->wait();
+    return parameters_;
+  }
+
+  std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
+    return reduce_scatter(data, count, nullptr);
+  }
+
+  std::shared_ptr<Work> reduce_scatter_into_async(float* data, size_t count,
+                                                  PartConsumer consume) override {
+    DDP_CHECK(consume, "reduce_scatter_into_async: no consumer");
+    return reduce_scatter(data, count, std::move(consume));
+  }
+
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
+                                        ScalarRiders riders) override {
+    const size_t k = riders.mine.size();
+    DDP_CHECK(k <= ScalarRiders::kMaxDoubles && (k == 0 || riders.all),
+              "allgather: " << k << " riders (at most " << ScalarRiders::kMaxDoubles
+                            << ", with room for every rank's)");
+    if (k > 0) riders.all->resize(k * static_cast<size_t>(size_));
+    if (node_->holds_parameters(arena)) {
+      // Every rank already reads every part in place: wait until each has written its own
+      // (the riders pass through the control window's slots, on the same barrier).
+      // The step waits for it at once: the lane's thread is not woken (see run_here).
+      return lane_->submit(
+          "allgather of the parameters (shared memory)",
+          [this, riders = std::move(riders), k] {
+            node_->allgather(riders.mine.data(), k, k > 0 ? riders.all->data() : nullptr);
+          },
+          nullptr, /*any_thread=*/true, /*wake=*/false);
+    }
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    return lane_->submit(
+        "allgather of the parameters",
+        [comm, size, arena, buckets, riders = std::move(riders), k] {
+          std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+          for (const Span& b : buckets) {
+            DDP_CHECK(b.numel <= static_cast<size_t>(INT32_MAX),
+                      "allgather of " << b.numel << " floats is too large");
+            for (int q = 0; q < size; ++q) {
+              const Span part = shard_part(b.numel, size, q);
+              counts[static_cast<size_t>(q)] = static_cast<int>(part.numel);
+              offsets[static_cast<size_t>(q)] = static_cast<int>(part.offset);
+            }
+            DDP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, arena + b.offset,
+                                         counts.data(), offsets.data(), MPI_FLOAT, comm));
+          }
+          if (k == 0) return;
+          DDP_MPI_CHECK(MPI_Allgather(riders.mine.data(), static_cast<int>(k), MPI_DOUBLE,
+                                      riders.all->data(), static_cast<int>(k), MPI_DOUBLE, comm));
+        },
+        nullptr, /*any_thread=*/false);
+  }
+
+  void allreduce(double* data, size_t count, ReduceOp op) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " doubles is too large");
+    run_here("allreduce of " + std::to_string(count) + " double(s)",
+             [this, data, count, op] { polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op)); });
+  }
+
+  void allgather(const double* mine, size_t count, double* all) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX) / static_cast<size_t>(size_),
+              "allgather of " << count << " doubles per rank is too large");
+    std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
+    if (node_->has_barrier() && single_node_ && count <= NodeWindow::kSlotDoubles) {
+      run_here(std::move(what), [this, mine, count, all] { node_->allgather(mine, count, all); });
+      return;
+    }
+    run_here(std::move(what), [this, mine, count, all] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Iallgather(mine, static_cast<int>(count), MPI_DOUBLE, all,
+                                   static_cast<int>(count), MPI_DOUBLE, comm_, &request));
+      complete(request);
+    });
+  }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op) override {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " floats is too large");
+    return lane_->submit(
+        "allreduce of " + std::to_string(count) + " floats",
+        [this, data, count, op] { polled_allreduce(data, count, MPI_FLOAT, to_mpi(op)); });
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
+              "broadcast of " << bytes << " bytes is too large");
+    run_here(
+        "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+        [this, data, bytes, root] {
+          MPI_Request request = MPI_REQUEST_NULL;
+          DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
+          complete(request);
+        });
+  }
+
+  void barrier() override {
+    run_here("barrier", [this] {
+      MPI_Request request = MPI_REQUEST_NULL;
+      DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+      complete(request);
+    });
+  }
+
+  void set_timeout(double seconds) override {
+    DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
+    lane_->set_timeout(seconds);
+  }
+  double timeout() const override { return lane_->timeout(); }
+
+ private:
+  // The reduce-scatter of a bucket, its sum stored in this rank's part or handed to `consume`.
+  std::shared_ptr<Work> reduce_scatter(float* data, size_t count, PartConsumer consume) {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "reduce-scatter of " << count << " floats is too large");
+    std::string what = std::string(consume ? "reduce-scatter + update" : "reduce-scatter") +
+                       " of " + std::to_string(count) + " floats";
+    if (node_->holds_gradients(data, count)) {
+      const size_t offset = node_->offset_of(data);
+      return lane_->submit(std::move(what), [this, offset, count, consume = std::move(consume)] {
+        node_->reduce_scatter(offset, count, shard_part(count, size_, rank_), consume);
+      });
+    }
+    // Across nodes: MPI, on the lane's thread only, like a bucket's allreduce. Captured by
+    // value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_, rank = rank_;
+    const Compression format = format_;
+    if (format != Compression::None)
+      what = std::string("compressed ") + to_string(format) + " " + what;
+    return lane_->submit(
+        std::move(what),
+        [comm, size, rank, data, count, format, scratch = scratch_, compressed = compressed_,
+         consume = std::move(consume)] {
+          if (format != Compression::None) {
+            compressed_reduce_scatter(comm, data, count, format, *compressed);
+          } else {
+            summed_reduce_scatter(comm, size, rank, data, count, *scratch);
+          }
+          const Span mine = shard_part(count, size, rank);
+          if (consume && mine.numel > 0)
+            consume(data + mine.offset, data + mine.offset, mine.numel);
+        },
+        nullptr, /*any_thread=*/false);
+  }
+
+  // Across nodes: every rank sends each part of the bucket to its owner (MPI_Alltoallv), which
+  // sums what it receives in rank order: the shared-memory path's sums, bitwise, on any layout
+  // of ranks over nodes, with the (N-1)/N of the bucket per rank on the link that a ring
+  // reduce-scatter sends. `received` is the communicator's, reused (the lane runs one
+  // collective at a time), not allocated per call.
+  static void summed_reduce_scatter(MPI_Comm comm, int size, int rank, float* data, size_t count,
+                                    std::vector<float>& received) {
+    const Span mine = shard_part(count, size, rank);
+    const size_t n = static_cast<size_t>(size);
+    std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
+    for (size_t q = 0; q < n; ++q) {
+      const Span part = shard_part(count, size, static_cast<int>(q));
+      send_counts[q] = static_cast<int>(part.numel);
+      send_offsets[q] = static_cast<int>(part.offset);
+      recv_counts[q] = static_cast<int>(mine.numel);
+      recv_offsets[q] = static_cast<int>(q * mine.numel);
+    }
+    if (received.size() < std::max<size_t>(n * mine.numel, 1))
+      received.resize(std::max<size_t>(n * mine.numel, 1));
+    DDP_MPI_CHECK(MPI_Alltoallv(data, send_counts.data(), send_offsets.data(), MPI_FLOAT,
+                                received.data(), recv_counts.data(), recv_offsets.data(), MPI_FLOAT,
+                                comm));
+    float* out = data + mine.offset;
+    std::copy(received.data(), received.data() + mine.numel, out);
+    for (size_t q = 1; q < n; ++q) {
+      const float* from = received.data() + q * mine.numel;
+      for (size_t i = 0; i < mine.numel; ++i) out[i] += from[i];
+    }
+  }
+
+  // A blocking collective: queued behind the others and waited for at once, so the lane's
+  // thread is not woken for it (this thread runs it when the lane is idle).
+  void run_here(std::string what, std::function<void()> fn) {
+    lane_->submit(std::move(what), std::move(fn), nullptr, /*any_thread=*/true, /*wake=*/false)
+        ->wait();
+  }
+
+  // A gradient bucket across nodes in 16 bits (compressed_collectives.h), on the lane's thread
+  // like the float32 MPI_Allreduce it replaces, everything captured by value.
+  std::shared_ptr<Work> compressed_allreduce_async(float* data, size_t count, bool average,
+                                                   const LaneHooks* hooks) {
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    const Compression format = format_;
+    return lane_->submit(
+        std::string("compressed ") + to_string(format) + " allreduce of " + std::to_string(count) +
+            " floats",
+        [comm, size, data, count, average, format, scratch = compressed_] {
+          compressed_allreduce(comm, data, count, format, *scratch);
+          if (average) divide(data, count, size);
+        },
+        hooks, /*any_thread=*/false);
+  }
+
+  // Whether the shared-memory path rounds to the compressed format (compression_on_node).
+  Compression node_format() const { return on_node_ ? format_ : Compression::None; }
+
+  // Allreduces of host memory up to this size (stop flags, metrics) are polled like the control
+  // collectives; larger ones are gradient buckets across nodes.
+  static constexpr size_t kPolledFloats = 1024;
+
+  void scale(float* data, size_t count) const { divide(data, count, size_); }
+
+  // An in-place MPI_Iallreduce of host memory, completed by polling.
+  void polled_allreduce(void* data, size_t count, MPI_Datatype type, MPI_Op op) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    DDP_MPI_CHECK(
+        MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm_, &request));
+    complete(request);
+  }
+
+  // Completes a non-blocking MPI call by polling it (each MPI_Test also progresses MPI), within
+  // the lane's deadline and yielding the core while the peers are late.
+  void complete(MPI_Request& request) {
+    lane_->wait_until([&request] {
+      int flag = 0;
+      DDP_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      return flag != 0;
+    });
+  }
+
+  // Hierarchical: the allreduce of a rank's chunk, summed over its node, with the same chunk of
+  // every other node (the ranks of the same local rank), in 16 bits with compression. None on
+  // one node. It captures only `this`, so building it per bucket allocates nothing.
+  std::function<void(float*, size_t)> across_nodes() {
+    if (!hierarchical_) return nullptr;
+    return [this](float* chunk, size_t count) { allreduce_across_nodes(chunk, count); };
+  }
+
+  void allreduce_across_nodes(float* chunk, size_t count) {
+    if (format_ != Compression::None) {
+      compressed_allreduce(cross_comm_, chunk, count, format_, *compressed_);
+      return;
+    }
+    DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                                cross_comm_));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm node_comm_ = MPI_COMM_NULL;   // this rank's node
+  MPI_Comm cross_comm_ = MPI_COMM_NULL;  // this local rank on every node
+  bool single_node_ = false;
+  bool uniform_nodes_ = false;  // every node has local_size_ ranks
+  bool hierarchical_ = false;   // set_hierarchical, across nodes with more than one rank each
+  // The shared memory's ranks: the job on one node, this node when hierarchical.
+  MPI_Comm win_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<NodeWindow> node_;  // the shared-memory windows (empty until an arena is)
+  float* arena_ = nullptr;            // the gradient arena
+  Buffer arena_storage_;              // the arena when there is no shared window
+  float* parameters_ = nullptr;       // the parameter arena (sharded optimizer)
+  Buffer parameter_storage_;          // the parameter arena when there is no shared window
+  // What the reduce-scatter across nodes receives (shared with its calls, see there).
+  std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();
+  // distributed.compression (set_compression) and the 16-bit buffers of its collectives.
+  Compression format_ = Compression::None;
+  bool on_node_ = false;
+  std::shared_ptr<CompressedScratch> compressed_ = std::make_shared<CompressedScratch>();
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
+};
+
+}  // namespace
+
+std::unique_ptr<MpiCommunicator> make_mpi_communicator(MPI_Comm comm, int ranks_per_node) {
+  return std::make_unique<LaneMpiCommunicator>(comm, ranks_per_node);
+}
+
+}  // namespace ddp

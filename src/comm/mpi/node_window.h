@@ -1,0 +1,102 @@
+// The shared memory of the ranks of one node (MPI shared-memory windows), as the MPI
+// communicator uses it: every rank's gradient arena mapped by every rank, so a bucket's
+// allreduce is a reduce-scatter and an allgather done with loads and stores; the node's one copy
+// of the parameters (the sharded optimizer); and, on the first rank, a control segment with the
+// futex barrier between those phases (shm_barrier.h) and the slots of a small allgather.
+// Every collective here runs on the communicator's lane and waits with its deadline.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "comm/compression.h"
+#include "comm/gradient_communicator.h"
+#include "comm/mpi/lane.h"
+#include "comm/mpi/shm_barrier.h"
+
+namespace ddp {
+
+class NodeWindow {
+ public:
+  /// Doubles per rank that allgather() passes through the control segment.
+  static constexpr size_t kSlotDoubles = ScalarRiders::kMaxDoubles;
+
+  /// Over `comm` (the ranks that share memory; not owned), waiting on `lane`'s deadline;
+  /// spin = false: the allreduce's barriers never spin (see SpinBudget). Allocates nothing
+  /// until asked.
+  NodeWindow(MPI_Comm comm, Lane& lane, bool spin);
+  /// Frees the windows: collective, so only while no collective was lost.
+  ~NodeWindow();
+  NodeWindow(const NodeWindow&) = delete;
+  NodeWindow& operator=(const NodeWindow&) = delete;
+
+  /// Collective, once (the communicator's gradient_arena() checks): a zeroed gradient arena of
+  /// `numel` floats per rank, every rank's mapped here.
+  float* allocate_gradients(size_t numel);
+  /// Collective, once (parameter_arena() checks): the node's one zeroed copy of `numel`
+  /// parameters, on the first rank.
+  float* allocate_parameters(size_t numel);
+
+  /// Whether [data, data + count) lies in this rank's gradient arena.
+  bool holds_gradients(const float* data, size_t count) const {
+    return window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
+  }
+  /// Whether `arena` is the shared parameter arena.
+  bool holds_parameters(const float* arena) const {
+    return parameter_window_ != MPI_WIN_NULL && arena == parameters_;
+  }
+  /// Where `data` starts in this rank's gradient arena (holds_gradients).
+  size_t offset_of(const float* data) const { return static_cast<size_t>(data - arena_); }
+  /// Whether allgather() can run (a control segment exists).
+  bool has_barrier() const { return barrier_ != nullptr; }
+
+  /// distributed.compression_on_node: each bucket rounded to `format` before its peers read it,
+  /// and the sums rounded after every addition (None: plain float32 sums).
+  void set_rounding(Compression format) { rounding_ = format; }
+
+  /// Sum of [offset, offset + count) over every rank's arena, into every rank's arena, the same
+  /// bits on every rank. `across_nodes`, if set, is applied to this rank's reduced chunk before
+  /// the peers copy it (the hierarchical allreduce with the other nodes).
+  void allreduce(size_t offset, size_t count,
+                 const std::function<void(float* chunk, size_t count)>& across_nodes);
+  /// The sum of `part` of the bucket [offset, offset + count), into this rank's arena or to
+  /// `consume`. No barrier after it: peers may still read this rank's bucket until the next
+  /// allgather.
+  void reduce_scatter(size_t offset, size_t count, Span part,
+                      const GradientCommunicator::PartConsumer& consume);
+  /// Every rank's `count` (≤ kSlotDoubles) values, in rank order, into `all`; its one barrier
+  /// also says every rank has written its part of the shared parameters.
+  void allgather(const double* mine, size_t count, double* all);
+
+ private:
+  void allocate_control();
+  void barrier(SpinBudget& spin);
+  void round_own_bucket(size_t offset, size_t count);
+  void reduce_in_rank_order(size_t offset, size_t count,
+                            const GradientCommunicator::PartConsumer* consume = nullptr);
+
+  MPI_Comm comm_;
+  Lane& lane_;
+  int rank_ = 0, size_ = 1;
+  MPI_Win window_ = MPI_WIN_NULL;
+  MPI_Win control_window_ = MPI_WIN_NULL;
+  MPI_Win parameter_window_ = MPI_WIN_NULL;
+  std::unique_ptr<ShmBarrier> barrier_;
+  SpinBudget spin_[3];         // one per barrier of the allreduce: their waits differ
+  SpinBudget gather_spin_;     // the barrier of the small allgather
+  SpinBudget no_spin_{false};  // where Lane::may_spin_here() says no
+  double* slots_ = nullptr;    // the small allgather's two sets of slots (control segment)
+  size_t parity_ = 0;          // the set the next small allgather uses
+  std::vector<float*> peers_;  // every rank's arena, mapped here
+  float* arena_ = nullptr;
+  size_t arena_numel_ = 0;
+  float* parameters_ = nullptr;
+  Compression rounding_ = Compression::None;
+};
+
+}  // namespace ddp

@@ -1,0 +1,387 @@
+// Gradients in GPU memory averaged by NCCL (see device_communicators.h). A bucket's allreduce:
+// an event on the compute stream where its last gradient was queued, the comm stream waits on
+// it, records a start event, runs ncclAllReduce, records an end event. Work::wait makes the
+// compute stream wait on the end event (no host synchronisation inside a step);
+// Work::synchronize polls the end event and NCCL's asynchronous error under the timeout,
+// aborting the communicator on failure so no rank is left waiting. With
+// distributed.compression, the comm stream casts the bucket to 16 bits before the collective
+// and back after it (PyTorch's bf16/fp16 compress hooks), on one node as across nodes.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "core/clock.h"
+#include "comm/device_communicators.h"
+#include "comm/shard_plan.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_backend.h"
+
+#if defined(DDP_WITH_NCCL)
+#include "comm/nccl/nccl_api.h"
+#endif
+
+namespace ddp {
+
+#if !defined(DDP_WITH_NCCL)
+
+bool nccl_built() { return false; }
+std::string nccl_version() { return "not built (NCCL was not found when this was configured)"; }
+std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
+                                                             const NcclOptions&) {
+  DDP_THROW(
+      "distributed.backend: nccl is not available: this build has no NCCL (configure with "
+      "NCCL installed), use distributed.backend: mpi");
+}
+
+#else
+
+bool nccl_built() { return true; }
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+namespace {
+
+class NcclCommunicator;
+
+class NcclWork final : public Work {
+ public:
+  // Valid for waiting while `owner` lives; the events go back to `clock` whenever it ends.
+  NcclWork(NcclCommunicator& owner, std::shared_ptr<cuda::EventClock> clock, cudaEvent_t ready,
+           cudaEvent_t start, cudaEvent_t end, std::string what)
+      : owner_(owner),
+        clock_(std::move(clock)),
+        ready_(ready),
+        start_(start),
+        end_(end),
+        what_(std::move(what)) {}
+  ~NcclWork() override;
+  void wait() override;
+  void synchronize() override;
+  double start_time() const override { return start_seconds_; }
+  double end_time() const override { return end_seconds_; }
+
+ private:
+  NcclCommunicator& owner_;
+  std::shared_ptr<cuda::EventClock> clock_;
+  cudaEvent_t ready_, start_, end_;
+  std::string what_;
+  bool synchronized_ = false;
+  double start_seconds_ = 0.0, end_seconds_ = 0.0;
+};
+
+class NcclCommunicator final : public GradientCommunicator {
+ public:
+  NcclCommunicator(ProcessGroup& group, Backend& backend, const NcclOptions& options)
+      : timeout_s_(options.timeout_s) {
+    rank_ = group.rank();
+    size_ = group.size();
+    backend_ = dynamic_cast<cuda::CudaBackend*>(&backend);
+    DDP_CHECK(backend_ != nullptr, "NCCL needs the CUDA backend, got '" << backend.name() << "'");
+    clock_ = backend_->clock();
+    // NCCL reads NCCL_ALGO when the communicator is made; a user's own setting wins.
+    if (options.algo == NcclAlgo::Ring) setenv("NCCL_ALGO", "Ring", 0);
+    ncclUniqueId id{};
+    if (group.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
+    group.broadcast(&id, sizeof(id), 0);
+    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Non-blocking, so that a peer that never arrives is a timeout and not a hang.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t rc = ncclCommInitRankConfig(&comm_, group.size(), id, group.rank(), &config);
+    settle(rc, "ncclCommInitRank (" + std::to_string(group.size()) + " ranks)");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr && !aborted_) {
+      // A non-blocking communicator finalises asynchronously: wait for it (bounded), then free
+      // it; if it does not finish, abort rather than hang in a destructor.
+      (void)cudaStreamSynchronize(stream_);
+      ncclResult_t state = ncclCommFinalize(comm_);
+      const double deadline = seconds_now() + std::min(timeout_s_, 30.0);
+      while (state == ncclInProgress && seconds_now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      }
+      if (state == ncclSuccess) {
+        (void)ncclCommDestroy(comm_);
+      } else {
+        (void)ncclCommAbort(comm_);
+      }
+    }
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
+  // on_node does not apply: NCCL moves buckets over NVLink or PCIe on one node too, and
+  // compresses there as PyTorch's hooks do.
+  void set_compression(Compression format, bool) override {
+    DDP_CHECK(arena_.size() == 0, "set_compression() after gradient_arena()");
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
+    DDP_CHECK(format != Compression::Bf16, "distributed.compression: bf16 needs NCCL >= 2.10");
+#endif
+    format_ = format;
+  }
+
+  float* gradient_arena(size_t numel, bool) override {
+    DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
+    arena_ = DeviceArray<float>(numel);
+    if (numel > 0) cuda_zero_bytes(arena_.data(), numel * sizeof(float));
+    // Each bucket is cast into this image of the arena at its own offset, so buckets in
+    // flight together never share it and no collective allocates.
+    if (format_ != Compression::None) wire_ = DeviceArray<uint16_t>(numel);
+    return arena_.data();
+  }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
+                                        const LaneHooks* hooks) override {
+    DDP_CHECK(hooks == nullptr, "NCCL runs collectives on its stream; lane hooks do not apply");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    const ncclRedOp_t op = average ? ncclAvg : ncclSum;
+#else
+    DDP_CHECK(!average, "averaging needs NCCL >= 2.10 (ncclAvg); pre-scale instead");
+    const ncclRedOp_t op = ncclSum;
+#endif
+    if (format_ != Compression::None) return compressed_allreduce(data, count, op);
+    return on_stream("NCCL allreduce of " + std::to_string(count) + " floats", [&] {
+      settle(ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_), "ncclAllReduce");
+    });
+  }
+
+  // The sharded optimizer: buckets padded to equal parts (pad_buckets_to_equal_parts), so
+  // rank r's part of a bucket is its r-th block, NCCL's in-place reduce-scatter and allgather.
+  float* parameter_arena(size_t numel, bool) override {
+    DDP_CHECK(parameters_.size() == 0, "parameter_arena() called twice");
+    parameters_ = DeviceArray<float>(numel);
+    if (numel > 0) cuda_zero_bytes(parameters_.data(), numel * sizeof(float));
+    return parameters_.data();
+  }
+
+  std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
+    const size_t part = equal_part(count, "reduce-scatter");
+    if (format_ != Compression::None) return compressed_reduce_scatter(data, count, part);
+    return on_stream("NCCL reduce-scatter of " + std::to_string(count) + " floats", [&] {
+      settle(ncclReduceScatter(data, data + static_cast<size_t>(rank_) * part, part, ncclFloat,
+                               ncclSum, comm_, stream_),
+             "ncclReduceScatter");
+    });
+  }
+
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
+                                        ScalarRiders riders) override {
+    DDP_CHECK(riders.mine.empty(), "NCCL's parameter allgather carries no riders");
+    return on_stream("NCCL allgather of the parameters", [&] {
+      for (const Span& b : buckets) {
+        const size_t part = equal_part(b.numel, "allgather");
+        float* bucket = arena + b.offset;
+        settle(ncclAllGather(bucket + static_cast<size_t>(rank_) * part, bucket, part, ncclFloat,
+                             comm_, stream_),
+               "ncclAllGather");
+      }
+    });
+  }
+
+  void set_timeout(double seconds) override {
+    DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
+    timeout_s_ = seconds;
+  }
+  double timeout() const override { return timeout_s_; }
+
+  cudaStream_t compute_stream() const { return backend_->stream(); }
+
+  /// Throws (after aborting NCCL) if NCCL reported an asynchronous error.
+  void check_async(const std::string& what) {
+    if (aborted_) DDP_THROW(what << ": the NCCL communicator was aborted after an earlier error");
+    ncclResult_t state = ncclSuccess;
+    DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const std::string detail = ncclGetLastError(comm_);
+      abort();
+      DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
+                     << (detail.empty() ? "" : " (" + detail + ")"));
+    }
+  }
+
+  /// Waits until `event` completed, polling NCCL's error state; aborts and throws on error or
+  /// after the timeout.
+  void wait_event(cudaEvent_t event, const std::string& what) {
+    const double deadline = seconds_now() + timeout_s_;
+    for (int spins = 0;; ++spins) {
+      const cudaError_t state = cudaEventQuery(event);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) DDP_CUDA_CHECK(state);
+      (void)cudaGetLastError();  // not ready is not an error
+      check_async(what);
+      if (seconds_now() > deadline) {
+        abort();
+        DDP_THROW(what << " did not complete within " << timeout_s_
+                       << " s (distributed.timeout_s): a peer rank died, stalled or stopped on "
+                          "an error; NCCL communicator aborted");
+      }
+      if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  // The bucket cast to 16 bits, summed in them in place, and cast back, all on the comm stream
+  // after the wait for its gradients.
+  std::shared_ptr<Work> compressed_allreduce(float* data, size_t count, ncclRedOp_t op) {
+    uint16_t* wire = wire_of(data, count, "allreduce");
+    return on_stream(compressed_what("allreduce", count), [&] {
+      to_wire(data, count, wire);
+      settle(ncclAllReduce(wire, wire, count, wire_type(), op, comm_, stream_), "ncclAllReduce");
+      from_wire(wire, count, data);
+    });
+  }
+
+  // The same for the sharded optimizer: the whole bucket goes out, only this rank's part of
+  // the sum comes back into the float bucket (the optimizer reads no other part).
+  std::shared_ptr<Work> compressed_reduce_scatter(float* data, size_t count, size_t part) {
+    uint16_t* wire = wire_of(data, count, "reduce-scatter");
+    const size_t mine = static_cast<size_t>(rank_) * part;
+    return on_stream(compressed_what("reduce-scatter", count), [&] {
+      to_wire(data, count, wire);
+      settle(ncclReduceScatter(wire, wire + mine, part, wire_type(), ncclSum, comm_, stream_),
+             "ncclReduceScatter");
+      from_wire(wire + mine, part, data + mine);
+    });
+  }
+
+  std::string compressed_what(const char* collective, size_t count) const {
+    return std::string("NCCL ") + collective + " of " + std::to_string(count) + " floats as " +
+           to_string(format_);
+  }
+
+  void to_wire(const float* data, size_t count, uint16_t* wire) {
+    backend_->cast_to_16bit(cast_type(), data, static_cast<int64_t>(count), wire, stream_);
+  }
+  void from_wire(const uint16_t* wire, size_t count, float* data) {
+    backend_->cast_from_16bit(cast_type(), wire, static_cast<int64_t>(count), data, stream_);
+  }
+
+  // The 16-bit image of data[0, count), which must lie in the gradient arena.
+  uint16_t* wire_of(const float* data, size_t count, const char* what) {
+    DDP_CHECK(data >= arena_.data() && count <= arena_.size() &&
+                  static_cast<size_t>(data - arena_.data()) <= arena_.size() - count,
+              "NCCL compressed " << what << ": the data is not in this communicator's arena");
+    return wire_.data() + (data - arena_.data());
+  }
+
+  cuda::Float16Type cast_type() const {
+    return format_ == Compression::Bf16 ? cuda::Float16Type::Bf16 : cuda::Float16Type::Fp16;
+  }
+  ncclDataType_t wire_type() const {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    if (format_ == Compression::Bf16) return ncclBfloat16;
+#endif
+    return ncclHalf;
+  }
+
+  // A collective on the comm stream: it waits for what the compute stream queued before it
+  // (an event), and its Work for the events around it.
+  std::shared_ptr<Work> on_stream(std::string what, const std::function<void()>& issue) {
+    DDP_CHECK(!aborted_, what << " refused: the communicator was aborted after an error");
+    cudaEvent_t ready = clock_->take(), start = clock_->take(), end = clock_->take();
+    auto work = std::make_shared<NcclWork>(*this, clock_, ready, start, end, std::move(what));
+    DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
+    issue();
+    DDP_CUDA_CHECK(cudaEventRecord(end, stream_));
+    return work;
+  }
+
+  // Each rank's part of a bucket of `count` floats, which must be equal for every rank.
+  size_t equal_part(size_t count, const char* what) const {
+    const size_t part = shard_part(count, size_, 0).numel;
+    DDP_CHECK(part * static_cast<size_t>(size_) == count,
+              "NCCL " << what << " of " << count << " floats: the bucket is not padded to " << size_
+                      << " equal parts (pad_buckets_to_equal_parts)");
+    return part;
+  }
+
+  // A call on a non-blocking communicator may return ncclInProgress while NCCL finishes
+  // connecting; wait for that under the timeout, then check for errors.
+  void settle(ncclResult_t rc, const std::string& what) {
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      const std::string detail = comm_ != nullptr ? ncclGetLastError(comm_) : "";
+      if (comm_ != nullptr) abort();
+      DDP_THROW(what << " failed: " << ncclGetErrorString(rc)
+                     << (detail.empty() ? "" : " (" + detail + ")"));
+    }
+    const double deadline = seconds_now() + timeout_s_;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        const std::string detail = ncclGetLastError(comm_);
+        abort();
+        DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
+                       << (detail.empty() ? "" : " (" + detail + ")"));
+      }
+      if (seconds_now() > deadline) {
+        abort();
+        DDP_THROW(what << " did not complete within " << timeout_s_
+                       << " s (distributed.timeout_s): a peer rank never joined");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  void abort() {
+    if (!aborted_ && comm_ != nullptr) (void)ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+  cuda::CudaBackend* backend_ = nullptr;
+  std::shared_ptr<cuda::EventClock> clock_;
+  double timeout_s_;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+  int rank_ = 0, size_ = 1;
+  DeviceArray<float> arena_;
+  DeviceArray<float> parameters_;  // the sharded optimizer's parameter arena
+  Compression format_ = Compression::None;
+  DeviceArray<uint16_t> wire_;  // the gradient arena in format_, when compressed
+};
+
+NcclWork::~NcclWork() {
+  clock_->give_back(ready_);
+  clock_->give_back(start_);
+  clock_->give_back(end_);
+}
+
+void NcclWork::wait() {
+  owner_.check_async(what_);
+  DDP_CUDA_CHECK(cudaStreamWaitEvent(owner_.compute_stream(), end_, 0));
+}
+
+void NcclWork::synchronize() {
+  if (synchronized_) return;
+  owner_.wait_event(end_, what_);
+  start_seconds_ = clock_->seconds(start_);
+  end_seconds_ = clock_->seconds(end_);
+  synchronized_ = true;
+}
+
+}  // namespace
+
+std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup& group, Backend& backend,
+                                                             const NcclOptions& options) {
+  return std::make_unique<NcclCommunicator>(group, backend, options);
+}
+
+#endif  // DDP_WITH_NCCL
+
+}  // namespace ddp
