@@ -14,7 +14,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 ref="HEAD" baseline="" current="${DDP_TRAIN:-$root/build/ddp-train}" keep=0
 all_cases="fashion_n1 fashion_n2 fashion_n4 fashion_accum_n2 fashion_nesterov_n4 seed_n2 \
-csv_n2 synthetic_skip_n2 resume_n2 resume_n2_to_n4 resume_baseline_n2"
+csv_n2 synthetic_skip_n2 shard_fused_n2 shard_riders_n2 shard_clip_n4 bf16_n2 fp16_shard_n4 \
+resume_n2 resume_n2_to_n4 resume_baseline_n2 resume_shard_n2"
 cases="$all_cases"
 while (($#)); do
   case "$1" in
@@ -84,6 +85,24 @@ case_args() {
     synthetic_skip_n2)
       echo 2 "$root/configs/seed.yaml" --set training.print_shapes=false \
         --set training.nan_policy=skip_step --set optimizer.momentum=0.5 --set optimizer.lr=0.05 ;;
+    # The gradient paths: the sharded update fused into the reduce-scatters, its totals riding
+    # on the allgather, travelling first (clipping); 16-bit buckets, sharded or not.
+    shard_fused_n2)
+      echo 2 "$root/configs/fashion_mnist.yaml" "${fashion_args[@]}" \
+        --set distributed.shard_optimizer=true --set distributed.overlap_optimizer=true ;;
+    shard_riders_n2)
+      echo 2 "$root/configs/fashion_mnist.yaml" "${fashion_args[@]}" \
+        --set distributed.shard_optimizer=true --set distributed.overlap_optimizer=false ;;
+    shard_clip_n4)
+      echo 4 "$root/configs/fashion_mnist.yaml" "${fashion_args[@]}" \
+        --set distributed.shard_optimizer=true --set training.clip_grad_norm=0.5 ;;
+    bf16_n2)
+      echo 2 "$root/configs/fashion_mnist.yaml" "${fashion_args[@]}" \
+        --set distributed.compression=bf16 --set distributed.compression_on_node=true ;;
+    fp16_shard_n4)
+      echo 4 "$root/configs/fashion_mnist.yaml" "${fashion_args[@]}" \
+        --set distributed.compression=fp16 --set distributed.compression_on_node=true \
+        --set distributed.shard_optimizer=true ;;
     *) return 1 ;;
   esac
 }
@@ -100,12 +119,14 @@ run() {
 # the _to_n4 case, with the same global batch) to the end.
 # resume_baseline_n2: the first part always runs the baseline, so the current binary
 # resumes a checkpoint the baseline wrote (a file format change must keep reading old ones).
+# resume_shard_n2: sharded, the optimizer state gathered into the checkpoint and cut again.
 run_resume() {  # BINARY OUTDIR CASE
   local bin="$1" out="$2" second=2 batch2=64 first_bin="$1"
   [[ "$3" == resume_n2_to_n4 ]] && second=4 batch2=32
   [[ "$3" == resume_baseline_n2 ]] && first_bin="$baseline"
   local common=("$root/configs/fashion_mnist.yaml" "${fashion_args[@]}"
                 --set checkpoint.every_steps=40 --set checkpoint.keep_last=0)
+  [[ "$3" == resume_shard_n2 ]] && common+=(--set distributed.shard_optimizer=true)
   run "$first_bin" "$out" 2 "${common[@]}" --set training.max_steps=80 || return 1
   mv "$out.log" "$out.first.log"
   run "$bin" "$out" "$second" "${common[@]}" --set training.batch_size="$batch2" \

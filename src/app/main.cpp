@@ -12,15 +12,15 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "comm/agreement.h"
+#include "comm/environment.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "config/schema.h"
 #include "core/check.h"
 #include "core/stop_flag.h"
 #include "data/convert.h"
 #include "ddp/config.h"
 #include "ddp/trainer.h"
-#include "comm/agreement.h"
-#include "comm/environment.h"
-#include "comm/mpi/mpi_communicator.h"
 #include "infer/evaluate.h"
 #include "infer/predict.h"
 #include "train/stop_request.h"
@@ -152,7 +152,7 @@ int train(const Options& opt) {
   }
   ddp::TrainSummary summary;
   abort_on_local_error(opt, env.world, [&] {
-    ddp::Trainer trainer(cfg, *comm, *comm, env.rank == 0 ? &std::cout : nullptr);
+    ddp::Trainer trainer(cfg, *comm, env.rank == 0 ? &std::cout : nullptr);
     summary = trainer.run();
   });
   // Every rank stopped at the same step and the checkpoint is durable: a requeued job resumes.

@@ -58,4 +58,16 @@ void require_same_as_rank0(ProcessGroup& group, const std::vector<std::string>& 
   }
 }
 
+RankLayout rank_layout(ProcessGroup& group) {
+  const double local = group.local_size();
+  double sizes[2] = {local, -local};  // the minimum of both: fewest, and minus the most
+  group.allreduce(sizes, 2, ReduceOp::Min);
+  RankLayout layout;
+  layout.ranks = group.size();
+  layout.local_ranks = group.local_size();
+  layout.fewest_local = static_cast<int>(sizes[0]);
+  layout.most_local = static_cast<int>(-sizes[1]);
+  return layout;
+}
+
 }  // namespace ddp

@@ -1,6 +1,7 @@
 // Collectives that make the ranks agree: on an error (the lowest failing rank's message for
 // all), on text (rank 0's, or every rank's in rank order), on "the same as rank 0". Built on
-// the ProcessGroup's broadcast and scalar allreduce, so every backend has them.
+// the ProcessGroup's broadcast and scalar allreduce, so every backend has them; and where the
+// ranks are, which every rank must see alike.
 #pragma once
 
 #include <functional>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "config/gradient_path.h"
 
 namespace ddp {
 
@@ -26,5 +28,9 @@ std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::stri
 /// '<line>' where rank R has '<line>'; <remedy>", naming the first line that differs.
 void require_same_as_rank0(ProcessGroup& group, const std::vector<std::string>& mine,
                            const std::string& subject, const std::string& remedy);
+
+/// Collective: where the ranks of `group` are (every rank learns the smallest and the largest
+/// node).
+RankLayout rank_layout(ProcessGroup& group);
 
 }  // namespace ddp

@@ -10,9 +10,9 @@
 #include <memory>
 #include <string>
 
-#include "ddp/config.h"
 #include "comm/gradient_communicator.h"
 #include "comm/process_group.h"
+#include "ddp/config.h"
 #include "kernels/backend.h"
 
 namespace ddp {
@@ -32,16 +32,16 @@ struct NcclOptions {
 /// Gradient buckets live in device memory (gradient_arena). Initialisation and every
 /// collective are bounded by the timeout; a NCCL error or timeout aborts the NCCL communicator
 /// and throws naming the rank and the operation. `cuda_backend` must outlive it.
-std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup& group,
-                                                             Backend& cuda_backend,
-                                                             const NcclOptions& options);
+std::unique_ptr<ShardedCommunicator> make_nccl_communicator(ProcessGroup& group,
+                                                            Backend& cuda_backend,
+                                                            const NcclOptions& options);
 
 /// Gradients staged through host memory: the arena is device memory with a host mirror taken
 /// from host.gradient_arena (an MPI shared-memory window on one node, page-locked); a bucket's
 /// allreduce waits for its gradients, copies them to the mirror, allreduces with MPI and copies
 /// the result back, all on the host communicator's thread. Work::wait blocks the host. Its
 /// timeout is the host's. `host` and `cuda_backend` must outlive it.
-std::unique_ptr<GradientCommunicator> make_staged_communicator(GradientCommunicator& host,
+std::unique_ptr<GradientCommunicator> make_staged_communicator(HostGradientCommunicator& host,
                                                                Backend& cuda_backend);
 
 }  // namespace ddp

@@ -1,4 +1,4 @@
-// MPI session and rank discovery (see env.h).
+// MPI session, rank discovery and device placement (environment.h).
 #include "comm/environment.h"
 
 #include <unistd.h>

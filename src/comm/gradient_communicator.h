@@ -1,6 +1,9 @@
-// GradientCommunicator: what the Reducer drives, the gradient arena and the asynchronous
-// allreduce of its buckets (PyTorch DDP's comm hook; the control messages are the
-// ProcessGroup's, process_group.h). The MPI implementation runs them on a communication lane
+// The gradient communicators, what the Reducer drives: GradientCommunicator (the gradient
+// arena and the asynchronous allreduce of its buckets, PyTorch DDP's comm hook), with the
+// sharded optimizer's collectives ShardedCommunicator, with the host's lane hooks, fused update
+// and riders HostGradientCommunicator; each implementation derives from what it has, so none
+// refuses a method it inherits. The control messages are the ProcessGroup's
+// (process_group.h). The MPI implementation runs them on a communication lane
 // per rank (src/comm/mpi/lane.h): its own thread drives them while the training thread computes
 // the rest of backward (Open MPI does not progress a non-blocking collective unless someone
 // calls into MPI), and a thread that waits for one drives them itself. The CUDA communicators
@@ -13,9 +16,10 @@
 #include <memory>
 #include <vector>
 
+#include "comm/work.h"
+#include "config/gradient_path.h"
 #include "core/tensor.h"
 #include "ddp/config.h"
-#include "comm/work.h"
 
 namespace ddp {
 
@@ -36,35 +40,73 @@ struct ScalarRiders {
   std::shared_ptr<std::vector<double>> all;
 };
 
-/// The gradient buckets of every rank, summed (or averaged) in place bucket by bucket, each
-/// allreduce started as soon as its bucket is complete and finished when its Work is waited on.
+/// The gradient buckets of every rank, summed in place bucket by bucket, each allreduce started
+/// as soon as its bucket is complete and finished when its Work is waited on. What every
+/// gradient communicator does (MPI, NCCL, staged through host memory).
 class GradientCommunicator {
  public:
   virtual ~GradientCommunicator() = default;
 
+  /// Collective, once: `numel` zero-initialised floats for the gradient buckets, owned by the
+  /// communicator until it is destroyed, for buckets that travel as `wire` says (the job's
+  /// GradientPath decided it; a format or hierarchy this communicator cannot give throws
+  /// ddp::Error). allreduce_async on ranges of this memory may take a zero-copy path (MPI: when
+  /// every rank is on one node, or a node's ranks with wire.hierarchical, the memory is an MPI
+  /// shared-memory window and ranks reduce straight out of each other's buckets, unless
+  /// wire.shared_memory is false). Device communicators return device memory.
+  ///
+  /// wire.format (distributed.compression): later gradient collectives cast each bucket to the
+  /// format (comm/compression.h), sum it across ranks in that type, rounding after every
+  /// addition, and cast the result back into the float bucket; MPI keeps float32 on one node's
+  /// shared memory unless wire.on_node. wire.hierarchical (across nodes with more than one rank
+  /// each): a bucket is summed on each node's shared memory, each local rank allreduces its
+  /// chunk of the node's sum with the same chunk of every other node, and the node shares the
+  /// result back.
+  virtual float* gradient_arena(size_t numel, const BucketWire& wire) = 0;
+
   /// Starts an in-place allreduce of `count` floats; with `average` the result is divided by
   /// the number of ranks. The buffer must not be touched until wait() returns. Collectives
-  /// start in call order. `hooks` (MPI communicator only) run on the communication lane
-  /// around it.
-  virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
-                                                const LaneHooks* hooks = nullptr) = 0;
+  /// start in call order.
+  virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) = 0;
 
-  /// Collective, once: `numel` zero-initialised floats for the gradient buckets, owned by the
-  /// communicator until it is destroyed. allreduce_async on ranges of this memory may take a
-  /// zero-copy path (MPI: when every rank is on one node, the memory is an MPI shared-memory
-  /// window and ranks reduce straight out of each other's buckets). Device communicators
-  /// return device memory. shared=false asks for ordinary memory (and so MPI_Allreduce) even
-  /// on one node.
-  virtual float* gradient_arena(size_t numel, bool shared = true) = 0;
+  /// How long a bucket's collective may take before it is declared lost (a dead or stalled
+  /// peer): waiting for it then throws ddp::Error naming the collective and the time, and the
+  /// communicator is broken. Default 600 s.
+  virtual void set_timeout(double seconds) = 0;
+  virtual double timeout() const = 0;
+};
 
-  /// The sharded optimizer's collectives (distributed.shard_optimizer; comm/shard_plan.h gives
-  /// each rank's part of a bucket as shard_part(count, ranks, rank)). The MPI communicator has
-  /// them; the others throw ddp::Error.
-  ///
+/// The sharded optimizer's collectives (distributed.shard_optimizer; comm/shard_plan.h gives
+/// each rank's part of a bucket as shard_part(count, ranks, rank)): the MPI and NCCL
+/// communicators.
+class ShardedCommunicator : public GradientCommunicator {
+ public:
+  /// Collective, once: room for `numel` zeroed parameters. On one node (and unless
+  /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:
+  /// each rank writes its parts and reads all of them, with no copy. Ordinary memory otherwise.
+  virtual float* parameter_arena(size_t numel, bool shared) = 0;
+
   /// Starts a reduce-scatter of the bucket [data, data + count) of the gradient arena: once
   /// waited on, this rank's part holds the sum over ranks (pre-scaled, as with allreduce); the
   /// rest of the bucket is left as it was. Collectives start in call order.
-  virtual std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count);
+  virtual std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) = 0;
+
+  /// Starts an allgather of the parameters: every rank's part of each of `buckets` of `arena`
+  /// goes to every rank. It is also what tells a rank that its peers have finished reading its
+  /// gradient buckets, so one must follow every step's reduce-scatters before backward writes
+  /// the gradient arena again. In parameter_arena() memory shared by every rank it is a
+  /// barrier.
+  virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) = 0;
+};
+
+/// What only the host communicator (MPI, on its communication lane) does besides: collectives
+/// with lane hooks (the staged GPU communicator's copies), the sharded update fused into the
+/// reduce-scatters (distributed.overlap_optimizer) and scalars riding on the allgather.
+class HostGradientCommunicator : public ShardedCommunicator {
+ public:
+  /// allreduce_async with `hooks` run on the communication lane around it.
+  virtual std::shared_ptr<Work> allreduce_on_lane(float* data, size_t count, bool average,
+                                                  const LaneHooks& hooks) = 0;
 
   /// This rank's summed part of a bucket handed over instead of stored: `at` is where in the
   /// gradient arena the `n` summed floats belong, `sum` holds them (valid during the call
@@ -72,45 +114,15 @@ class GradientCommunicator {
   /// node a block at a time, while the block is still in cache).
   using PartConsumer = std::function<void(float* at, const float* sum, size_t n)>;
 
-  /// reduce_scatter_async with this rank's part of the sum going to `consume` (the sharded
-  /// optimizer's update fused with its reduce-scatter, distributed.overlap_optimizer);
-  /// afterwards that part of the arena holds the sum or what was there. The MPI communicator
-  /// has it; the others throw ddp::Error.
+  /// reduce_scatter_async with this rank's part of the sum going to `consume`; afterwards that
+  /// part of the arena holds the sum or what was there.
   virtual std::shared_ptr<Work> reduce_scatter_into_async(float* data, size_t count,
-                                                          PartConsumer consume);
+                                                          PartConsumer consume) = 0;
 
-  /// Starts an allgather of the parameters: every rank's part of each of `buckets` of `arena`
-  /// goes to every rank, and `riders` (if any) with it. It is also what tells a rank that its
-  /// peers have finished reading its gradient buckets, so one must follow every step's
-  /// reduce-scatters before backward writes the gradient arena again. In parameter_arena()
-  /// memory shared by every rank it is a barrier.
-  virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
-                                                ScalarRiders riders = {});
-
-  /// Collective, once: room for `numel` zeroed parameters. On one node (and unless
-  /// shared=false) one copy in an MPI shared-memory window that every rank of the node maps:
-  /// each rank writes its parts and reads all of them, with no copy. Ordinary memory otherwise.
-  virtual float* parameter_arena(size_t numel, bool shared = true);
-
-  /// distributed.compression, once, before gradient_arena: later gradient collectives
-  /// (allreduce_async, reduce_scatter_async) cast each bucket to `format` (comm/compression.h),
-  /// sum it across ranks in that type, rounding after every addition, and cast the result back
-  /// into the float bucket. The MPI communicator keeps float32 on one node's shared-memory path
-  /// unless `on_node`. The default accepts Compression::None only and throws otherwise.
-  virtual void set_compression(Compression format, bool on_node);
-
-  /// distributed.hierarchical, once, before gradient_arena: with `on`, across nodes with more
-  /// than one rank each, a bucket's allreduce is summed on each node's shared memory, each
-  /// local rank allreduces its chunk of the node's sum with the same chunk of every other node,
-  /// and the node shares the result back (the MPI communicator; compressed across nodes when
-  /// set_compression says so). The default accepts false only and throws otherwise.
-  virtual void set_hierarchical(bool on);
-
-  /// How long a bucket's allreduce may take before it is declared lost (a dead or stalled
-  /// peer): waiting for it then throws ddp::Error naming the collective and the time, and the
-  /// communicator is broken. Default 600 s.
-  virtual void set_timeout(double seconds) = 0;
-  virtual double timeout() const = 0;
+  /// allgather_async with `riders` (every rank's into riders.all, in rank order).
+  virtual std::shared_ptr<Work> allgather_with_riders(float* arena,
+                                                      const std::vector<Span>& buckets,
+                                                      ScalarRiders riders) = 0;
 };
 
 }  // namespace ddp

@@ -52,12 +52,8 @@ std::string describe_plan(const BucketPlan& plan, const std::vector<std::string>
 }
 
 Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
-                 GradientCommunicator& comm, bool reduce_scatter)
-    : plan_(std::move(plan)),
-      names_(std::move(param_names)),
-      arena_(grad_arena),
-      comm_(comm),
-      reduce_scatter_(reduce_scatter) {
+                 GradientCommunicator& comm)
+    : plan_(std::move(plan)), names_(std::move(param_names)), arena_(grad_arena), comm_(&comm) {
   DDP_CHECK(
       names_.size() == plan_.param_bucket.size(),
       "Reducer: " << names_.size() << " names for " << plan_.param_bucket.size() << " parameters");
@@ -66,10 +62,20 @@ Reducer::Reducer(BucketPlan plan, std::vector<std::string> param_names, float* g
   work_.resize(plan_.buckets.size());
 }
 
-void Reducer::fuse(GradientCommunicator::PartConsumer consume, std::vector<size_t> layer) {
-  DDP_CHECK(reduce_scatter_ && consume, "Reducer::fuse: needs a sharded optimizer's consumer");
+Reducer Reducer::sharded(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
+                         ShardedCommunicator& comm) {
+  Reducer r(std::move(plan), std::move(param_names), grad_arena, comm);
+  r.sharded_ = &comm;
+  return r;
+}
+
+void Reducer::fuse(HostGradientCommunicator& comm, HostGradientCommunicator::PartConsumer consume,
+                   std::vector<size_t> layer) {
+  DDP_CHECK(sharded_ == &comm && consume,
+            "Reducer::fuse: needs a sharded optimizer's consumer and the Reducer's communicator");
   DDP_CHECK(layer.size() == names_.size(),
             "Reducer::fuse: " << layer.size() << " layers for " << names_.size() << " parameters");
+  fused_ = &comm;
   consume_ = std::move(consume);
   layer_ = std::move(layer);
   lowest_layer_.assign(plan_.buckets.size(), SIZE_MAX);
@@ -111,12 +117,12 @@ void Reducer::launch_ready_buckets() {
     const auto& bucket = plan_.buckets[next_to_launch_];
     float* data = arena_ + bucket.offset;
     try {
-      if (consume_) {
-        work_[next_to_launch_] = comm_.reduce_scatter_into_async(data, bucket.numel, consume_);
-      } else if (reduce_scatter_) {
-        work_[next_to_launch_] = comm_.reduce_scatter_async(data, bucket.numel);
+      if (fused_) {
+        work_[next_to_launch_] = fused_->reduce_scatter_into_async(data, bucket.numel, consume_);
+      } else if (sharded_) {
+        work_[next_to_launch_] = sharded_->reduce_scatter_async(data, bucket.numel);
       } else {
-        work_[next_to_launch_] = comm_.allreduce_async(data, bucket.numel, false);
+        work_[next_to_launch_] = comm_->allreduce_async(data, bucket.numel, false);
       }
     } catch (const Error& e) {
       DDP_THROW("gradient " << collective() << " of " << describe_bucket(next_to_launch_) << ": "

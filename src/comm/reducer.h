@@ -66,20 +66,24 @@ ReducerStepStats overlap_stats(const std::vector<std::shared_ptr<Work>>& works,
 
 class Reducer {
  public:
-  /// grad_arena holds plan.total_numel floats; bucket b is [offset, offset + numel). With
-  /// reduce_scatter (a sharded optimizer) each bucket is reduce-scattered instead of
-  /// allreduced: after finalize, only this rank's part of it (shard_plan.h) holds the sum.
+  /// grad_arena holds plan.total_numel floats; bucket b is [offset, offset + numel), allreduced.
   Reducer(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
-          GradientCommunicator& comm, bool reduce_scatter = false);
+          GradientCommunicator& comm);
+  /// A sharded optimizer's: each bucket is reduce-scattered instead of allreduced; after
+  /// finalize, only this rank's part of it (shard_plan.h) holds the sum.
+  static Reducer sharded(BucketPlan plan, std::vector<std::string> param_names, float* grad_arena,
+                         ShardedCommunicator& comm);
 
   /// The sharded optimizer's update fused with the reduce-scatters (distributed.
   /// overlap_optimizer): each bucket's part of the sum goes to `consume`
-  /// (GradientCommunicator::reduce_scatter_into_async), which updates those parameters during
+  /// (HostGradientCommunicator::reduce_scatter_into_async on `comm`, the one the sharded
+  /// Reducer was made with), which updates those parameters during
   /// backward. `layer[p]` is parameter p's layer: backward reads a layer's parameter values
   /// until it starts on a layer below, so a complete bucket launches only once a parameter of a
   /// layer below all of its own is marked ready (or at finalize). Every rank's collective then
   /// starts after every rank has stopped reading those values. Before prepare_for_backward.
-  void fuse(GradientCommunicator::PartConsumer consume, std::vector<size_t> layer);
+  void fuse(HostGradientCommunicator& comm, HostGradientCommunicator::PartConsumer consume,
+            std::vector<size_t> layer);
 
   /// Starts a backward pass. With sync=false (a no_sync micro-batch) gradients only
   /// accumulate locally and mark_ready/finalize communicate nothing.
@@ -115,13 +119,14 @@ class Reducer {
   void launch_ready_buckets();
   bool released(size_t bucket) const;
   std::string describe_bucket(size_t b) const;
-  const char* collective() const { return reduce_scatter_ ? "reduce-scatter" : "allreduce"; }
+  const char* collective() const { return sharded_ ? "reduce-scatter" : "allreduce"; }
 
   BucketPlan plan_;
   std::vector<std::string> names_;
   float* arena_;
-  GradientCommunicator& comm_;
-  bool reduce_scatter_;
+  GradientCommunicator* comm_;
+  ShardedCommunicator* sharded_ = nullptr;     // reduce-scatters (sharded())
+  HostGradientCommunicator* fused_ = nullptr;  // reduce-scatters into consume_ (fuse())
   bool sync_ = true;
   std::vector<size_t> pending_;  // per bucket: gradients not yet ready
   std::vector<char> marked_;     // per parameter: marked in this backward
@@ -129,7 +134,7 @@ class Reducer {
   size_t next_to_launch_ = 0;
   // fuse(): the consumer, each bucket's lowest layer, and the lowest layer marked ready in
   // this backward (SIZE_MAX before the first; 0 at finalize releases every bucket).
-  GradientCommunicator::PartConsumer consume_;
+  HostGradientCommunicator::PartConsumer consume_;
   std::vector<size_t> layer_, lowest_layer_;
   size_t reached_ = SIZE_MAX;
   bool finalizing_ = false;

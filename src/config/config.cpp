@@ -18,11 +18,12 @@
 #include <memory>
 #include <sstream>
 
+#include "config/gradient_path.h"
 #include "config/resources.h"
 #include "config/schema.h"
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "core/input_file.h"
-#include "kernels/cuda/cuda.h"
 
 namespace ddp {
 namespace {
@@ -807,41 +808,9 @@ void validate_nccl(const Origin& o, const TrainConfig& c) {
   }
 }
 
-/// The sharded optimizer's collectives exist for CPU ranks (MPI) and for NCCL; staging GPU
-/// buckets through host memory (backend mpi on GPUs) has none.
-void validate_sharding(const Origin& o, const TrainConfig& c) {
-  if (!c.distributed.shard_optimizer || c.device != DeviceChoice::Cuda ||
-      c.distributed.backend != BackendChoice::Mpi) {
-    return;
-  }
-  fail(o, "distributed.shard_optimizer",
-       "on GPUs needs distributed.backend: nccl (or auto); mpi stages the buckets through host "
-       "memory and has no sharded path");
-}
-
-/// compression_on_node without a format would change nothing the user asked for, and a
-/// hierarchy asked for where it cannot exist would be silently flat.
+/// The gradient path's refusals that the config alone decides (config/gradient_path.h).
 void validate_gradient_path(const Origin& o, const TrainConfig& c) {
-  const DistributedConfig& d = c.distributed;
-  if (d.compression_on_node && d.compression == Compression::None) {
-    fail(o, "distributed.compression_on_node",
-         "true needs distributed.compression: bf16 or fp16 (it is none)");
-  }
-  if (d.hierarchical != Hierarchy::On) return;
-  if (d.shard_optimizer) {
-    fail(o, "distributed.hierarchical",
-         "on does not apply to distributed.shard_optimizer, whose reduce-scatter and allgather "
-         "are flat (use auto or off)");
-  }
-  if (!d.shared_memory) {
-    fail(o, "distributed.hierarchical",
-         "on sums each node's buckets in shared memory and needs distributed.shared_memory: true");
-  }
-  if (c.device == DeviceChoice::Cuda && d.backend != BackendChoice::Mpi) {
-    fail(o, "distributed.hierarchical",
-         "on applies to the MPI backend; NCCL builds its own hierarchy across nodes (use auto "
-         "or off, or distributed.backend: mpi)");
-  }
+  if (const auto no = gradient_path_refusal(c)) fail(o, no->key, no->message);
 }
 
 /// A key of one optimizer set for another is refused (torch.optim.Adam has no momentum): the
@@ -919,7 +888,6 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
          "set either checkpoint.every_steps or checkpoint.every_epochs, not both");
   }
   validate_nccl(o, c);
-  validate_sharding(o, c);
   validate_gradient_path(o, c);
 }
 

@@ -1,5 +1,5 @@
-// Buffer allocation: aligned host memory, or device memory through ddp/cuda.h (which throws in a
-// build without CUDA).
+// Buffer allocation: aligned host memory, or device memory through core/device_memory.h (which
+// throws in a build without CUDA).
 #include "core/tensor.h"
 
 #include <cstdlib>
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "core/check.h"
-#include "kernels/cuda/cuda.h"
+#include "core/device_memory.h"
 
 namespace ddp {
 

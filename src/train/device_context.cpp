@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "core/clock.h"
 #include "comm/device_communicators.h"
+#include "core/clock.h"
 #include "kernels/cuda/cuda.h"
 
 namespace ddp {
@@ -53,11 +53,14 @@ class HostContext final : public DeviceContext {
   std::string describe() const override { return placement_.describe(); }
   size_t pipeline_depth() const override { return 0; }
   size_t arena_alignment() const override { return 1; }
-  bool checks_gradients(bool) const override { return true; }
   Mark mark() override { return Mark{nullptr, seconds_now()}; }
   double compute_seconds(double, double, double thread_cpu) const override { return thread_cpu; }
   std::unique_ptr<GradientCommunicator> make_gradient_communicator(
-      ProcessGroup&, GradientCommunicator&, const DistributedConfig&) override {
+      ProcessGroup&, HostGradientCommunicator&, const DistributedConfig&) override {
+    return nullptr;
+  }
+  std::unique_ptr<ShardedCommunicator> make_sharded_communicator(
+      ProcessGroup&, const DistributedConfig&) override {
     return nullptr;
   }
   std::string describe_gradients() const override { return ""; }
@@ -121,12 +124,16 @@ class CudaContext final : public DeviceContext {
   }
   size_t pipeline_depth() const override { return 1; }
   size_t arena_alignment() const override { return 4; }  // 16-byte aligned for the kernels
-  bool checks_gradients(bool skip_nonfinite) const override { return skip_nonfinite; }
   Mark mark() override { return Mark{mark_stream(*backend_), 0.0}; }
   double compute_seconds(double begin, double end, double) const override { return end - begin; }
   std::unique_ptr<GradientCommunicator> make_gradient_communicator(
-      ProcessGroup& group, GradientCommunicator& host, const DistributedConfig& cfg) override {
+      ProcessGroup& group, HostGradientCommunicator& host, const DistributedConfig& cfg) override {
     if (!uses_nccl()) return make_staged_communicator(host, *backend_);
+    return make_sharded_communicator(group, cfg);
+  }
+  // The gradient path refuses a sharded optimizer on the staged communicator.
+  std::unique_ptr<ShardedCommunicator> make_sharded_communicator(
+      ProcessGroup& group, const DistributedConfig& cfg) override {
     NcclOptions options;
     options.algo = cfg.nccl_algo;
     options.timeout_s = cfg.timeout_s;

@@ -11,12 +11,12 @@
 #include <memory>
 #include <string>
 
-#include "core/tensor.h"
-#include "data/loader.h"
-#include "ddp/config.h"
 #include "comm/environment.h"
 #include "comm/gradient_communicator.h"
 #include "comm/process_group.h"
+#include "core/tensor.h"
+#include "data/loader.h"
+#include "ddp/config.h"
 #include "kernels/backend.h"
 
 namespace ddp {
@@ -68,21 +68,21 @@ class DeviceContext {
   virtual size_t pipeline_depth() const = 0;
   /// Every parameter's offset in the flat arenas is a multiple of this many floats.
   virtual size_t arena_alignment() const = 0;
-  /// Whether each step counts the non-finite values of the averaged gradient. On a GPU that
-  /// costs a host sync, so only where such steps are skipped (with abort, a non-finite loss
-  /// stops the job a step later).
-  virtual bool checks_gradients(bool skip_nonfinite) const = 0;
-
   virtual Mark mark() = 0;
   /// How long backward really computed, for the overlap statistics: on the host the training
   /// thread's CPU time in it (`thread_cpu`; communication on its core took turns with it), on
   /// a GPU the wall time from `begin` to `end`.
   virtual double compute_seconds(double begin, double end, double thread_cpu) const = 0;
 
-  /// Collective over `group`: the communicator of the gradient buckets, or nullptr where
-  /// `host` (the gradient communicator of host memory) itself is the one.
+  /// Collective over `group`: the communicator of the gradient buckets on this device (NCCL,
+  /// or staged through `host`), or nullptr where `host` (the gradient communicator of host
+  /// memory) itself is the one.
   virtual std::unique_ptr<GradientCommunicator> make_gradient_communicator(
-      ProcessGroup& group, GradientCommunicator& host, const DistributedConfig& cfg) = 0;
+      ProcessGroup& group, HostGradientCommunicator& host, const DistributedConfig& cfg) = 0;
+  /// The same for a sharded optimizer (NCCL on a GPU; nullptr on the host, whose communicator
+  /// is the one).
+  virtual std::unique_ptr<ShardedCommunicator> make_sharded_communicator(
+      ProcessGroup& group, const DistributedConfig& cfg) = 0;
   /// The startup line about how gradients travel ("" where there is nothing to add).
   virtual std::string describe_gradients() const = 0;
 

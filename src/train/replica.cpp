@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "comm/agreement.h"
 #include "core/check.h"
 #include "core/random.h"
-#include "comm/agreement.h"
 
 namespace ddp {
 
@@ -14,33 +14,26 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 }  // namespace
 
-Replica::Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch, int world)
-    : cfg_(cfg), ctx_(ctx) {
+Replica::Replica(const TrainConfig& cfg, const GradientPath& path, DeviceContext& ctx,
+                 int64_t max_batch, int world)
+    : cfg_(cfg), ctx_(ctx), path_(path) {
   model_ =
       std::make_unique<Sequential>(cfg.model.layers, cfg.model.activation, max_batch, ctx.device());
   plan_ = compute_bucket_plan(
       model_->parameter_numels(), static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
       static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB), ctx.arena_alignment());
-  // NCCL's reduce-scatter and allgather take equal parts.
-  if (cfg.distributed.shard_optimizer && ctx.device() == Device::CUDA)
-    plan_ = pad_buckets_to_equal_parts(std::move(plan_), world);
+  if (path_.equal_parts) plan_ = pad_buckets_to_equal_parts(std::move(plan_), world);
   dlogits_ = Buffer(static_cast<size_t>(max_batch * model_->out_features()), ctx.device());
 }
 
-void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
-                      const TrainConfig& cfg) {
-  host_gradients_ = &host_gradients;
-  sharded_ = cfg.distributed.shard_optimizer;
-  shards_ = compute_shard_plan(plan_, sharded_ ? group.size() : 1, sharded_ ? group.rank() : 0);
+void Replica::connect(ProcessGroup& group, HostGradientCommunicator& host, const TrainConfig& cfg) {
+  const bool sharded = path_.sharded;
+  shards_ = compute_shard_plan(plan_, sharded ? group.size() : 1, sharded ? group.rank() : 0);
+  run_agreed(group, [&] { make_communicators(group, host, cfg.distributed); });
   run_agreed(group, [&] {
-    device_gradients_ = ctx_.make_gradient_communicator(group, host_gradients, cfg.distributed);
-  });
-  const bool shared = cfg.distributed.shared_memory;
-  run_agreed(group, [&] {
-    configure_gradient_path(group, cfg);
-    grads_ = gradient_comm().gradient_arena(plan_.total_numel, shared);
-    if (sharded_) {
-      params_ = gradient_comm().parameter_arena(plan_.total_numel, shared);
+    grads_ = buckets_->gradient_arena(plan_.total_numel, path_.wire);
+    if (sharded) {
+      params_ = sharded_->parameter_arena(plan_.total_numel, path_.wire.shared_memory);
     } else {
       values_ = Buffer(plan_.total_numel, ctx_.device());
       params_ = values_.data();
@@ -48,55 +41,51 @@ void Replica::connect(ProcessGroup& group, GradientCommunicator& host_gradients,
     model_->bind(params_, grads_, plan_.param_offset);
   });
   broadcast_parameters(group);
-  reducer_ = std::make_unique<Reducer>(plan_, model_->parameter_names(), grads_, gradient_comm(),
-                                       sharded_);
+  const std::vector<std::string> names = model_->parameter_names();
+  reducer_ = sharded ? std::make_unique<Reducer>(Reducer::sharded(plan_, names, grads_, *sharded_))
+                     : std::make_unique<Reducer>(plan_, names, grads_, *buckets_);
   optimizer_ = make_optimizer(
-      cfg.optimizer, sharded_ ? shards_.owned : whole_arena(plan_.total_numel), ctx_.device());
-  fuse_update(cfg);
+      cfg.optimizer, sharded ? shards_.owned : whole_arena(plan_.total_numel), ctx_.device());
+  if (path_.fused_update) fuse_update();
 }
 
-// distributed.overlap_optimizer: where the update needs nothing of the whole gradient first,
-// each bucket's reduce-scatter hands this rank's sums to the optimizer. The consumer holds what
-// it uses: a collective declared lost may still return after the replica is gone.
-void Replica::fuse_update(const TrainConfig& cfg) {
-  if (!sharded_ || !cfg.distributed.overlap_optimizer || ctx_.device() != Device::CPU ||
-      cfg.training.clip_grad_norm > 0 || cfg.training.nan_policy == NanPolicy::SkipStep) {
+// The device's communicator where it has one (NCCL, or staged through `host`), else `host`.
+void Replica::make_communicators(ProcessGroup& group, HostGradientCommunicator& host,
+                                 const DistributedConfig& cfg) {
+  host_ = &host;
+  if (path_.sharded) {
+    std::unique_ptr<ShardedCommunicator> own = ctx_.make_sharded_communicator(group, cfg);
+    sharded_ = own ? own.get() : &host;
+    buckets_ = sharded_;
+    device_gradients_ = std::move(own);
     return;
   }
+  device_gradients_ = ctx_.make_gradient_communicator(group, host, cfg);
+  buckets_ = device_gradients_ ? device_gradients_.get() : &host;
+}
+
+// distributed.overlap_optimizer: each bucket's reduce-scatter hands this rank's sums to the
+// optimizer (on the host: the path fuses on CPU ranks only). The consumer holds what it uses: a
+// collective declared lost may still return after the replica is gone.
+void Replica::fuse_update() {
+  DDP_CHECK(sharded_ == host_, "the fused update needs the host communicator");
   fused_ = std::make_shared<FusedShardUpdate>(ctx_.backend(), optimizer_, params_, grads_);
   reducer_->fuse(
+      *host_,
       [fused = fused_](float* at, const float* sum, size_t n) { fused->consume(at, sum, n); },
       model_->parameter_layers());
 }
 
-// distributed.compression and distributed.hierarchical, before the gradient arena exists.
-// Hierarchical on auto: across nodes with more than one rank each, where the buckets go
-// through MPI's shared-memory windows (not NCCL, which builds its own hierarchy; not the
-// sharded optimizer's collectives, which are flat).
-void Replica::configure_gradient_path(const ProcessGroup& group, const TrainConfig& cfg) {
-  const DistributedConfig& d = cfg.distributed;
-  gradient_comm().set_compression(d.compression, d.compression_on_node);
-  const bool several_per_node = group.size() > group.local_size() && group.local_size() > 1;
-  const bool possible =
-      ctx_.placement().backend != BackendChoice::Nccl && !sharded_ && d.shared_memory;
-  hierarchical_ = d.hierarchical == Hierarchy::On ||
-                  (d.hierarchical == Hierarchy::Auto && possible && several_per_node);
-  DDP_CHECK(!hierarchical_ || possible,
-            "distributed.hierarchical: on needs the MPI backend with shared_memory: true and an "
-            "unsharded optimizer (NCCL builds its own hierarchy; the sharded optimizer's "
-            "collectives are flat)");
-  hierarchical_ = hierarchical_ && several_per_node;
-  gradient_comm().set_hierarchical(hierarchical_);
-}
-
 std::shared_ptr<Work> Replica::allgather_parameters(ScalarRiders riders) {
-  return gradient_comm().allgather_async(params_, shards_.buckets, std::move(riders));
+  if (riders.mine.empty()) return sharded_->allgather_async(params_, shards_.buckets);
+  DDP_CHECK(sharded_ == host_, "riders travel on the host communicator's allgather only");
+  return host_->allgather_with_riders(params_, shards_.buckets, std::move(riders));
 }
 
 void Replica::write_parameters(const std::vector<float>& host) {
   DDP_CHECK(host.size() == plan_.total_numel,
             "parameters: " << host.size() << " values for an arena of " << plan_.total_numel);
-  if (!sharded_) {
+  if (!path_.sharded) {
     ctx_.copy_from_host(params_, host.data(), host.size());
     return;
   }
@@ -168,7 +157,7 @@ std::vector<float> Replica::host_optimizer_state(const std::string& name) {
     at += s.numel;
   }
   // The host communicator gathers host memory on any device.
-  if (sharded_) host_gradients_->allgather_async(host.data(), shards_.buckets)->wait();
+  if (path_.sharded) host_->allgather_async(host.data(), shards_.buckets)->wait();
   return host;
 }
 

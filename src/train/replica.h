@@ -12,13 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "ddp/config.h"
-#include "ddp/safetensors.h"
 #include "comm/gradient_communicator.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
 #include "comm/shard_plan.h"
+#include "config/gradient_path.h"
+#include "core/tensor.h"
+#include "ddp/config.h"
+#include "ddp/safetensors.h"
 #include "nn/optimizer.h"
 #include "nn/sequential.h"
 #include "train/device_context.h"
@@ -28,36 +29,34 @@ namespace ddp {
 
 class Replica {
  public:
-  /// The layers (room for batches of max_batch rows) and the bucket plan (sharded on a GPU:
-  /// buckets padded to `world` equal parts); no collective. The replica keeps `ctx`.
-  Replica(const TrainConfig& cfg, DeviceContext& ctx, int64_t max_batch, int world);
+  /// The layers (room for batches of max_batch rows) and the bucket plan (with
+  /// path.equal_parts: buckets padded to `world` equal parts); no collective. The replica keeps
+  /// `ctx` and a copy of `path`.
+  Replica(const TrainConfig& cfg, const GradientPath& path, DeviceContext& ctx, int64_t max_batch,
+          int world);
 
-  /// Collective over `group`: the gradient communicator (`host_gradients` itself, or NCCL /
-  /// staged on GPUs), its gradient arena (the parameters' gradients become views into the
-  /// buckets) and, sharded, its parameter arena; rank 0's initial parameters on every rank
+  /// Collective over `group`: the gradient communicator (`host` itself, or NCCL / staged on
+  /// GPUs), its gradient arena for the path's wire (the parameters' gradients become views into
+  /// the buckets) and, sharded, its parameter arena; rank 0's initial parameters on every rank
   /// (model.init_from or the seed), the Reducer and the optimizer.
-  void connect(ProcessGroup& group, GradientCommunicator& host_gradients, const TrainConfig& cfg);
+  void connect(ProcessGroup& group, HostGradientCommunicator& host, const TrainConfig& cfg);
 
   Sequential& model() { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
   Optimizer& optimizer() { return *optimizer_; }
-  /// distributed.shard_optimizer: the optimizer updates this rank's parts of the buckets.
-  bool sharded() const { return sharded_; }
-  /// distributed.overlap_optimizer where it applies (sharded CPU ranks, no clipping, no
-  /// skip_step): the Reducer's reduce-scatters update the parameters during backward.
-  bool fused() const { return fused_ != nullptr; }
+  /// How gradients go from backward to the update in this job.
+  const GradientPath& path() const { return path_; }
+  /// path().sharded: the optimizer updates this rank's parts of the buckets.
+  bool sharded() const { return path_.sharded; }
+  /// path().fused_update: the Reducer's reduce-scatters update the parameters during backward.
+  bool fused() const { return path_.fused_update; }
   FusedShardUpdate& fused_update() { return *fused_; }
-  /// distributed.hierarchical as resolved for this job (connect).
-  bool hierarchical() const { return hierarchical_; }
   const ShardPlan& shards() const { return shards_; }
   /// Sharded: starts the allgather that gives every rank the parts the others updated, with
-  /// `riders` (see GradientCommunicator::allgather_async, which every sharded step must call).
+  /// `riders` (host memory only: HostGradientCommunicator::allgather_with_riders; see
+  /// ShardedCommunicator::allgather_async, which every sharded step must call).
   std::shared_ptr<Work> allgather_parameters(ScalarRiders riders = {});
-  /// The communicator the buckets travel on (the host one, or NCCL / staged on GPUs).
-  GradientCommunicator& gradient_comm() {
-    return device_gradients_ ? *device_gradients_ : *host_gradients_;
-  }
 
   /// The flat arenas, as 1 x numel tensors on the device.
   Tensor parameters();
@@ -84,8 +83,9 @@ class Replica {
 
  private:
   void init_parameters(Sequential& target) const;
-  void configure_gradient_path(const ProcessGroup& group, const TrainConfig& cfg);
-  void fuse_update(const TrainConfig& cfg);
+  void make_communicators(ProcessGroup& group, HostGradientCommunicator& host,
+                          const DistributedConfig& cfg);
+  void fuse_update();
   void broadcast_parameters(ProcessGroup& comm);
   /// Collective: the parameters from arena-shaped host memory (sharded: each rank writes its
   /// parts, then the allgather).
@@ -94,15 +94,16 @@ class Replica {
   const TrainConfig& cfg_;
   DeviceContext& ctx_;
   std::unique_ptr<Sequential> model_;
+  const GradientPath path_;
   BucketPlan plan_;
-  bool sharded_ = false;
-  bool hierarchical_ = false;
   ShardPlan shards_;
   Buffer values_, dlogits_;  // values_: the parameter arena unless the communicator has it
   float* params_ = nullptr;  // the parameter arena
-  GradientCommunicator* host_gradients_ = nullptr;
+  HostGradientCommunicator* host_ = nullptr;
   // NCCL or staged; declared before what holds its collectives.
   std::unique_ptr<GradientCommunicator> device_gradients_;
+  GradientCommunicator* buckets_ = nullptr;  // the buckets' communicator: host_ or the device's
+  ShardedCommunicator* sharded_ = nullptr;   // sharded: the same one
   float* grads_ = nullptr;  // the gradient arena, owned by the gradient communicator
   std::unique_ptr<Reducer> reducer_;
   std::shared_ptr<Optimizer> optimizer_;  // shared with fused_, whose calls may outlive this

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "comm/process_group.h"
 #include "core/atomic_file.h"
 #include "ddp/config.h"
-#include "ddp/trainer.h"
-#include "comm/process_group.h"
+#include "ddp/train_summary.h"
 #include "io/trace.h"
 #include "kernels/backend.h"
 

@@ -55,7 +55,7 @@ void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord&
 // Every rank holds the whole averaged gradient and updates every parameter.
 void Step::update_replica(StepRecord& rec) {
   Tensor grads = replica_.gradients();
-  if (ctx_.checks_gradients(cfg_.training.nan_policy == NanPolicy::SkipStep))
+  if (replica_.path().scans_gradients)
     rec.skipped = !gradients_usable(be_.count_nonfinite(grads), rec);
   if (rec.skipped) return;
   const double clip = cfg_.training.clip_grad_norm;
@@ -77,10 +77,8 @@ void Step::update_replica(StepRecord& rec) {
 // (l2_norm, count_nonfinite): only on steps that need them (clipping, skip_step, logged steps).
 void Step::update_shard(StepRecord& rec, Mark& update_end) {
   const double clip = cfg_.training.clip_grad_norm;
-  const bool skip = cfg_.training.nan_policy == NanPolicy::SkipStep;
-  const bool check = ctx_.checks_gradients(skip), norm = clip > 0 || rec.log;
-  // NCCL's allgather carries no riders: on GPUs the totals always travel first.
-  const bool decide_first = clip > 0 || skip || ctx_.device() != Device::CPU;
+  const bool check = replica_.path().scans_gradients, norm = clip > 0 || rec.log;
+  const bool decide_first = replica_.path().totals_first;
   const bool totals = check || norm;
   std::vector<double> mine = totals ? shard_totals(norm) : std::vector<double>{};
   if (totals && decide_first) {

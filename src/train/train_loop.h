@@ -8,9 +8,9 @@
 #include <deque>
 #include <memory>
 
-#include "ddp/config.h"
-#include "ddp/trainer.h"
 #include "comm/process_group.h"
+#include "ddp/config.h"
+#include "ddp/train_summary.h"
 #include "io/training_checkpoint.h"
 #include "nn/lr_schedule.h"
 #include "train/checkpoint_policy.h"

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "config/fingerprint.h"
-#include "core/check.h"
 #include "comm/agreement.h"
 #include "comm/environment.h"
-#include "kernels/cuda/cuda.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "config/fingerprint.h"
+#include "core/check.h"
 #include "train/checkpoint_policy.h"
 #include "train/device_context.h"
 #include "train/replica.h"
@@ -50,10 +50,10 @@ std::map<std::string, std::string> model_metadata(const TrainingData& data) {
 
 struct Trainer::State {
   TrainConfig cfg;
-  ProcessGroup& comm;
-  GradientCommunicator& host_gradients;
+  MpiCommunicator& comm;
   Reporter report;
   std::unique_ptr<DeviceContext> ctx;
+  GradientPath path;
   TrainingData data;
   std::unique_ptr<Replica> replica;  // after ctx: its buffers live on ctx's device
   RunDirectory run_dir;              // rank 0: output.dir's lock, held for the run's life
@@ -62,13 +62,11 @@ struct Trainer::State {
   bool resumed = false;
   std::string data_line;  // where the data lives (TrainingData::share)
 
-  State(const TrainConfig& c, ProcessGroup& cm, GradientCommunicator& hg, std::ostream* log)
-      : cfg(c), comm(cm), host_gradients(hg), report(cfg, cm, log) {}
+  State(const TrainConfig& c, MpiCommunicator& cm, std::ostream* log)
+      : cfg(c), comm(cm), report(cfg, cm, log) {}
   void setup();
   void describe_run();
   std::string describe_optimizer_state() const;
-  std::string describe_compression() const;
-  std::string describe_update() const;
 };
 
 // Collective; every failure ends every rank with one message (run_agreed).
@@ -79,9 +77,11 @@ void Trainer::State::setup() {
     data.read(cfg, comm);
   });
   data_line = data.share(cfg, comm);  // collective: one copy of the data per node
+  const RankLayout layout = rank_layout(comm);
   run_agreed(comm, [&] {
+    path = resolve_gradient_path(cfg, ctx->device(), ctx->placement().backend, layout);
     data.prepare(cfg, comm.size(), comm.rank());
-    replica = std::make_unique<Replica>(cfg, *ctx, data.max_batch(cfg), comm.size());
+    replica = std::make_unique<Replica>(cfg, path, *ctx, data.max_batch(cfg), comm.size());
     if (comm.rank() == 0) run_dir.claim(cfg);
     report.open_outputs();
   });
@@ -99,7 +99,7 @@ void Trainer::State::setup() {
     require_same_as_rank0(comm, data.fingerprint(), "data",
                           "every rank must read the same files (on every node)");
   });
-  replica->connect(comm, host_gradients, cfg);
+  replica->connect(comm, comm, cfg);
   checkpoints =
       std::make_unique<CheckpointPolicy>(cfg, comm, *ctx, *replica, report, data.train.size);
   data.start(cfg, comm.size(), comm.rank());
@@ -133,49 +133,8 @@ void Trainer::State::describe_run() {
                ")");
   const std::string gradients = ctx->describe_gradients();
   if (!gradients.empty()) report.say(gradients);
-  const std::string compression = describe_compression();
-  if (!compression.empty()) report.say(compression);
-  if (replica->hierarchical())
-    report.say("gradients: hierarchical allreduce (distributed.hierarchical), " +
-               std::to_string(comm.size() / comm.local_size()) + " nodes x " +
-               std::to_string(comm.local_size()) +
-               " ranks: each node sums its buckets in shared memory, each local rank "
-               "allreduces its chunk across nodes, the node shares the result");
   report.say(describe_optimizer_state());
-  const std::string update = describe_update();
-  if (!update.empty()) report.say(update);
-}
-
-// Sharded: where the update runs (distributed.overlap_optimizer), and why not inside the
-// reduce-scatters when the key asks for it but the step must see the whole gradient first.
-std::string Trainer::State::describe_update() const {
-  if (!replica->sharded()) return "";
-  if (replica->fused())
-    return "optimizer: each bucket's part updated as its reduce-scatter sums it, during backward "
-           "(distributed.overlap_optimizer)";
-  if (!cfg.distributed.overlap_optimizer) return "";
-  std::string why = "on GPUs";
-  if (ctx->device() == Device::CPU)
-    why = cfg.training.clip_grad_norm > 0
-              ? "with training.clip_grad_norm (the global norm first)"
-              : "with training.nan_policy: skip_step (it decides first)";
-  return "optimizer: updates after backward: distributed.overlap_optimizer does not apply " + why;
-}
-
-// What distributed.compression does in this job: MPI's shared-memory path on one node has no
-// link to save bytes on and stays float32 unless compression_on_node says otherwise.
-std::string Trainer::State::describe_compression() const {
-  const DistributedConfig& d = cfg.distributed;
-  if (d.compression == Compression::None || comm.size() == 1) return "";
-  const std::string name = to_string(d.compression);
-  const bool window = ctx->placement().backend != BackendChoice::Nccl && d.shared_memory &&
-                      comm.local_size() == comm.size();
-  if (window && !d.compression_on_node)
-    return "gradients: summed in float32: distributed.compression: " + name +
-           " saves nothing on one node's shared memory (compression_on_node: true applies it)";
-  return "gradients: sent and summed in " + name +
-         " (distributed.compression), 2 bytes a value instead of 4" +
-         (window ? ", on shared memory too (compression_on_node)" : "");
+  for (const std::string& line : path.description) report.say(line);
 }
 
 // "optimizer: adamw, state exp_avg exp_avg_sq: 2 x 101,776 floats (0.8 MiB) on rank 0, its
@@ -198,9 +157,8 @@ std::string Trainer::State::describe_optimizer_state() const {
   return line.str();
 }
 
-Trainer::Trainer(const TrainConfig& cfg, ProcessGroup& group, GradientCommunicator& host_gradients,
-                 std::ostream* log)
-    : s_(std::make_unique<State>(cfg, group, host_gradients, log)) {
+Trainer::Trainer(const TrainConfig& cfg, MpiCommunicator& comm, std::ostream* log)
+    : s_(std::make_unique<State>(cfg, comm, log)) {
   s_->setup();
 }
 

@@ -109,7 +109,7 @@ std::vector<float> compressed_sum(ddp::Compression format, int n) {
 }
 
 // Runs every bucket's collective on `mine` in the arena, waits, and returns the arena.
-std::vector<float> run_compression_buckets(ddp::GradientCommunicator& comm, ddp::Backend& backend,
+std::vector<float> run_compression_buckets(ddp::ShardedCommunicator& comm, ddp::Backend& backend,
                                            float* arena, const std::vector<float>& mine) {
   const size_t total = mine.size();
   ddp::cuda_copy_bytes(arena, mine.data(), total * sizeof(float));
@@ -216,7 +216,7 @@ TEST_CASE("GPU communicators allreduce rank-valued data exactly", "[gpu][nccl][s
             : ddp::make_staged_communicator(*mpi, *backend);
     const size_t sizes[3] = {1, 1000, 4099};
     const size_t total = sizes[0] + sizes[1] + sizes[2];
-    float* arena = comm->gradient_arena(total);
+    float* arena = comm->gradient_arena(total, ddp::BucketWire{});
     std::vector<float> mine(total);
     for (size_t i = 0; i < total; ++i) mine[i] = static_cast<float>(rank + 1 + (i % 7));
     ddp::cuda_copy_bytes(arena, mine.data(), total * sizeof(float));
@@ -259,10 +259,10 @@ TEST_CASE("GPU compression over NCCL sums buckets in bf16 and fp16 as the host d
     INFO(ddp::to_string(format));
     auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
     auto comm = ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{});
-    comm->set_compression(format, false);
-    float* arena = comm->gradient_arena(mine.size());
-    CHECK_THROWS_WITH(comm->set_compression(format, false),
-                      Catch::Contains("set_compression() after gradient_arena()"));
+    const ddp::BucketWire wire{format, false, false, true};
+    float* arena = comm->gradient_arena(mine.size(), wire);
+    CHECK_THROWS_WITH(comm->gradient_arena(mine.size(), wire),
+                      Catch::Contains("gradient_arena() called twice"));
     CHECK_THROWS_WITH(comm->allreduce_async(arena + 1, mine.size(), false),
                       Catch::Contains("not in this communicator's arena"));
     const std::vector<float> got = run_compression_buckets(*comm, *backend, arena, mine);
@@ -289,7 +289,7 @@ TEST_CASE("GPU training in bf16 stays within the rounding's reach of CPU trainin
   };
   const ddp::TrainConfig cpu = compressed(small_config("bf16_cpu", ddp::DeviceChoice::Cpu));
   auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  const Weights start = ddp::Trainer(cpu, *mpi, *mpi, nullptr).weights();
+  const Weights start = ddp::Trainer(cpu, *mpi, nullptr).weights();
   const Weights reference = train(cpu, MPI_COMM_WORLD);
   const double moved = ddp_test::max_abs_diff(reference, start);
   REQUIRE(moved > 0.01);
@@ -518,12 +518,13 @@ TEST_CASE("GPU training: the sharded optimizer with host-staged buckets is refus
   INFO(message);
   ddp_test::require_on_all_ranks(
       *comm,
-      message.find("no sharded-optimizer collectives (distributed.shard_optimizer needs CPU "
-                   "ranks, or GPU ranks with distributed.backend: nccl)") == std::string::npos,
+      message.find("distributed.shard_optimizer: on GPUs needs distributed.backend: nccl (or "
+                   "auto); mpi stages the buckets through host memory and has no sharded "
+                   "path") == std::string::npos,
       "ranks without the sharded-optimizer error");
 }
 
-TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane hooks",
+TEST_CASE("GPU communicators refuse memory outside their arena and unequal NCCL parts",
           "[gpu][staged][nccl][errors]") {
   std::vector<ddp::BackendChoice> kinds = {ddp::BackendChoice::Mpi};
   if (gpu_per_rank()) kinds.push_back(ddp::BackendChoice::Nccl);
@@ -531,32 +532,27 @@ TEST_CASE("GPU communicators refuse memory outside their arena and foreign lane 
     INFO(ddp::to_string(kind));
     auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
-    std::unique_ptr<ddp::GradientCommunicator> comm =
-        kind == ddp::BackendChoice::Nccl
-            ? ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{})
-            : ddp::make_staged_communicator(*mpi, *backend);
-    float* arena = comm->gradient_arena(64);
-    CHECK_THROWS_WITH(comm->gradient_arena(64), Catch::Contains("gradient_arena() called twice"));
-    const ddp::LaneHooks hooks;
-    CHECK_THROWS_AS(comm->allreduce_async(arena, 64, false, &hooks), ddp::Error);
     if (kind == ddp::BackendChoice::Mpi) {
+      auto comm = ddp::make_staged_communicator(*mpi, *backend);
+      float* arena = comm->gradient_arena(64, ddp::BucketWire{});
+      CHECK_THROWS_WITH(comm->gradient_arena(64, ddp::BucketWire{}),
+                        Catch::Contains("gradient_arena() called twice"));
       CHECK_THROWS_WITH(comm->allreduce_async(arena + 32, 64, false),
                         Catch::Contains("must lie in this communicator's gradient arena"));
-      // Host-staged buckets have no sharded path.
-      CHECK_THROWS_WITH(comm->reduce_scatter_async(arena, 64),
-                        Catch::Contains("no sharded-optimizer collectives"));
       continue;
     }
+    auto comm = ddp::make_nccl_communicator(*mpi, *backend, ddp::NcclOptions{});
+    float* arena = comm->gradient_arena(64, ddp::BucketWire{});
+    CHECK_THROWS_WITH(comm->gradient_arena(64, ddp::BucketWire{}),
+                      Catch::Contains("gradient_arena() called twice"));
     // NCCL's parts must be equal: a bucket not padded to them is refused (one rank's single
-    // part always is), as are riders.
+    // part always is).
     if (mpi->size() > 1) {
       CHECK_THROWS_WITH(comm->reduce_scatter_async(arena, 33), Catch::Contains("is not padded to"));
     }
-    float* params = comm->parameter_arena(64);
-    CHECK_THROWS_WITH(comm->parameter_arena(64), Catch::Contains("parameter_arena() called twice"));
-    ddp::ScalarRiders riders{{1.0}, std::make_shared<std::vector<double>>()};
-    CHECK_THROWS_WITH(comm->allgather_async(params, {ddp::Span{0, 64}}, riders),
-                      Catch::Contains("carries no riders"));
+    comm->parameter_arena(64, true);
+    CHECK_THROWS_WITH(comm->parameter_arena(64, true),
+                      Catch::Contains("parameter_arena() called twice"));
   }
 }
 

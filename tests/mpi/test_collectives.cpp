@@ -9,12 +9,12 @@
 #include <string>
 #include <thread>
 
-#include "core/check.h"
-#include "core/clock.h"
-#include "ddp/trainer.h"
 #include "comm/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/shard_plan.h"
+#include "core/check.h"
+#include "core/clock.h"
+#include "ddp/trainer.h"
 #include "mpi_test_helpers.h"
 
 using ddp_test::require_on_all_ranks;
@@ -65,12 +65,12 @@ TEST_CASE("allreduce on the gradient arena (shared-memory path on one node) is e
   const std::vector<size_t> sizes = {1, 3, 1000, 4099, 70001};
   size_t total = 0;
   for (size_t k : sizes) total += k;
-  float* arena = comm->gradient_arena(total);
+  float* arena = comm->gradient_arena(total, ddp::BucketWire{});
   REQUIRE(arena != nullptr);
   long errors = 0;
   for (size_t i = 0; i < total; ++i) errors += arena[i] != 0.0f;
   require_on_all_ranks(*comm, errors, "arena zero-initialised");
-  REQUIRE_THROWS_AS(comm->gradient_arena(total), ddp::Error);
+  REQUIRE_THROWS_AS(comm->gradient_arena(total, ddp::BucketWire{}), ddp::Error);
   // Several rounds, rewriting the arena between them as backward would: a rank that started
   // the next round early must not corrupt what a slower rank is still reading.
   for (int round = 0; round < 20; ++round) {
@@ -228,7 +228,7 @@ TEST_CASE("a rank waiting for a late peer sleeps: shared-memory allreduce and ba
           "[mpi][progress]") {
   auto comm = world();
   const size_t n = 4096;
-  float* arena = comm->gradient_arena(n);
+  float* arena = comm->gradient_arena(n, ddp::BucketWire{});
   for (size_t i = 0; i < n; ++i) arena[i] = static_cast<float>(comm->rank() + 1);
   comm->barrier();
   // The last rank arrives 0.5 s late; everyone else waits that long, in the allreduce of the
@@ -275,7 +275,8 @@ TEST_CASE("reduce-scatter and parameter allgather are exact (shared memory and M
       buckets.push_back(ddp::Span{total, k});
       total += k;
     }
-    float* grads = comm->gradient_arena(total, shared);
+    float* grads =
+        comm->gradient_arena(total, ddp::BucketWire{ddp::Compression::None, false, false, shared});
     float* params = comm->parameter_arena(total, shared);
     REQUIRE_THROWS_AS(comm->parameter_arena(total, shared), ddp::Error);
     long errors = 0;
@@ -313,11 +314,11 @@ TEST_CASE("allgather of host memory: every rank's parts of every bucket reach ev
       data[i] = static_cast<float>(i * 3 + 1);
   }
   // At most 4 riders, with room for every rank's.
-  CHECK_THROWS_WITH(
-      comm->allgather_async(data.data(), buckets,
-                            {std::vector<double>(5, 1.0), std::make_shared<std::vector<double>>()}),
-      Catch::Contains("5 riders (at most 4"));
-  CHECK_THROWS_WITH(comm->allgather_async(data.data(), buckets, {{1.0}, nullptr}),
+  CHECK_THROWS_WITH(comm->allgather_with_riders(
+                        data.data(), buckets,
+                        {std::vector<double>(5, 1.0), std::make_shared<std::vector<double>>()}),
+                    Catch::Contains("5 riders (at most 4"));
+  CHECK_THROWS_WITH(comm->allgather_with_riders(data.data(), buckets, {{1.0}, nullptr}),
                     Catch::Contains("riders"));
   comm->allgather_async(data.data(), buckets)->wait();
   long errors = 0;
@@ -346,6 +347,6 @@ TEST_CASE("allgather of doubles: rank order on every rank, shared memory and MPI
     require_on_all_ranks(*comm, errors, what + ", " + std::to_string(count) + " per rank");
   };
   check_rounds("before any window", 2);
-  comm->gradient_arena(64);  // one node: the control window and its slots
+  comm->gradient_arena(64, ddp::BucketWire{});  // one node: the control window and its slots
   for (size_t count : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) check_rounds("window", count);
 }

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
-#include "ddp/trainer.h"
 #include "comm/compression.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/shard_plan.h"
+#include "core/check.h"
+#include "ddp/trainer.h"
 #include "mpi_test_helpers.h"
 
 using ddp::Compression;
@@ -69,11 +69,11 @@ template <class Fill, class Check>
 void run_rounds(Compression format, const Path& path, bool scatter, int rounds, Fill fill,
                 Check check) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  comm->set_compression(format, path.on_node);
+  const ddp::BucketWire wire{format, path.on_node, false, path.shared};
   size_t total = 0;
   const std::vector<ddp::Span> buckets = layout(&total);
-  float* grads = comm->gradient_arena(total, path.shared);
-  REQUIRE_THROWS_AS(comm->set_compression(format, path.on_node), ddp::Error);
+  float* grads = comm->gradient_arena(total, wire);
+  REQUIRE_THROWS_AS(comm->gradient_arena(total, wire), ddp::Error);
   long errors = 0;
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < total; ++i) grads[i] = fill(comm->rank(), i, round);
@@ -219,7 +219,7 @@ TEST_CASE("compressed training stays within the rounding's reach of float32 trai
           "[mpi][compression]") {
   const ddp::TrainConfig base = small_config("near");
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  const auto start = ddp::Trainer(base, *comm, *comm, nullptr).weights();  // before training
+  const auto start = ddp::Trainer(base, *comm, nullptr).weights();  // before training
   const auto exact = train(base, MPI_COMM_WORLD);
   const double moved = max_abs_diff(exact, start);
   REQUIRE(moved > 0.01);

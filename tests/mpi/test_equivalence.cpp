@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <utility>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
 #include "ddp/trainer.h"
-#include "comm/mpi/mpi_communicator.h"
 #include "mpi_test_helpers.h"
 
 namespace {
@@ -151,7 +151,7 @@ TEST_CASE("a rank with a different model fails on every rank with a message nami
   if (rank == 1) cfg.model.layers = {12, 25, 16, 5};
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   try {
-    ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
+    ddp::Trainer trainer(cfg, *comm, nullptr);
     FAIL("a mismatched model was accepted");
   } catch (const ddp::CollectiveError& e) {
     const std::string msg = e.what();

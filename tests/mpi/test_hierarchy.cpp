@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "core/check.h"
-#include "ddp/trainer.h"
 #include "comm/compression.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "core/check.h"
+#include "ddp/trainer.h"
 #include "mpi_test_helpers.h"
 
 using ddp::Compression;
@@ -59,12 +59,11 @@ template <class Fill, class Check>
 void run_rounds(Compression format, int rounds, Fill fill, Check check) {
   auto comm = two_nodes();
   REQUIRE(comm->local_size() == kRanksPerNode);
-  comm->set_compression(format, false);
-  comm->set_hierarchical(true);
+  const ddp::BucketWire wire{format, false, /*hierarchical=*/true, true};
   size_t total = 0;
   for (size_t k : kSizes) total += k;
-  float* arena = comm->gradient_arena(total);
-  REQUIRE_THROWS_AS(comm->set_hierarchical(true), ddp::Error);
+  float* arena = comm->gradient_arena(total, wire);
+  REQUIRE_THROWS_AS(comm->gradient_arena(total, wire), ddp::Error);
   long errors = 0;
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < total; ++i) arena[i] = fill(comm->rank(), i, round);
@@ -116,12 +115,12 @@ TEST_CASE("hierarchical allreduce refuses nodes of different sizes on every rank
   auto uneven = ddp::make_mpi_communicator(MPI_COMM_WORLD, 3);  // nodes of 3 and 1 ranks
   std::string message;
   try {
-    uneven->set_hierarchical(true);
+    uneven->gradient_arena(16, ddp::BucketWire{ddp::Compression::None, false, true, true});
   } catch (const ddp::Error& e) {
     message = e.what();
   }
   CHECK_THAT(message, Catch::Contains("needs the same number of ranks on every node"));
-  REQUIRE_NOTHROW(uneven->set_hierarchical(false));
+  REQUIRE_NOTHROW(uneven->gradient_arena(16, ddp::BucketWire{}));
 }
 
 TEST_CASE("hierarchical training: within float rounding of the flat allreduce, and said so",
@@ -137,7 +136,7 @@ TEST_CASE("hierarchical training: within float rounding of the flat allreduce, a
     c.distributed.hierarchical = mode;
     auto comm = two_nodes();
     std::ostringstream out;
-    ddp::Trainer trainer(c, *comm, *comm, &out);
+    ddp::Trainer trainer(c, *comm, &out);
     trainer.run();
     if (log != nullptr) *log = out.str();
     return trainer.weights();

@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/node_shared_memory.h"
 #include "core/check.h"
 #include "data/convert.h"
 #include "ddp/trainer.h"
-#include "comm/mpi/mpi_communicator.h"
-#include "comm/node_shared_memory.h"
 #include "mpi_test_helpers.h"
 #include "temp_files.h"
 
@@ -80,7 +80,7 @@ std::vector<ddp::NamedTensor> train_noting_sharing(const ddp::TrainConfig& cfg, 
                                                    const char* line = "data: one copy per node") {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   std::ostringstream log;
-  ddp::Trainer trainer(cfg, *comm, *comm, &log);
+  ddp::Trainer trainer(cfg, *comm, &log);
   trainer.run();
   int said = log.str().find(line) != std::string::npos;
   MPI_Bcast(&said, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -207,7 +207,7 @@ TEST_CASE("nodes that read different data stop every rank with a message", "[mpi
     cfg.output.dir = dir + "/out";
     std::ostringstream log;
     CHECK_THROWS_WITH(
-        ddp::Trainer(cfg, *comm, *comm, &log).run(),
+        ddp::Trainer(cfg, *comm, &log).run(),
         Catch::Contains(c.says) && Catch::Contains("every rank must read the same files"));
     std::filesystem::current_path(cwd);
   }

@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "core/check.h"
-#include "ddp/trainer.h"
 #include "comm/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "core/check.h"
+#include "ddp/trainer.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
 #include "nn/lr_schedule.h"
@@ -302,7 +302,7 @@ TEST_CASE("a mismatched checkpoint is refused on every rank naming the differenc
     change(other);
     auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     try {
-      ddp::Trainer trainer(other, *comm, *comm, nullptr);
+      ddp::Trainer trainer(other, *comm, nullptr);
     } catch (const ddp::CollectiveError& e) {
       return std::string(e.what());
     }
@@ -340,7 +340,7 @@ TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips 
     auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
     std::string message = "(no error)";
     try {
-      ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
+      ddp::Trainer trainer(cfg, *comm, nullptr);
       trainer.run();
     } catch (const ddp::CollectiveError& e) {
       message = e.what();

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/trainer.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "ddp/trainer.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
 
@@ -51,7 +51,7 @@ std::vector<ddp::NamedTensor> train_noting_fusion(const ddp::TrainConfig& cfg,
                                                   ddp::TrainSummary* summary, bool* fused) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   std::ostringstream log;
-  ddp::Trainer trainer(cfg, *comm, *comm, &log);
+  ddp::Trainer trainer(cfg, *comm, &log);
   *summary = trainer.run();
   int said = log.str().find("as its reduce-scatter sums it") != std::string::npos;
   MPI_Bcast(&said, 1, MPI_INT, 0, MPI_COMM_WORLD);

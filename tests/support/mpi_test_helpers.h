@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "ddp/safetensors.h"
-#include "ddp/trainer.h"
 #include "comm/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "ddp/safetensors.h"
+#include "ddp/trainer.h"
 #include "scratch_dirs.h"
 
 namespace ddp_test {
@@ -137,7 +137,7 @@ inline bool bitwise_equal(const std::vector<ddp::NamedTensor>& a,
 inline std::vector<ddp::NamedTensor> train(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
                                            ddp::TrainSummary* summary = nullptr) {
   auto comm = ddp::make_mpi_communicator(mpi_comm);
-  ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
+  ddp::Trainer trainer(cfg, *comm, nullptr);
   ddp::TrainSummary s = trainer.run();
   if (summary != nullptr) *summary = s;
   return trainer.weights();

@@ -17,13 +17,13 @@
 #include <utility>
 #include <vector>
 
-#include "core/check.h"
-#include "core/tensor.h"
 #include "comm/compression.h"
 #include "comm/mpi/compressed_collectives.h"
 #include "comm/mpi/lane.h"
 #include "comm/mpi/node_window.h"
 #include "comm/shard_plan.h"
+#include "core/check.h"
+#include "core/tensor.h"
 
 namespace ddp {
 
@@ -115,24 +115,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   int local_rank() const override { return local_rank_; }
   int local_size() const override { return local_size_; }
 
-  void set_compression(Compression format, bool on_node) override {
-    DDP_CHECK(arena_ == nullptr, "set_compression() after gradient_arena()");
-    format_ = format;
-    on_node_ = on_node;
-    node_->set_rounding(node_format());
-  }
-
-  void set_hierarchical(bool on) override {
-    DDP_CHECK(arena_ == nullptr, "set_hierarchical() after gradient_arena()");
-    DDP_CHECK(!on || uniform_nodes_,
-              "distributed.hierarchical: needs the same number of ranks on every node (rank "
-                  << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
-    hierarchical_ = on && !single_node_ && local_size_ > 1;
-  }
-
-  float* gradient_arena(size_t numel, bool shared) override {
+  float* gradient_arena(size_t numel, const BucketWire& wire) override {
     DDP_CHECK(arena_ == nullptr, "gradient_arena() called twice");
-    if (!shared || !(single_node_ || hierarchical_) || size_ == 1 || numel == 0) {
+    configure(wire);
+    if (!wire.shared_memory || !(single_node_ || hierarchical_) || size_ == 1 || numel == 0) {
       arena_storage_ = Buffer(numel);
       arena_ = arena_storage_.data();
       return arena_;
@@ -146,48 +132,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     return arena_;
   }
 
-  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
-                                        const LaneHooks* hooks) override {
-    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
-              "allreduce of " << count << " floats is too large");
-    std::string what = "allreduce of " + std::to_string(count) + " floats";
-    if (node_->holds_gradients(data, count)) {
-      // Across nodes (hierarchical) each rank's chunk takes a blocking MPI call: on the lane's
-      // thread only, like any bucket across nodes.
-      const size_t offset = node_->offset_of(data);
-      return lane_->submit(
-          std::move(what),
-          [this, offset, count, average] {
-            node_->allreduce(offset, count, across_nodes());
-            if (average) scale(arena_ + offset, count);
-          },
-          hooks, /*any_thread=*/!hierarchical_);
-    }
-    if (format_ != Compression::None)
-      return compressed_allreduce_async(data, count, average, hooks);
-    if (count <= kPolledFloats) {
-      return lane_->submit(
-          std::move(what),
-          [this, data, count, average] {
-            polled_allreduce(data, count, MPI_FLOAT, MPI_SUM);
-            if (average) scale(data, count);
-          },
-          hooks);
-    }
-    // A gradient bucket across nodes: Open MPI's blocking allreduce picks the algorithm for the
-    // message size (its non-blocking one progresses only while polled). It has no deadline, so
-    // only the lane's thread runs it and a waiter's timeout is what ends a lost one. Everything
-    // it uses is captured by value: a lost call may return after the communicator is gone.
-    MPI_Comm comm = comm_;
-    const int size = size_;
-    return lane_->submit(
-        std::move(what),
-        [comm, size, data, count, average] {
-          DDP_MPI_CHECK(
-              MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
-          if (average) divide(data, count, size);
-        },
-        hooks, /*any_thread=*/false);
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override {
+    return allreduce_bucket(data, count, average, nullptr);
+  }
+
+  std::shared_ptr<Work> allreduce_on_lane(float* data, size_t count, bool average,
+                                          const LaneHooks& hooks) override {
+    return allreduce_bucket(data, count, average, &hooks);
   }
 
   float* parameter_arena(size_t numel, bool shared) override {
@@ -217,8 +168,12 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     return reduce_scatter(data, count, std::move(consume));
   }
 
-  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
-                                        ScalarRiders riders) override {
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) override {
+    return allgather_with_riders(arena, buckets, {});
+  }
+
+  std::shared_ptr<Work> allgather_with_riders(float* arena, const std::vector<Span>& buckets,
+                                              ScalarRiders riders) override {
     const size_t k = riders.mine.size();
     DDP_CHECK(k <= ScalarRiders::kMaxDoubles && (k == 0 || riders.all),
               "allgather: " << k << " riders (at most " << ScalarRiders::kMaxDoubles
@@ -317,6 +272,62 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   double timeout() const override { return lane_->timeout(); }
 
  private:
+  // A gradient bucket's allreduce, with the staged communicator's hooks or none.
+  std::shared_ptr<Work> allreduce_bucket(float* data, size_t count, bool average,
+                                         const LaneHooks* hooks) {
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "allreduce of " << count << " floats is too large");
+    std::string what = "allreduce of " + std::to_string(count) + " floats";
+    if (node_->holds_gradients(data, count)) {
+      // Across nodes (hierarchical) each rank's chunk takes a blocking MPI call: on the lane's
+      // thread only, like any bucket across nodes.
+      const size_t offset = node_->offset_of(data);
+      return lane_->submit(
+          std::move(what),
+          [this, offset, count, average] {
+            node_->allreduce(offset, count, across_nodes());
+            if (average) scale(arena_ + offset, count);
+          },
+          hooks, /*any_thread=*/!hierarchical_);
+    }
+    if (format_ != Compression::None)
+      return compressed_allreduce_async(data, count, average, hooks);
+    if (count <= kPolledFloats) {
+      return lane_->submit(
+          std::move(what),
+          [this, data, count, average] {
+            polled_allreduce(data, count, MPI_FLOAT, MPI_SUM);
+            if (average) scale(data, count);
+          },
+          hooks);
+    }
+    // A gradient bucket across nodes: Open MPI's blocking allreduce picks the algorithm for the
+    // message size (its non-blocking one progresses only while polled). It has no deadline, so
+    // only the lane's thread runs it and a waiter's timeout is what ends a lost one. Everything
+    // it uses is captured by value: a lost call may return after the communicator is gone.
+    MPI_Comm comm = comm_;
+    const int size = size_;
+    return lane_->submit(
+        std::move(what),
+        [comm, size, data, count, average] {
+          DDP_MPI_CHECK(
+              MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm));
+          if (average) divide(data, count, size);
+        },
+        hooks, /*any_thread=*/false);
+  }
+
+  // The wire of the gradient buckets, before the arena exists (gradient_arena).
+  void configure(const BucketWire& wire) {
+    format_ = wire.format;
+    on_node_ = wire.on_node;
+    node_->set_rounding(node_format());
+    DDP_CHECK(!wire.hierarchical || uniform_nodes_,
+              "distributed.hierarchical: needs the same number of ranks on every node (rank "
+                  << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
+    hierarchical_ = wire.hierarchical && !single_node_ && local_size_ > 1;
+  }
+
   // The reduce-scatter of a bucket, its sum stored in this rank's part or handed to `consume`.
   std::shared_ptr<Work> reduce_scatter(float* data, size_t count, PartConsumer consume) {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
@@ -455,7 +466,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   MPI_Comm cross_comm_ = MPI_COMM_NULL;  // this local rank on every node
   bool single_node_ = false;
   bool uniform_nodes_ = false;  // every node has local_size_ ranks
-  bool hierarchical_ = false;   // set_hierarchical, across nodes with more than one rank each
+  bool hierarchical_ =
+      false;  // BucketWire::hierarchical, across nodes with more than one rank each
   // The shared memory's ranks: the job on one node, this node when hierarchical.
   MPI_Comm win_comm_ = MPI_COMM_NULL;
   std::unique_ptr<NodeWindow> node_;  // the shared-memory windows (empty until an arena is)
@@ -465,7 +477,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   Buffer parameter_storage_;          // the parameter arena when there is no shared window
   // What the reduce-scatter across nodes receives (shared with its calls, see there).
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();
-  // distributed.compression (set_compression) and the 16-bit buffers of its collectives.
+  // distributed.compression (BucketWire::format) and the 16-bit buffers of its collectives.
   Compression format_ = Compression::None;
   bool on_node_ = false;
   std::shared_ptr<CompressedScratch> compressed_ = std::make_shared<CompressedScratch>();

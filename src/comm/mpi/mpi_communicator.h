@@ -15,9 +15,9 @@ namespace ddp {
 
 /// Control messages and gradient buckets over the same ranks, run in the order they are called
 /// on one lane (a stop flag travels behind the step's buckets). The timeout is the lane's.
-class MpiCommunicator : public ProcessGroup, public GradientCommunicator {
+class MpiCommunicator : public ProcessGroup, public HostGradientCommunicator {
  public:
-  using GradientCommunicator::allreduce_async;
+  using HostGradientCommunicator::allreduce_async;
   using ProcessGroup::allreduce_async;
   void set_timeout(double seconds) override = 0;
   double timeout() const override = 0;

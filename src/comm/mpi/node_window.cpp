@@ -142,7 +142,7 @@ void NodeWindow::allreduce(size_t offset, size_t count,
 }
 
 void NodeWindow::reduce_scatter(size_t offset, size_t count, Span part,
-                                const GradientCommunicator::PartConsumer& consume) {
+                                const HostGradientCommunicator::PartConsumer& consume) {
   round_own_bucket(offset, count);
   barrier(spin_[0]);  // every rank's bucket is written
   reduce_in_rank_order(offset + part.offset, part.numel, consume ? &consume : nullptr);
@@ -171,7 +171,7 @@ void NodeWindow::round_own_bucket(size_t offset, size_t count) {
 // (the same bits on every rank and every run, whoever computes it), into this rank's arena or,
 // block by block, to `consume`; with rounding, rounded to the format after every addition.
 void NodeWindow::reduce_in_rank_order(size_t offset, size_t count,
-                                      const GradientCommunicator::PartConsumer* consume) {
+                                      const HostGradientCommunicator::PartConsumer* consume) {
   const size_t n = static_cast<size_t>(size_);
   float* mine = peers_[static_cast<size_t>(rank_)] + offset;
   constexpr size_t kBlock = 1024;

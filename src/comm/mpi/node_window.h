@@ -13,11 +13,11 @@
 #include <memory>
 #include <vector>
 
-#include "core/tensor.h"
 #include "comm/compression.h"
 #include "comm/gradient_communicator.h"
 #include "comm/mpi/lane.h"
 #include "comm/mpi/shm_barrier.h"
+#include "core/tensor.h"
 
 namespace ddp {
 
@@ -68,7 +68,7 @@ class NodeWindow {
   /// `consume`. No barrier after it: peers may still read this rank's bucket until the next
   /// allgather.
   void reduce_scatter(size_t offset, size_t count, Span part,
-                      const GradientCommunicator::PartConsumer& consume);
+                      const HostGradientCommunicator::PartConsumer& consume);
   /// Every rank's `count` (≤ kSlotDoubles) values, in rank order, into `all`; its one barrier
   /// also says every rank has written its part of the shared parameters.
   void allgather(const double* mine, size_t count, double* all);
@@ -78,7 +78,7 @@ class NodeWindow {
   void barrier(SpinBudget& spin);
   void round_own_bucket(size_t offset, size_t count);
   void reduce_in_rank_order(size_t offset, size_t count,
-                            const GradientCommunicator::PartConsumer* consume = nullptr);
+                            const HostGradientCommunicator::PartConsumer* consume = nullptr);
 
   MPI_Comm comm_;
   Lane& lane_;

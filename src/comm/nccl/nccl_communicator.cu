@@ -14,9 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "core/clock.h"
 #include "comm/device_communicators.h"
 #include "comm/shard_plan.h"
+#include "core/clock.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -31,8 +31,8 @@ namespace ddp {
 
 bool nccl_built() { return false; }
 std::string nccl_version() { return "not built (NCCL was not found when this was configured)"; }
-std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
-                                                             const NcclOptions&) {
+std::unique_ptr<ShardedCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
+                                                            const NcclOptions&) {
   DDP_THROW(
       "distributed.backend: nccl is not available: this build has no NCCL (configure with "
       "NCCL installed), use distributed.backend: mpi");
@@ -80,7 +80,7 @@ class NcclWork final : public Work {
   double start_seconds_ = 0.0, end_seconds_ = 0.0;
 };
 
-class NcclCommunicator final : public GradientCommunicator {
+class NcclCommunicator final : public ShardedCommunicator {
  public:
   NcclCommunicator(ProcessGroup& group, Backend& backend, const NcclOptions& options)
       : timeout_s_(options.timeout_s) {
@@ -122,18 +122,18 @@ class NcclCommunicator final : public GradientCommunicator {
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
 
-  // on_node does not apply: NCCL moves buckets over NVLink or PCIe on one node too, and
-  // compresses there as PyTorch's hooks do.
-  void set_compression(Compression format, bool) override {
-    DDP_CHECK(arena_.size() == 0, "set_compression() after gradient_arena()");
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
-    DDP_CHECK(format != Compression::Bf16, "distributed.compression: bf16 needs NCCL >= 2.10");
-#endif
-    format_ = format;
-  }
-
-  float* gradient_arena(size_t numel, bool) override {
+  // wire.on_node does not apply: NCCL moves buckets over NVLink or PCIe on one node too, and
+  // compresses there as PyTorch's hooks do; nor does wire.hierarchical (NCCL builds its own
+  // hierarchy) or wire.shared_memory.
+  float* gradient_arena(size_t numel, const BucketWire& wire) override {
     DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
+    DDP_CHECK(wire.format != Compression::Bf16, "distributed.compression: bf16 needs NCCL >= 2.10");
+#endif
+    DDP_CHECK(!wire.hierarchical,
+              "NCCL builds its own hierarchy: wire.hierarchical is refused "
+              "by the gradient path");
+    format_ = wire.format;
     arena_ = DeviceArray<float>(numel);
     if (numel > 0) cuda_zero_bytes(arena_.data(), numel * sizeof(float));
     // Each bucket is cast into this image of the arena at its own offset, so buckets in
@@ -142,9 +142,7 @@ class NcclCommunicator final : public GradientCommunicator {
     return arena_.data();
   }
 
-  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
-                                        const LaneHooks* hooks) override {
-    DDP_CHECK(hooks == nullptr, "NCCL runs collectives on its stream; lane hooks do not apply");
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
     const ncclRedOp_t op = average ? ncclAvg : ncclSum;
 #else
@@ -176,9 +174,7 @@ class NcclCommunicator final : public GradientCommunicator {
     });
   }
 
-  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets,
-                                        ScalarRiders riders) override {
-    DDP_CHECK(riders.mine.empty(), "NCCL's parameter allgather carries no riders");
+  std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) override {
     return on_stream("NCCL allgather of the parameters", [&] {
       for (const Span& b : buckets) {
         const size_t part = equal_part(b.numel, "allgather");
@@ -377,8 +373,8 @@ void NcclWork::synchronize() {
 
 }  // namespace
 
-std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup& group, Backend& backend,
-                                                             const NcclOptions& options) {
+std::unique_ptr<ShardedCommunicator> make_nccl_communicator(ProcessGroup& group, Backend& backend,
+                                                            const NcclOptions& options) {
   return std::make_unique<NcclCommunicator>(group, backend, options);
 }
 

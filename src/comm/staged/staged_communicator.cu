@@ -33,7 +33,7 @@ void await_event(cudaEvent_t event, double timeout_s, const std::string& what) {
 
 class StagedCommunicator final : public GradientCommunicator {
  public:
-  StagedCommunicator(GradientCommunicator& host, Backend& backend) : host_(host) {
+  StagedCommunicator(HostGradientCommunicator& host, Backend& backend) : host_(host) {
     backend_ = dynamic_cast<cuda::CudaBackend*>(&backend);
     DDP_CHECK(backend_ != nullptr,
               "the staged communicator needs the CUDA backend, got '" << backend.name() << "'");
@@ -49,18 +49,13 @@ class StagedCommunicator final : public GradientCommunicator {
   }
 
   // The host communicator compresses the mirror's buckets on its lane (and on one node's
-  // shared memory only with on_node, as for CPU ranks); the copies stay float32.
-  void set_compression(Compression format, bool on_node) override {
-    host_.set_compression(format, on_node);
-  }
-  // So does its hierarchy across nodes: the mirror is a node's shared-memory window.
-  void set_hierarchical(bool on) override { host_.set_hierarchical(on); }
-
-  float* gradient_arena(size_t numel, bool shared) override {
+  // shared memory only with wire.on_node, as for CPU ranks), and sums them across nodes by its
+  // hierarchy (the mirror is a node's shared-memory window); the copies stay float32.
+  float* gradient_arena(size_t numel, const BucketWire& wire) override {
     DDP_CHECK(arena_.size() == 0, "gradient_arena() called twice");
     arena_ = DeviceArray<float>(numel);
     if (numel > 0) cuda_zero_bytes(arena_.data(), numel * sizeof(float));
-    mirror_ = host_.gradient_arena(numel, shared);
+    mirror_ = host_.gradient_arena(numel, wire);
     if (numel > 0) {
       // Page-locked, the copies run at full speed and asynchronously; if the mirror cannot be
       // locked (some shared-memory windows cannot), they still work, staged by the driver.
@@ -71,9 +66,7 @@ class StagedCommunicator final : public GradientCommunicator {
     return arena_.data();
   }
 
-  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average,
-                                        const LaneHooks* hooks) override {
-    DDP_CHECK(hooks == nullptr, "the staged communicator makes its own lane hooks");
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override {
     DDP_CHECK(data >= arena_.data() && data + count <= arena_.data() + arena_.size(),
               "staged allreduce: the data must lie in this communicator's gradient arena");
     const size_t offset = static_cast<size_t>(data - arena_.data());
@@ -85,7 +78,7 @@ class StagedCommunicator final : public GradientCommunicator {
     const int device = device_;
     cudaStream_t stream = lane_stream_;
     cudaEvent_t copied = copied_;  // one at a time: the lane runs one collective at a time
-    GradientCommunicator& comm = host_;
+    HostGradientCommunicator& comm = host_;
     const std::string what = "allreduce of " + std::to_string(count) + " floats";
     LaneHooks lane;
     lane.ready = [device, ready, &comm, what] {
@@ -106,14 +99,14 @@ class StagedCommunicator final : public GradientCommunicator {
       DDP_CUDA_CHECK(cudaEventRecord(copied, stream));
       await_event(copied, comm.timeout(), what + ": copy back to the GPU");
     };
-    return host_.allreduce_async(host, count, average, &lane);
+    return host_.allreduce_on_lane(host, count, average, lane);
   }
 
   void set_timeout(double seconds) override { host_.set_timeout(seconds); }
   double timeout() const override { return host_.timeout(); }
 
  private:
-  GradientCommunicator& host_;
+  HostGradientCommunicator& host_;
   cuda::CudaBackend* backend_ = nullptr;
   int device_ = 0;
   cudaStream_t lane_stream_ = nullptr;
@@ -125,7 +118,7 @@ class StagedCommunicator final : public GradientCommunicator {
 
 }  // namespace
 
-std::unique_ptr<GradientCommunicator> make_staged_communicator(GradientCommunicator& host,
+std::unique_ptr<GradientCommunicator> make_staged_communicator(HostGradientCommunicator& host,
                                                                Backend& backend) {
   return std::make_unique<StagedCommunicator>(host, backend);
 }

@@ -1,20 +1,21 @@
 // The GPU communicators of a build without the CUDA toolkit: they say how to get them.
 #if !defined(DDP_WITH_CUDA)
 
-#include "core/check.h"
 #include "comm/device_communicators.h"
+#include "core/check.h"
 
 namespace ddp {
 
 bool nccl_built() { return false; }
 std::string nccl_version() { return "not built (this build has no CUDA support)"; }
 
-std::unique_ptr<GradientCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
-                                                             const NcclOptions&) {
+std::unique_ptr<ShardedCommunicator> make_nccl_communicator(ProcessGroup&, Backend&,
+                                                            const NcclOptions&) {
   DDP_THROW("NCCL: this build has no CUDA support (configure with the CUDA toolkit installed)");
 }
 
-std::unique_ptr<GradientCommunicator> make_staged_communicator(GradientCommunicator&, Backend&) {
+std::unique_ptr<GradientCommunicator> make_staged_communicator(HostGradientCommunicator&,
+                                                               Backend&) {
   DDP_THROW(
       "staged GPU communicator: this build has no CUDA support (configure with the CUDA "
       "toolkit installed)");

@@ -11,14 +11,12 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/kernel_args.h"
 
 namespace ddp {
-
-/// Whether this build contains the CUDA backend.
-bool cuda_built();
 
 /// Number of CUDA devices this process can use; 0 when CUDA is not built, no driver is
 /// installed or no device is visible, and then *why_none (if given) says which.
@@ -39,21 +37,19 @@ CudaDeviceInfo cuda_device_info(int device);
 /// Makes `device` current for the calling thread (every CUDA call in this process goes to it).
 void cuda_set_device(int device);
 
-/// Raw device / pinned-host allocation: the only places memory is taken, so they are counted.
-/// Allocation failures throw ddp::Error naming the size; free functions never throw.
-void* cuda_malloc_bytes(size_t bytes);
-void cuda_free_bytes(void* ptr) noexcept;
+/// Pinned-host allocation (device allocation: cuda_malloc_bytes, core/device_memory.h): the
+/// only places memory is taken, so they are counted. Allocation failures throw ddp::Error
+/// naming the size; free functions never throw.
 void* cuda_malloc_pinned_bytes(size_t bytes);
 void cuda_free_pinned_bytes(void* ptr) noexcept;
 /// Device (or pinned) allocations made by this process so far: a steady-state training step
 /// must not change it.
 int64_t cuda_allocation_count();
 
-/// Synchronous copy between host and device memory (any direction; unified addressing) and
-/// zeroing of device memory. Both are ordered after all work already queued on the library's
-/// streams (which are blocking streams), so results need no explicit synchronize() first.
+/// Synchronous copy between host and device memory (any direction; unified addressing), like
+/// cuda_zero_bytes ordered after all work already queued on the library's streams (which are
+/// blocking streams), so results need no explicit synchronize() first.
 void cuda_copy_bytes(void* dst, const void* src, size_t bytes);
-void cuda_zero_bytes(void* dst, size_t bytes);
 
 /// Where a CudaArray lives: device memory, or page-locked host memory (what asynchronous
 /// copies need).

@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <numeric>
 
-#include "core/check.h"
 #include "comm/reducer.h"
+#include "core/check.h"
 
 using ddp::BucketPlan;
 using ddp::compute_bucket_plan;
@@ -114,7 +114,7 @@ TEST_CASE("bucket plan is deterministic and rejects zero caps", "[reducer]") {
 namespace {
 
 // Records each collective instead of communicating; completes them immediately.
-class RecordingComm : public ddp::GradientCommunicator {
+class RecordingComm : public ddp::HostGradientCommunicator {
  public:
   struct Call {
     float* data;
@@ -122,13 +122,13 @@ class RecordingComm : public ddp::GradientCommunicator {
     bool average;
   };
   std::vector<Call> calls;
-  std::vector<float> arena;
+  std::vector<float> arena, parameters;
   size_t fail_call = SIZE_MAX;  // this call's wait() throws, as a timed-out collective does
   size_t reduce_scatters = 0;
   size_t consumed = 0;  // floats handed to reduce_scatter_into_async's consumers
   std::shared_ptr<ddp::Work> reduce_scatter_async(float* data, size_t count) override {
     ++reduce_scatters;
-    return allreduce_async(data, count, false, nullptr);
+    return allreduce_async(data, count, false);
   }
   // Hands the whole bucket to the consumer, as if this rank owned all of it.
   std::shared_ptr<ddp::Work> reduce_scatter_into_async(float* data, size_t count,
@@ -137,17 +137,33 @@ class RecordingComm : public ddp::GradientCommunicator {
     consumed += count;
     return reduce_scatter_async(data, count);
   }
-  std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average,
-                                             const ddp::LaneHooks*) override {
+  std::shared_ptr<ddp::Work> allreduce_on_lane(float* data, size_t count, bool average,
+                                               const ddp::LaneHooks&) override {
+    return allreduce_async(data, count, average);
+  }
+  std::shared_ptr<ddp::Work> allreduce_async(float* data, size_t count, bool average) override {
     calls.push_back({data, count, average});
     auto work = std::make_shared<DoneWork>();
     work->fail = calls.size() - 1 == fail_call;
     work->start = static_cast<double>(calls.size());
     return work;
   }
-  float* gradient_arena(size_t numel, bool) override {
+  float* gradient_arena(size_t numel, const ddp::BucketWire&) override {
     arena.assign(numel, 0.0f);
     return arena.data();
+  }
+  float* parameter_arena(size_t numel, bool) override {
+    parameters.assign(numel, 0.0f);
+    return parameters.data();
+  }
+  std::shared_ptr<ddp::Work> allgather_async(float* arena_,
+                                             const std::vector<ddp::Span>&) override {
+    return allreduce_async(arena_, 0, false);
+  }
+  std::shared_ptr<ddp::Work> allgather_with_riders(float* arena_,
+                                                   const std::vector<ddp::Span>& buckets,
+                                                   ddp::ScalarRiders) override {
+    return allgather_async(arena_, buckets);
   }
   void set_timeout(double) override {}
   double timeout() const override { return 1.0; }
@@ -210,8 +226,8 @@ TEST_CASE("Reducer of a sharded optimizer reduce-scatters each bucket, in the sa
   BucketPlan plan = compute_bucket_plan(numel, kKiB, 2 * kKiB);  // {5} {4,3} {2,1} {0}
   std::vector<float> arena(plan.total_numel);
   RecordingComm comm;
-  ddp::Reducer reducer(plan, {"p0", "p1", "p2", "p3", "p4", "p5"}, arena.data(), comm,
-                       /*reduce_scatter=*/true);
+  ddp::Reducer reducer =
+      ddp::Reducer::sharded(plan, {"p0", "p1", "p2", "p3", "p4", "p5"}, arena.data(), comm);
   reducer.prepare_for_backward(true);
   for (size_t p = 6; p-- > 0;) reducer.mark_ready(p);
   REQUIRE(comm.reduce_scatters == 4);
@@ -235,11 +251,11 @@ TEST_CASE("Reducer fused with the optimizer launches a bucket once backward has 
   BucketPlan plan = compute_bucket_plan(numel, kKiB, 2 * kKiB);  // {5} {4,3} {2,1} {0}
   std::vector<float> arena(plan.total_numel);
   RecordingComm comm;
-  ddp::Reducer reducer(plan, {"p0", "p1", "p2", "p3", "p4", "p5"}, arena.data(), comm,
-                       /*reduce_scatter=*/true);
+  ddp::Reducer reducer =
+      ddp::Reducer::sharded(plan, {"p0", "p1", "p2", "p3", "p4", "p5"}, arena.data(), comm);
   std::vector<float*> consumed_at;
   // Three Linear layers (weight, bias) with a ReLU between each: layers 0, 2, 4.
-  reducer.fuse([&](float* at, const float*, size_t) { consumed_at.push_back(at); },
+  reducer.fuse(comm, [&](float* at, const float*, size_t) { consumed_at.push_back(at); },
                {0, 0, 2, 2, 4, 4});
   reducer.prepare_for_backward(true);
   reducer.mark_ready(5);  // bucket 0 complete, but layer 4's backward still reads its values
@@ -275,9 +291,13 @@ TEST_CASE("Reducer::fuse needs a sharded Reducer and a layer per parameter", "[r
   RecordingComm comm;
   auto consume = [](float*, const float*, size_t) {};
   ddp::Reducer replicated(plan, {"w", "b"}, arena.data(), comm);
-  REQUIRE_THROWS_WITH(replicated.fuse(consume, {0, 0}), Catch::Contains("sharded optimizer"));
-  ddp::Reducer sharded(plan, {"w", "b"}, arena.data(), comm, /*reduce_scatter=*/true);
-  REQUIRE_THROWS_WITH(sharded.fuse(consume, {0}), Catch::Contains("1 layers for 2 parameters"));
+  REQUIRE_THROWS_WITH(replicated.fuse(comm, consume, {0, 0}), Catch::Contains("sharded optimizer"));
+  ddp::Reducer sharded = ddp::Reducer::sharded(plan, {"w", "b"}, arena.data(), comm);
+  REQUIRE_THROWS_WITH(sharded.fuse(comm, consume, {0}),
+                      Catch::Contains("1 layers for 2 parameters"));
+  RecordingComm other;
+  REQUIRE_THROWS_WITH(sharded.fuse(other, consume, {0, 0}),
+                      Catch::Contains("the Reducer's communicator"));
 }
 
 TEST_CASE("Reducer in no_sync mode communicates nothing", "[reducer]") {
@@ -336,7 +356,7 @@ TEST_CASE("Reducer names the bucket whose collective failed, at finalize and syn
 TEST_CASE("overlap_stats: allreduce time inside backward, less time off the core", "[reducer]") {
   RecordingComm comm;
   std::vector<std::shared_ptr<ddp::Work>> works;
-  for (int k = 0; k < 3; ++k) works.push_back(comm.allreduce_async(nullptr, 1, false, nullptr));
+  for (int k = 0; k < 3; ++k) works.push_back(comm.allreduce_async(nullptr, 1, false));
   // Works ran [1, 1.5], [2, 2.5], [3, 3.5]: 1.5 s in all.
   auto stats = ddp::overlap_stats(works, {0.0, 2.25, 2.25});
   CHECK(stats.comm_seconds == Approx(1.5));
@@ -373,35 +393,4 @@ TEST_CASE("bucket plan with alignment: every tensor starts on a multiple of 4 fl
     if (align == 4) CHECK(plan.total_numel < covered + 4 * numel.size());
   }
   REQUIRE_THROWS_AS(compute_bucket_plan(numel, 4 * kKiB, 64 * kKiB, 0), ddp::Error);
-}
-
-TEST_CASE("a gradient communicator without 16-bit or hierarchical paths refuses them by name",
-          "[reducer][compression]") {
-  RecordingComm comm;
-  REQUIRE_NOTHROW(comm.set_compression(ddp::Compression::None, false));
-  REQUIRE_NOTHROW(comm.set_hierarchical(false));
-  CHECK_THROWS_WITH(
-      comm.set_compression(ddp::Compression::Bf16, false),
-      Catch::Contains("distributed.compression: bf16") && Catch::Contains("sums in float32 only"));
-  CHECK_THROWS_WITH(comm.set_hierarchical(true), Catch::Contains("distributed.hierarchical") &&
-                                                     Catch::Contains("no hierarchical path"));
-}
-
-TEST_CASE("a gradient communicator without sharded collectives refuses them by name",
-          "[reducer][shard]") {
-  struct Bare : ddp::GradientCommunicator {
-    std::shared_ptr<ddp::Work> allreduce_async(float*, size_t, bool,
-                                               const ddp::LaneHooks*) override {
-      return nullptr;
-    }
-    float* gradient_arena(size_t, bool) override { return nullptr; }
-    void set_timeout(double) override {}
-    double timeout() const override { return 1.0; }
-  } comm;
-  float x[4] = {};
-  CHECK_THROWS_WITH(comm.reduce_scatter_async(x, 4),
-                    Catch::Contains("no sharded-optimizer collectives"));
-  CHECK_THROWS_WITH(comm.reduce_scatter_into_async(x, 4, [](float*, const float*, size_t) {}),
-                    Catch::Contains("distributed.overlap_optimizer needs CPU ranks"));
-  CHECK_THROWS_WITH(comm.parameter_arena(4, true), Catch::Contains("parameter arena"));
 }

@@ -5,9 +5,9 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "ddp/safetensors.h"
 #include "ddp/trainer.h"
-#include "comm/mpi/mpi_communicator.h"
 
 namespace {
 
@@ -33,7 +33,7 @@ ddp::TrainConfig config_from(const std::string& weights, const std::string& out)
 // A one-rank job; each needs its own communicator (its gradient arena is handed out once).
 void start(const ddp::TrainConfig& cfg) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_SELF);
-  ddp::Trainer trainer(cfg, *comm, *comm, nullptr);
+  ddp::Trainer trainer(cfg, *comm, nullptr);
 }
 
 std::vector<ddp::NamedTensor> fitting_weights() {
@@ -50,7 +50,7 @@ TEST_CASE("init_from loads the weights exactly and refuses files that do not fit
 
   ddp::save_safetensors(path, fitting_weights());
   {
-    ddp::Trainer trainer(config_from(path, out), *comm, *comm, nullptr);
+    ddp::Trainer trainer(config_from(path, out), *comm, nullptr);
     const auto loaded = trainer.weights();
     REQUIRE(loaded.size() == 2);
     REQUIRE(loaded[0].data == fitting_weights()[0].data);

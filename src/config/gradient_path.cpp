@@ -1,0 +1,144 @@
+// The gradient path's rules (gradient_path.h): what is refused, what is chosen, what is said.
+#include "config/gradient_path.h"
+
+#include "core/check.h"
+
+namespace ddp {
+
+namespace {
+
+/// What the rules know of the rank: its device, its backend (Auto before placement) and, once
+/// placed, where the ranks are.
+struct Facts {
+  bool gpu = false;
+  BackendChoice backend = BackendChoice::Auto;
+  const RankLayout* layout = nullptr;
+};
+
+std::optional<PathRefusal> refuse_hierarchy(const DistributedConfig& d, const Facts& f) {
+  if (d.shard_optimizer) {
+    return PathRefusal{"distributed.hierarchical",
+                       "on does not apply to distributed.shard_optimizer, whose reduce-scatter "
+                       "and allgather are flat (use auto or off)"};
+  }
+  if (!d.shared_memory) {
+    return PathRefusal{"distributed.hierarchical",
+                       "on sums each node's buckets in shared memory and needs "
+                       "distributed.shared_memory: true"};
+  }
+  if (f.gpu && f.backend != BackendChoice::Mpi) {
+    return PathRefusal{"distributed.hierarchical",
+                       "on applies to the MPI backend; NCCL builds its own hierarchy across nodes "
+                       "(use auto or off, or distributed.backend: mpi)"};
+  }
+  const RankLayout* l = f.layout;
+  if (l && l->several_nodes() && !l->equal_nodes()) {
+    return PathRefusal{"distributed.hierarchical",
+                       "on needs the same number of ranks on every node (the job's " +
+                           std::to_string(l->ranks) + " ranks are on nodes of " +
+                           std::to_string(l->fewest_local) + " to " +
+                           std::to_string(l->most_local) + ")"};
+  }
+  return std::nullopt;
+}
+
+std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
+  const DistributedConfig& d = c.distributed;
+  if (d.shard_optimizer && f.gpu && f.backend == BackendChoice::Mpi) {
+    return PathRefusal{"distributed.shard_optimizer",
+                       "on GPUs needs distributed.backend: nccl (or auto); mpi stages the buckets "
+                       "through host memory and has no sharded path"};
+  }
+  if (d.compression_on_node && d.compression == Compression::None) {
+    return PathRefusal{"distributed.compression_on_node",
+                       "true needs distributed.compression: bf16 or fp16 (it is none)"};
+  }
+  if (d.hierarchical == Hierarchy::On) return refuse_hierarchy(d, f);
+  return std::nullopt;
+}
+
+// Across nodes with more than one rank each, where the buckets go through MPI's shared-memory
+// windows (not NCCL, which builds its own hierarchy; not the sharded optimizer's collectives,
+// which are flat); auto only where every node has as many ranks.
+bool hierarchical(const DistributedConfig& d, const Facts& f) {
+  const RankLayout& l = *f.layout;
+  const bool several_per_node = l.several_nodes() && l.local_ranks > 1;
+  if (!several_per_node || d.hierarchical == Hierarchy::Off) return false;
+  if (d.hierarchical == Hierarchy::On) return true;  // refuse() ruled out what cannot be
+  return f.backend != BackendChoice::Nccl && !d.shard_optimizer && d.shared_memory &&
+         l.equal_nodes();
+}
+
+// MPI's shared-memory path on one node has no link to save bytes on and stays float32 unless
+// compression_on_node says otherwise.
+std::string describe_compression(const DistributedConfig& d, const Facts& f) {
+  const RankLayout& l = *f.layout;
+  if (d.compression == Compression::None || l.ranks == 1) return "";
+  const std::string name = to_string(d.compression);
+  const bool window = f.backend != BackendChoice::Nccl && d.shared_memory && !l.several_nodes();
+  if (window && !d.compression_on_node)
+    return "gradients: summed in float32: distributed.compression: " + name +
+           " saves nothing on one node's shared memory (compression_on_node: true applies it)";
+  return "gradients: sent and summed in " + name +
+         " (distributed.compression), 2 bytes a value instead of 4" +
+         (window ? ", on shared memory too (compression_on_node)" : "");
+}
+
+std::string describe_hierarchy(const RankLayout& l) {
+  return "gradients: hierarchical allreduce (distributed.hierarchical), " +
+         std::to_string(l.ranks / l.local_ranks) + " nodes x " + std::to_string(l.local_ranks) +
+         " ranks: each node sums its buckets in shared memory, each local rank allreduces its "
+         "chunk across nodes, the node shares the result";
+}
+
+// Sharded: where the update runs, and why not inside the reduce-scatters when
+// distributed.overlap_optimizer asks for it but the step must see the whole gradient first.
+std::string describe_update(const TrainConfig& c, const GradientPath& p, bool gpu) {
+  if (!p.sharded) return "";
+  if (p.fused_update)
+    return "optimizer: each bucket's part updated as its reduce-scatter sums it, during backward "
+           "(distributed.overlap_optimizer)";
+  if (!c.distributed.overlap_optimizer) return "";
+  std::string why = "on GPUs";
+  if (!gpu)
+    why = c.training.clip_grad_norm > 0 ? "with training.clip_grad_norm (the global norm first)"
+                                        : "with training.nan_policy: skip_step (it decides first)";
+  return "optimizer: updates after backward: distributed.overlap_optimizer does not apply " + why;
+}
+
+void describe(const TrainConfig& c, const Facts& f, GradientPath& p) {
+  for (const std::string& line :
+       {describe_compression(c.distributed, f),
+        p.wire.hierarchical ? describe_hierarchy(*f.layout) : "", describe_update(c, p, f.gpu)}) {
+    if (!line.empty()) p.description.push_back(line);
+  }
+}
+
+}  // namespace
+
+std::optional<PathRefusal> gradient_path_refusal(const TrainConfig& cfg) {
+  Facts f;
+  f.gpu = cfg.device == DeviceChoice::Cuda;
+  f.backend = cfg.distributed.backend;
+  return refuse(cfg, f);
+}
+
+GradientPath resolve_gradient_path(const TrainConfig& cfg, Device device, BackendChoice backend,
+                                   const RankLayout& layout) {
+  const Facts f{device == Device::CUDA, backend, &layout};
+  if (const auto no = refuse(cfg, f)) DDP_THROW(no->key << ": " << no->message);
+  const DistributedConfig& d = cfg.distributed;
+  const TrainingConfig& t = cfg.training;
+  const bool skip = t.nan_policy == NanPolicy::SkipStep;
+  GradientPath p;
+  p.sharded = d.shard_optimizer;
+  p.fused_update = p.sharded && d.overlap_optimizer && !f.gpu && t.clip_grad_norm <= 0 && !skip;
+  p.totals_first = p.sharded && (t.clip_grad_norm > 0 || skip || f.gpu);
+  p.scans_gradients = !f.gpu || skip;
+  p.equal_parts = p.sharded && f.gpu;
+  p.wire = BucketWire{d.compression, d.compression_on_node, hierarchical(d, f), d.shared_memory};
+  describe(cfg, f, p);
+  return p;
+}
+
+}  // namespace ddp

@@ -1,0 +1,185 @@
+// The gradient path (config/gradient_path.h): each decision from the config, the device, the
+// backend and where the ranks are; each refusal in full; the startup lines.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "config/gradient_path.h"
+#include "core/check.h"
+#include "ddp/config.h"
+
+namespace {
+
+using ddp::BackendChoice;
+using ddp::Device;
+using ddp::GradientPath;
+using ddp::RankLayout;
+using ddp::TrainConfig;
+
+RankLayout nodes(int count, int each) {
+  RankLayout l;
+  l.ranks = count * each;
+  l.local_ranks = l.fewest_local = l.most_local = each;
+  return l;
+}
+
+GradientPath cpu_path(const TrainConfig& cfg, const RankLayout& layout = nodes(1, 2)) {
+  return ddp::resolve_gradient_path(cfg, Device::CPU, BackendChoice::Mpi, layout);
+}
+
+TrainConfig sharded() {
+  TrainConfig cfg;
+  cfg.distributed.shard_optimizer = true;
+  return cfg;
+}
+
+std::string refusal(const TrainConfig& cfg, Device device, BackendChoice backend,
+                    const RankLayout& layout) {
+  try {
+    ddp::resolve_gradient_path(cfg, device, backend, layout);
+  } catch (const ddp::Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("gradient path: allreduce on every rank by default, scanned on the host only",
+          "[config][gradient_path]") {
+  const TrainConfig cfg;
+  const GradientPath cpu = cpu_path(cfg);
+  CHECK_FALSE(cpu.sharded);
+  CHECK(std::string(cpu.collective()) == "allreduce");
+  CHECK(cpu.scans_gradients);
+  CHECK_FALSE(cpu.wire.hierarchical);
+  CHECK(cpu.description.empty());
+  const GradientPath gpu =
+      ddp::resolve_gradient_path(cfg, Device::CUDA, BackendChoice::Nccl, nodes(1, 2));
+  CHECK_FALSE(gpu.scans_gradients);  // a host sync on a GPU: only where steps are skipped
+  TrainConfig skip = cfg;
+  skip.training.nan_policy = ddp::NanPolicy::SkipStep;
+  CHECK(ddp::resolve_gradient_path(skip, Device::CUDA, BackendChoice::Nccl, nodes(1, 2))
+            .scans_gradients);
+}
+
+TEST_CASE("gradient path: the sharded update fused only where nothing must be known first",
+          "[config][gradient_path][shard]") {
+  TrainConfig cfg = sharded();
+  cfg.distributed.overlap_optimizer = false;
+  GradientPath p = cpu_path(cfg);
+  CHECK(p.sharded);
+  CHECK(std::string(p.collective()) == "reduce-scatter");
+  CHECK_FALSE(p.fused_update);  // overlap_optimizer is off (it is on by default)
+  CHECK_FALSE(p.totals_first);  // they ride on the parameter allgather
+  CHECK_FALSE(p.equal_parts);
+  cfg.distributed.overlap_optimizer = true;
+  p = cpu_path(cfg);
+  CHECK(p.fused_update);
+  CHECK(p.description ==
+        std::vector<std::string>{"optimizer: each bucket's part updated as its reduce-scatter sums "
+                                 "it, during backward (distributed.overlap_optimizer)"});
+  TrainConfig clip = cfg;
+  clip.training.clip_grad_norm = 1.0;
+  p = cpu_path(clip);
+  CHECK_FALSE(p.fused_update);
+  CHECK(p.totals_first);
+  CHECK(p.description ==
+        std::vector<std::string>{"optimizer: updates after backward: "
+                                 "distributed.overlap_optimizer does not apply with "
+                                 "training.clip_grad_norm (the global norm first)"});
+  TrainConfig skip = cfg;
+  skip.training.nan_policy = ddp::NanPolicy::SkipStep;
+  p = cpu_path(skip);
+  CHECK_FALSE(p.fused_update);
+  CHECK(p.totals_first);
+  CHECK(p.description.back().find("with training.nan_policy: skip_step") != std::string::npos);
+  p = ddp::resolve_gradient_path(cfg, Device::CUDA, BackendChoice::Nccl, nodes(1, 2));
+  CHECK_FALSE(p.fused_update);
+  CHECK(p.totals_first);  // NCCL's allgather carries no riders
+  CHECK(p.equal_parts);
+  CHECK(p.description.back() ==
+        "optimizer: updates after backward: distributed.overlap_optimizer does not apply on GPUs");
+}
+
+TEST_CASE("gradient path: hierarchical on auto across equal nodes of several ranks only",
+          "[config][gradient_path][hierarchy]") {
+  const TrainConfig cfg;                                      // hierarchical: auto
+  CHECK_FALSE(cpu_path(cfg, nodes(1, 4)).wire.hierarchical);  // one node
+  CHECK_FALSE(cpu_path(cfg, nodes(4, 1)).wire.hierarchical);  // one rank per node
+  const GradientPath two_by_two = cpu_path(cfg, nodes(2, 2));
+  CHECK(two_by_two.wire.hierarchical);
+  CHECK(two_by_two.description ==
+        std::vector<std::string>{"gradients: hierarchical allreduce (distributed.hierarchical), "
+                                 "2 nodes x 2 ranks: each node sums its buckets in shared memory, "
+                                 "each local rank allreduces its chunk across nodes, the node "
+                                 "shares the result"});
+  RankLayout uneven = nodes(2, 2);
+  uneven.ranks = 3;
+  uneven.fewest_local = 1;
+  CHECK_FALSE(cpu_path(cfg, uneven).wire.hierarchical);  // auto stays flat
+  CHECK_FALSE(ddp::resolve_gradient_path(cfg, Device::CUDA, BackendChoice::Nccl, nodes(2, 2))
+                  .wire.hierarchical);
+  CHECK_FALSE(cpu_path(sharded(), nodes(2, 2)).wire.hierarchical);
+  TrainConfig off = cfg;
+  off.distributed.hierarchical = ddp::Hierarchy::Off;
+  CHECK_FALSE(cpu_path(off, nodes(2, 2)).wire.hierarchical);
+  TrainConfig on = cfg;
+  on.distributed.hierarchical = ddp::Hierarchy::On;
+  CHECK(cpu_path(on, nodes(2, 2)).wire.hierarchical);
+  CHECK_FALSE(cpu_path(on, nodes(1, 4)).wire.hierarchical);  // on one node it changes nothing
+  CHECK(refusal(on, Device::CPU, BackendChoice::Mpi, uneven) ==
+        "distributed.hierarchical: on needs the same number of ranks on every node (the job's 3 "
+        "ranks are on nodes of 1 to 2)");
+}
+
+TEST_CASE("gradient path: what 16-bit buckets do in this job, said once",
+          "[config][gradient_path][compression]") {
+  TrainConfig cfg;
+  cfg.distributed.compression = ddp::Compression::Bf16;
+  GradientPath p = cpu_path(cfg, nodes(1, 2));
+  CHECK(p.wire.format == ddp::Compression::Bf16);
+  CHECK(p.description == std::vector<std::string>{
+                             "gradients: summed in float32: distributed.compression: bf16 saves "
+                             "nothing on one node's shared memory (compression_on_node: true "
+                             "applies it)"});
+  cfg.distributed.compression_on_node = true;
+  p = cpu_path(cfg, nodes(1, 2));
+  CHECK(p.wire.on_node);
+  CHECK(p.description ==
+        std::vector<std::string>{"gradients: sent and summed in bf16 (distributed.compression), 2 "
+                                 "bytes a value instead of 4, on shared memory too "
+                                 "(compression_on_node)"});
+  p = ddp::resolve_gradient_path(cfg, Device::CUDA, BackendChoice::Nccl, nodes(1, 2));
+  CHECK(p.description ==
+        std::vector<std::string>{"gradients: sent and summed in bf16 (distributed.compression), 2 "
+                                 "bytes a value instead of 4"});
+  CHECK(cpu_path(cfg, nodes(1, 1)).description.empty());  // one rank: nothing travels
+}
+
+TEST_CASE("gradient path: every refusal names its key, from the config and once placed",
+          "[config][gradient_path][errors]") {
+  TrainConfig on_node;
+  on_node.distributed.compression_on_node = true;
+  const auto no = ddp::gradient_path_refusal(on_node);
+  REQUIRE(no);
+  CHECK(no->key == "distributed.compression_on_node");
+  CHECK(no->message == "true needs distributed.compression: bf16 or fp16 (it is none)");
+  // device: auto is refused once placed on a GPU with the MPI backend, as cuda is at once.
+  TrainConfig staged = sharded();
+  CHECK_FALSE(ddp::gradient_path_refusal(staged));
+  CHECK(refusal(staged, Device::CUDA, BackendChoice::Mpi, nodes(1, 2)) ==
+        "distributed.shard_optimizer: on GPUs needs distributed.backend: nccl (or auto); mpi "
+        "stages the buckets through host memory and has no sharded path");
+  staged.device = ddp::DeviceChoice::Cuda;
+  staged.distributed.backend = BackendChoice::Mpi;
+  REQUIRE(ddp::gradient_path_refusal(staged));
+  CHECK(ddp::gradient_path_refusal(staged)->key == "distributed.shard_optimizer");
+  TrainConfig hier;
+  hier.distributed.hierarchical = ddp::Hierarchy::On;
+  CHECK_FALSE(ddp::gradient_path_refusal(hier));
+  CHECK(refusal(hier, Device::CUDA, BackendChoice::Nccl, nodes(2, 2)) ==
+        "distributed.hierarchical: on applies to the MPI backend; NCCL builds its own hierarchy "
+        "across nodes (use auto or off, or distributed.backend: mpi)");
+  CHECK(refusal(hier, Device::CUDA, BackendChoice::Mpi, nodes(2, 2)).empty());
+}
