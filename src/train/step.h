@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/config.h"
 #include "comm/process_group.h"
+#include "ddp/config.h"
 #include "kernels/backend.h"
 #include "train/device_context.h"
 #include "train/replica.h"
@@ -46,11 +46,11 @@ struct StepResult {
   int64_t rows = 0;
   double lr = 0.0;
   bool log = false;
-  XentResult totals;          ///< the step's loss totals (non-finite only with skip_step)
-  bool skipped = false;       ///< non-finite gradients: no update (nan_policy skip_step)
-  bool has_norm = false;      ///< the gradient norm was computed (clipping, or a logged step)
-  double grad_norm = 0.0;     ///< the averaged gradient's L2 norm before clipping
-  double wait_seconds = 0.0;  ///< the training thread's wait for the buckets in finalize
+  XentResult totals;            ///< the step's loss totals (non-finite only with skip_step)
+  bool skipped = false;         ///< non-finite gradients: no update (nan_policy skip_step)
+  bool has_norm = false;        ///< the gradient norm was computed (clipping, or a logged step)
+  double grad_norm = 0.0;       ///< the averaged gradient's L2 norm before clipping
+  double wait_seconds = 0.0;    ///< the training thread's wait for the buckets in finalize
   double comm_seconds = 0.0;    ///< the step's collectives' time (the overlap statistics)
   double hidden_seconds = 0.0;  ///< the part of it hidden behind backward
 };

@@ -3,8 +3,7 @@
 
 namespace ddp {
 
-StepTrace::StepTrace(DeviceContext& ctx, Reporter& report, Sequential& model,
-                     std::string optimizer)
+StepTrace::StepTrace(DeviceContext& ctx, Reporter& report, Sequential& model, std::string optimizer)
     : ctx_(ctx), report_(report), model_(model), optimizer_(std::move(optimizer)) {}
 
 StepTrace::~StepTrace() {
@@ -52,8 +51,7 @@ StepTrace::Recording StepTrace::end_step(int64_t global_step, bool sharded, bool
   if (!recording_) return {};
   recording_ = false;
   const Mark end = ctx_.mark();
-  const std::string what =
-      "optimizer (" + optimizer_ + (sharded ? ", this rank's shard)" : ")");
+  const std::string what = "optimizer (" + optimizer_ + (sharded ? ", this rank's shard)" : ")");
   if (!fused) current_.spans.push_back({what, update_begin_, update_end_});
   if (sharded) current_.spans.push_back({"parameter allgather", update_end_, end});
   current_.spans.push_back({"step " + std::to_string(global_step), step_begin_, end});

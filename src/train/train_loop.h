@@ -1,7 +1,7 @@
 // The epoch loop of a run (TrainLoop::run): each epoch hands its optimizer steps to the
 // StepPipeline and tallies and reports each step's result once it is read (at once on the host,
-// one step later on a GPU), then evaluates, reports and checkpoints. It ends at training.epochs, at training.max_steps
-// or at a stop request the ranks agreed on (then with a checkpoint).
+// one step later on a GPU), then evaluates, reports and checkpoints. It ends at training.epochs,
+// at training.max_steps or at a stop request the ranks agreed on (then with a checkpoint).
 #pragma once
 
 #include <cstdint>
