@@ -1,9 +1,10 @@
-// One optimizer step (step.h).
+// One optimizer step and the steps queued on the device (step.h).
 #include "train/step.h"
 
 #include <cmath>
 #include <memory>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -11,59 +12,146 @@
 
 namespace ddp {
 
-const XentResult& StepRecord::totals(Backend& be) {
-  if (has_totals_) return totals_;
-  try {
-    totals_ = be.take_xent_totals(slot);
-  } catch (const Error& e) {
-    DDP_THROW(where() << e.message());
-  }
-  has_totals_ = true;
-  return totals_;
-}
+StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica,
+                           ProcessGroup& comm, Reporter& report)
+    : cfg_(cfg),
+      ctx_(ctx),
+      be_(ctx.backend()),
+      replica_(replica),
+      comm_(comm),
+      report_(report),
+      trace_(ctx, report, replica.model(), to_string(cfg.optimizer.name)) {}
 
-std::string StepRecord::where() const {
-  return "epoch " + std::to_string(epoch + 1) + " step " + std::to_string(step_in_epoch) + ": ";
-}
-
-Step::Step(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, ProcessGroup& comm,
-           Reporter& report)
-    : cfg_(cfg), ctx_(ctx), be_(ctx.backend()), replica_(replica), comm_(comm), report_(report) {}
-
-void Step::run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord& rec) {
+std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& in) {
+  InFlight& s = queue(in);
+  trace_.begin_step(in.traced);
   // The gradient is a mean over every sample of the optimizer step: all micro-batches and,
   // because the Reducer sums over ranks, all ranks (DDP's 1/world pre-scale, folded in here).
   // So the step means what one process would do with the global batch.
-  const float loss_scale = 1.0f / static_cast<float>(rows * comm_.size());
-  if (replica_.fused()) replica_.fused_update().begin_step(rec.lr, rec.log);
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    DDP_CHECK(m == 0 || feed.advance(), rec.where() << "the data ended inside the step");
-    micro_batch(feed.take(), m == 0, m + 1 == micro_batches, loss_scale, rec);
+  const float loss_scale = 1.0f / static_cast<float>(in.rows * comm_.size());
+  if (replica_.fused()) replica_.fused_update().begin_step(in.lr, in.log);
+  Sequential& model = replica_.model();
+  Reducer& reducer = replica_.reducer();
+  for (int64_t m = 0; m < in.micro_batches; ++m) {
+    const bool first = m == 0, last = m + 1 == in.micro_batches;
+    DDP_CHECK(first || feed.advance(), s.where() << "the data ended inside the step");
+    const DeviceBatch batch = feed.take();
+    s.result.rows += batch.rows;
+    const Tensor& logits = model.forward(be_, batch.x);
+    // The loss: dlogits now; its totals stay on the device until the step is read.
+    Tensor dlogits = replica_.dlogits(batch.rows);
+    be_.softmax_xent_deferred(logits, batch.labels, loss_scale, &dlogits, s.slot);
+    // Backward: each gradient is announced the moment it is final and the Reducer launches every
+    // bucket then full. Only the last micro-batch communicates (sync); its finalize waits for
+    // every bucket: the gradients are averaged over ranks.
+    reducer.prepare_for_backward(/*sync=*/last);
+    s.backward_begin = ctx_.mark();
+    const double cpu0 = thread_cpu_seconds();
+    try {
+      model.backward(be_, dlogits, /*accumulate=*/!first, [&](size_t param) {
+        const size_t before = reducer.launched();
+        reducer.mark_ready(param);
+        trace_.buckets_launched(before, reducer.launched());
+      });
+      s.backward_end = ctx_.mark();
+      s.backward_cpu = thread_cpu_seconds() - cpu0;
+      if (last) s.result.wait_seconds += reducer.finalize();
+    } catch (const Error& e) {
+      DDP_THROW(s.where() << e.message());
+    }
   }
-  rec.works = replica_.reducer().works();  // finalized: the gradients are averaged
-  const Mark update_begin = rec.traced ? ctx_.mark() : Mark{};
-  Mark update_end;
+  s.works = reducer.works();
+  // The non-finite check, the clipping and the optimizer.
+  trace_.update_begins();
   if (replica_.sharded()) {
-    update_shard(rec, update_end);
+    update_shard(s);  // the update's end is before its parameter allgather
   } else {
-    update_replica(rec);
-    if (rec.traced) update_end = ctx_.mark();
+    update_replica(s);
+    trace_.update_ends();
   }
-  if (rec.traced) trace_update(update_begin, update_end, rec);
+  s.trace = trace_.end_step(in.global_step, replica_.sharded(), replica_.fused());
+  if (queue_.size() <= ctx_.pipeline_depth()) return std::nullopt;
+  return read_oldest();
+}
+
+// The oldest queued step, once the device has run it: its loss totals (checked) and gradient
+// norm, its collectives completed under the timeout and timed for the overlap statistics, and
+// its timeline.
+StepResult StepPipeline::read_oldest() {
+  InFlight s = std::move(queue_.front());
+  queue_.pop_front();
+  StepResult& r = s.result;
+  const double loss = totals(s).loss_sum;
+  if (s.norm_in_slot) r.grad_norm = be_.take_grad_norm(s.slot);
+  if (!std::isfinite(loss)) {
+    DDP_CHECK(cfg_.training.nan_policy == NanPolicy::SkipStep,
+              "loss is " << loss << " at epoch " << r.epoch + 1 << " step " << r.step_in_epoch
+                         << " (lower optimizer.lr? training.nan_policy: skip_step skips such "
+                            "steps)");
+  }
+  try {
+    replica_.reducer().synchronize(s.works, r.global_step);
+  } catch (const Error& e) {
+    DDP_THROW(s.where() << e.message());
+  }
+  const double begin = s.backward_begin.time(), end = s.backward_end.time();
+  const BackwardWindow window{begin, end, ctx_.compute_seconds(begin, end, s.backward_cpu)};
+  const ReducerStepStats stats = overlap_stats(s.works, window);
+  r.comm_seconds = stats.comm_seconds;
+  r.hidden_seconds = stats.hidden_seconds;
+  trace_.write(s.trace, s.works, replica_.plan(), replica_.sharded(), r.global_step);
+  return r;
+}
+
+std::vector<StepResult> StepPipeline::drain() {
+  std::vector<StepResult> read;
+  while (!queue_.empty()) read.push_back(read_oldest());
+  return read;
+}
+
+// A new step at the back of the queue; its loss totals go to the slot the step before it does
+// not use (that one may still be waiting to be read).
+StepPipeline::InFlight& StepPipeline::queue(const StepInputs& in) {
+  InFlight& s = queue_.emplace_back();
+  s.result.epoch = in.epoch;
+  s.result.step_in_epoch = in.step_in_epoch;
+  s.result.global_step = in.global_step;
+  s.result.lr = in.lr;
+  s.result.log = in.log;
+  s.slot = static_cast<int>((in.global_step - 1) % 2);
+  return s;
+}
+
+std::string StepPipeline::InFlight::where() const {
+  return "epoch " + std::to_string(result.epoch + 1) + " step " +
+         std::to_string(result.step_in_epoch) + ": ";
+}
+
+// The step's loss totals, read from the backend once (it waits for the step's loss).
+const XentResult& StepPipeline::totals(InFlight& s) {
+  if (s.totals_read) return s.result.totals;
+  try {
+    s.result.totals = be_.take_xent_totals(s.slot);
+  } catch (const Error& e) {
+    DDP_THROW(s.where() << e.message());
+  }
+  s.totals_read = true;
+  return s.result.totals;
 }
 
 // Every rank holds the whole averaged gradient and updates every parameter.
-void Step::update_replica(StepRecord& rec) {
+void StepPipeline::update_replica(InFlight& s) {
+  StepResult& r = s.result;
   Tensor grads = replica_.gradients();
   if (replica_.path().scans_gradients)
-    rec.skipped = !gradients_usable(be_.count_nonfinite(grads), rec);
-  if (rec.skipped) return;
+    r.skipped = !gradients_usable(be_.count_nonfinite(grads), s);
+  if (r.skipped) return;
   const double clip = cfg_.training.clip_grad_norm;
-  if (clip > 0 || rec.log) {
-    be_.clip_grad_norm_deferred(grads, clip, rec.slot);
-    rec.has_norm = rec.norm_in_slot = true;
+  if (clip > 0 || r.log) {
+    be_.clip_grad_norm_deferred(grads, clip, s.slot);
+    r.has_norm = s.norm_in_slot = true;
   }
-  replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
+  replica_.optimizer().step(be_, replica_.parameters(), grads, r.lr);
 }
 
 // ZeRO-1: this rank's parts of the buckets hold the averaged gradient; the optimizer updates
@@ -75,7 +163,8 @@ void Step::update_replica(StepRecord& rec) {
 // parameter allgather and are checked after it (a non-finite gradient still stops every rank), one
 // synchronisation per step fewer. On a GPU the totals make the host wait for the gradients
 // (l2_norm, count_nonfinite): only on steps that need them (clipping, skip_step, logged steps).
-void Step::update_shard(StepRecord& rec, Mark& update_end) {
+void StepPipeline::update_shard(InFlight& s) {
+  StepResult& rec = s.result;
   const double clip = cfg_.training.clip_grad_norm;
   const bool check = replica_.path().scans_gradients, norm = clip > 0 || rec.log;
   const bool decide_first = replica_.path().totals_first;
@@ -84,7 +173,7 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
   if (totals && decide_first) {
     std::vector<double> all(mine.size() * static_cast<size_t>(comm_.size()));
     comm_.allgather(mine.data(), mine.size(), all.data());
-    apply_totals(all, norm, rec);
+    apply_totals(all, norm, s);
   }
   if (replica_.fused()) {
     mine = replica_.fused_update().end_step();  // the update ran in the reduce-scatters
@@ -92,14 +181,14 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
     Tensor grads = replica_.gradients();
     const float coef = clip > 0 ? clip_coefficient(rec.grad_norm, clip) : 1.0f;
     if (coef < 1.0f) {  // as Backend::clip_grad_norm_deferred scales
-      for (const Span& s : replica_.shards().owned) {
-        Tensor g = part(grads, s);
+      for (const Span& sp : replica_.shards().owned) {
+        Tensor g = part(grads, sp);
         be_.scale(g, coef);
       }
     }
     replica_.optimizer().step(be_, replica_.parameters(), grads, rec.lr);
   }
-  if (rec.traced) update_end = ctx_.mark();
+  trace_.update_ends();
   ScalarRiders riders;
   if (totals && !decide_first) riders = {mine, std::make_shared<std::vector<double>>()};
   const std::shared_ptr<std::vector<double>> all = riders.all;
@@ -107,17 +196,17 @@ void Step::update_shard(StepRecord& rec, Mark& update_end) {
   try {
     gathered->wait();
   } catch (const Error& e) {
-    DDP_THROW(rec.where() << e.message());
+    DDP_THROW(s.where() << e.message());
   }
-  if (all) apply_totals(*all, norm, rec);
+  if (all) apply_totals(*all, norm, s);
 }
 
-Tensor Step::part(const Tensor& arena, const Span& s) {
+Tensor StepPipeline::part(const Tensor& arena, const Span& s) {
   return Tensor{arena.data + s.offset, 1, static_cast<int64_t>(s.numel), arena.device};
 }
 
 // This rank's parts: {the squared L2 norm (when `norm`), the non-finite count}.
-std::vector<double> Step::shard_totals(bool norm) {
+std::vector<double> StepPipeline::shard_totals(bool norm) {
   std::vector<double> mine = {0.0, 0.0};
   if (replica_.fused()) return mine;  // taken in the fused pass (end_step)
   const Tensor grads = replica_.gradients();
@@ -131,91 +220,29 @@ std::vector<double> Step::shard_totals(bool norm) {
 
 // Every rank's totals (pairs in rank order): the step is skipped, or stops the job, on a
 // non-finite value; the norm is theirs summed in rank order.
-void Step::apply_totals(const std::vector<double>& all, bool norm, StepRecord& rec) {
+void StepPipeline::apply_totals(const std::vector<double>& all, bool norm, InFlight& s) {
+  StepResult& rec = s.result;
   double squares = 0.0, nonfinite = 0.0;
   for (size_t q = 0; q < all.size(); q += 2) {
     squares += all[q];
     nonfinite += all[q + 1];
   }
-  rec.skipped = !gradients_usable(static_cast<int64_t>(nonfinite), rec);
+  rec.skipped = !gradients_usable(static_cast<int64_t>(nonfinite), s);
   rec.grad_norm = std::sqrt(squares);
   rec.has_norm = norm && !rec.skipped;
 }
 
-// Forward, the loss (its totals stay on the device until the step is read) and backward.
-void Step::micro_batch(const DeviceBatch& batch, bool first, bool last, float loss_scale,
-                       StepRecord& rec) {
-  rec.rows += batch.rows;
-  if (first) rec.first_rows = batch.rows;
-  if (first && rec.traced) rec.begin = ctx_.mark();
-  Sequential& model = replica_.model();
-  if (rec.traced) {
-    model.set_layer_observer([this, &rec](const std::string& name, bool begin) {
-      if (begin) {
-        layer_begin_ = ctx_.mark();
-      } else {
-        rec.spans.push_back({report_.compute_track(), name, layer_begin_, ctx_.mark()});
-      }
-    });
-  } else {
-    model.set_layer_observer(nullptr);
-  }
-  const Tensor& logits = model.forward(be_, batch.x);
-  Tensor dlogits = replica_.dlogits(batch.rows);
-  be_.softmax_xent_deferred(logits, batch.labels, loss_scale, &dlogits, rec.slot);
-  backward(dlogits, /*accumulate=*/!first, /*sync=*/last, rec);
-}
-
-// Each parameter's gradient is announced the moment it is final; the Reducer launches every
-// bucket that is then full. Only the last micro-batch communicates (sync); its finalize waits
-// for every bucket.
-void Step::backward(const Tensor& dlogits, bool accumulate, bool sync, StepRecord& rec) {
-  Reducer& reducer = replica_.reducer();
-  reducer.prepare_for_backward(sync);
-  rec.backward_begin = ctx_.mark();
-  const double cpu0 = thread_cpu_seconds();
-  try {
-    replica_.model().backward(be_, dlogits, accumulate, [&](size_t param) {
-      const size_t before = reducer.launched();
-      reducer.mark_ready(param);
-      if (!rec.traced) return;
-      for (size_t b = before; b < reducer.launched(); ++b)
-        rec.instants.emplace_back("bucket " + std::to_string(b) + " ready", ctx_.mark());
-    });
-    rec.backward_end = ctx_.mark();
-    rec.backward_cpu = thread_cpu_seconds() - cpu0;
-    if (sync) rec.wait_seconds += reducer.finalize();
-  } catch (const Error& e) {
-    DDP_THROW(rec.where() << e.message());
-  }
-}
-
-// The update's spans and the step's on the timeline (sharded: the optimizer of this rank's
-// parts, then the parameter allgather); the layer observer (which refers to `rec`) goes.
-void Step::trace_update(const Mark& update_begin, const Mark& update_end, StepRecord& rec) {
-  replica_.model().set_layer_observer(nullptr);
-  const Mark end = ctx_.mark();
-  const std::string what = std::string("optimizer (") + to_string(cfg_.optimizer.name) +
-                           (replica_.sharded() ? ", this rank's shard)" : ")");
-  // Fused, the update ran inside each bucket's reduce-scatter (the lane's spans).
-  if (!replica_.fused())
-    rec.spans.push_back({report_.compute_track(), what, update_begin, update_end});
-  if (replica_.sharded())
-    rec.spans.push_back({report_.compute_track(), "parameter allgather", update_end, end});
-  rec.spans.push_back(
-      {report_.compute_track(), "step " + std::to_string(rec.global_step), rec.begin, end});
-}
-
 // `bad` non-finite values in the averaged gradient: the same count on every rank, so all decide
 // alike: false when the step must be skipped (nan_policy skip_step); with abort, throws.
-bool Step::gradients_usable(int64_t bad, StepRecord& rec) {
+bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
+  const StepResult& rec = s.result;
   const bool skip_nonfinite = cfg_.training.nan_policy == NanPolicy::SkipStep;
   if (bad == 0) return true;
   // Collective: which rank's loss went non-finite, for the message.
-  double first_bad = std::isfinite(rec.totals(be_).loss_sum) ? comm_.size() : comm_.rank();
+  double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
   comm_.allreduce(&first_bad, 1, ReduceOp::Min);
   std::ostringstream msg;
-  msg << rec.where() << bad << " non-finite gradient value(s) after the allreduce";
+  msg << s.where() << bad << " non-finite gradient value(s) after the allreduce";
   if (first_bad < comm_.size()) {
     msg << " (the loss was non-finite on rank " << static_cast<int>(first_bad) << ")";
   } else {

@@ -1,91 +1,97 @@
-// One optimizer step of one rank, top to bottom (Step::run): for each micro-batch forward,
-// loss and backward, with every gradient announced to the Reducer the moment it is final so
-// full buckets start their allreduce while backward goes on; then finalize (the gradients are
-// averaged over ranks), the non-finite check and the optimizer. What the step leaves to be read
-// once the device has run it (at once on the host, a step later on a GPU) is its StepRecord.
-// The averaged gradient's norm is computed when training.clip_grad_norm clips it, and on
-// logged steps for the progress line. With a sharded optimizer (ZeRO-1) each rank checks,
-// clips and updates its parts of the buckets, and the allgather brings the others' parts.
+// One optimizer step of one rank, top to bottom, and the steps queued on the device
+// (StepPipeline::step): for each micro-batch forward, loss and backward, with every gradient
+// announced to the Reducer the moment it is final so full buckets start their allreduce while
+// backward goes on; then finalize (the gradients are averaged over ranks), the non-finite check
+// and the optimizer. What is read back once the device has run the step (at once on the host, a
+// step later on a GPU) is its StepResult. The averaged gradient's norm is computed when
+// training.clip_grad_norm clips it, and on logged steps for the progress line. With a sharded
+// optimizer (ZeRO-1) each rank checks, clips and updates its parts of the buckets, and the
+// allgather brings the others' parts.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "ddp/config.h"
 #include "comm/process_group.h"
+#include "ddp/config.h"
 #include "kernels/backend.h"
 #include "train/device_context.h"
 #include "train/replica.h"
 #include "train/report.h"
+#include "train/step_trace.h"
 
 namespace ddp {
 
-/// A traced span whose times are resolved when its step is read.
-struct TraceSpan {
-  int track;
-  std::string name;
-  Mark begin, end;
-};
-
-/// One optimizer step as it is queued: where it is, its loss totals (a backend slot, read
-/// later), its collectives, the moments of backward and what the timeline shows of it.
-struct StepRecord {
+/// What the loop hands the pipeline for one optimizer step.
+struct StepInputs {
   int64_t epoch = 0;          ///< 0-based
   int64_t step_in_epoch = 0;  ///< 1-based, this step included
   int64_t global_step = 0;    ///< 1-based, this step included
-  int slot = 0;               ///< the backend's loss totals slot
-  int64_t rows = 0;           ///< samples of this rank in the step
-  bool log = false;           ///< ends a progress-line interval
-  bool traced = false;
-  bool skipped = false;       ///< non-finite gradients: no update (nan_policy skip_step)
+  int64_t micro_batches = 0;  ///< batches of the feed the step trains on
+  int64_t rows = 0;           ///< samples of this rank in them
   double lr = 0.0;            ///< the learning rate of the update (the schedule's)
-  bool has_norm = false;      ///< the gradient norm was computed (clipping, or a logged step)
-  bool norm_in_slot = false;  ///< it waits in the backend's norm slot (read with the step)
-  double grad_norm = 0.0;     ///< the averaged gradient's L2 norm before clipping, once read
-  double wait_seconds = 0.0;  ///< the training thread's wait for the buckets in finalize
-  int64_t first_rows = 0;     ///< rows of the first micro-batch (for the shapes line)
-  std::vector<std::shared_ptr<Work>> works;
-  Mark begin;  ///< traced steps: when the first micro-batch started
-  Mark backward_begin, backward_end;
-  double backward_cpu = 0.0;  ///< the training thread's CPU time in the last backward
-  std::vector<TraceSpan> spans;
-  std::vector<std::pair<std::string, Mark>> instants;  ///< on the compute track
-
-  /// The step's loss totals, read from the backend once (it waits for the step's loss).
-  const XentResult& totals(Backend& be);
-  /// "epoch E step S: " for messages.
-  std::string where() const;
-
- private:
-  bool has_totals_ = false;
-  XentResult totals_;
+  bool log = false;           ///< ends a progress-line interval
+  bool traced = false;        ///< on the timeline (output.trace)
 };
 
-class Step {
- public:
-  Step(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, ProcessGroup& comm,
-       Reporter& report);
+/// A step once it is read: what the loop tallies and reports of it.
+struct StepResult {
+  int64_t epoch = 0;  ///< as in StepInputs
+  int64_t step_in_epoch = 0;
+  int64_t global_step = 0;
+  int64_t rows = 0;
+  double lr = 0.0;
+  bool log = false;
+  XentResult totals;            ///< the step's loss totals (non-finite only with skip_step)
+  bool skipped = false;         ///< non-finite gradients: no update (nan_policy skip_step)
+  bool has_norm = false;        ///< the gradient norm was computed (clipping, or a logged step)
+  double grad_norm = 0.0;       ///< the averaged gradient's L2 norm before clipping
+  double wait_seconds = 0.0;    ///< the training thread's wait for the buckets in finalize
+  double comm_seconds = 0.0;    ///< the step's collectives' time (the overlap statistics)
+  double hidden_seconds = 0.0;  ///< the part of it hidden behind backward
+};
 
-  /// Runs one optimizer step over the next `micro_batches` batches of `feed` (whose current
-  /// batch is the step's first; it is left on the step's last), `rows` samples of this rank in
-  /// all, with learning rate rec.lr. Fills `rec` (epoch, step numbers, slot, lr and log set by
-  /// the caller).
-  void run(BatchFeed& feed, int64_t micro_batches, int64_t rows, StepRecord& rec);
+class StepPipeline {
+ public:
+  StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& replica, ProcessGroup& comm,
+               Reporter& report);
+
+  /// Queues one optimizer step over the next in.micro_batches batches of `feed` (whose current
+  /// batch is the step's first; it is left on the step's last) and returns the step that is read
+  /// now, if any: this one on the host, the one before it on a GPU (ctx.pipeline_depth() steps
+  /// stay queued). Failures name "epoch E step S" of the step they happened in.
+  std::optional<StepResult> step(BatchFeed& feed, const StepInputs& in);
+  /// Reads every step still queued, oldest first (at the end of an epoch, before a checkpoint).
+  std::vector<StepResult> drain();
 
  private:
-  void micro_batch(const DeviceBatch& batch, bool first, bool last, float loss_scale,
-                   StepRecord& rec);
-  void backward(const Tensor& dlogits, bool accumulate, bool sync, StepRecord& rec);
-  void update_replica(StepRecord& rec);
-  void update_shard(StepRecord& rec, Mark& update_end);
+  /// A queued step: its result so far and what reading it needs.
+  struct InFlight {
+    StepResult result;
+    int slot = 0;               ///< the backend's loss totals (and norm) slot
+    bool totals_read = false;   ///< result.totals holds them
+    bool norm_in_slot = false;  ///< the norm waits in the backend's norm slot
+    std::vector<std::shared_ptr<Work>> works;
+    Mark backward_begin, backward_end;  ///< the last backward, for the overlap statistics
+    double backward_cpu = 0.0;          ///< the training thread's CPU time in it
+    StepTrace::Recording trace;
+    /// "epoch E step S: " for messages.
+    std::string where() const;
+  };
+
+  InFlight& queue(const StepInputs& in);
+  StepResult read_oldest();
+  const XentResult& totals(InFlight& s);
+  void update_replica(InFlight& s);
+  void update_shard(InFlight& s);
   static Tensor part(const Tensor& arena, const Span& s);
   std::vector<double> shard_totals(bool norm);
-  void apply_totals(const std::vector<double>& all, bool norm, StepRecord& rec);
-  bool gradients_usable(int64_t nonfinite, StepRecord& rec);
-  void trace_update(const Mark& update_begin, const Mark& update_end, StepRecord& rec);
+  void apply_totals(const std::vector<double>& all, bool norm, InFlight& s);
+  bool gradients_usable(int64_t nonfinite, InFlight& s);
 
   const TrainConfig& cfg_;
   DeviceContext& ctx_;
@@ -93,7 +99,8 @@ class Step {
   Replica& replica_;
   ProcessGroup& comm_;
   Reporter& report_;
-  Mark layer_begin_;
+  StepTrace trace_;
+  std::deque<InFlight> queue_;  ///< oldest first
 };
 
 }  // namespace ddp

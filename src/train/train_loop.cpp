@@ -16,7 +16,7 @@ namespace ddp {
 TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool resumed)
     : p_(parts),
       be_(parts.ctx.backend()),
-      step_(parts.cfg, parts.ctx, parts.replica, parts.comm, parts.report),
+      pipeline_(parts.cfg, parts.ctx, parts.replica, parts.comm, parts.report),
       stop_poll_(parts.comm),
       schedule_(parts.cfg.scheduler, parts.cfg.optimizer.lr,
                 start.schedule_steps > 0
@@ -80,44 +80,44 @@ void TrainLoop::train_steps(Epoch& e) {
   for (int64_t first = 0; more; first += A) {
     const int64_t last = std::min(first + A, e.batches);
     traced_ = traced_now();
-    StepRecord rec;
-    rec.epoch = e.index;
-    rec.step_in_epoch = e.step_in_epoch + 1;
-    rec.global_step = sum_.steps + 1;
-    rec.slot = static_cast<int>(sum_.steps % 2);
-    rec.traced = traced_;
-    rec.lr = schedule_.lr(sum_.steps);
-    rec.log = logged(rec.global_step);
-    step_.run(*train_feed_, last - first, std::min(last * B, e.shard) - first * B, rec);
+    StepInputs in;
+    in.epoch = e.index;
+    in.step_in_epoch = e.step_in_epoch + 1;
+    in.global_step = sum_.steps + 1;
+    in.micro_batches = last - first;
+    in.rows = std::min(last * B, e.shard) - first * B;
+    in.lr = schedule_.lr(sum_.steps);
+    in.log = logged(in.global_step);
+    in.traced = traced_;
+    const std::optional<StepResult> read = pipeline_.step(*train_feed_, in);
     e.complete = last == e.batches;
-    if (!after_step(e, std::move(rec))) return;
+    if (!after_step(e, in.rows, read)) return;
     more = train_feed_->advance();
   }
 }
 
-// Counts the step, queues its record and reads what the pipeline lets go; then stops at
-// max_steps or an agreed stop request, or writes a checkpoint that is due. False: stop here.
-bool TrainLoop::after_step(Epoch& e, StepRecord rec) {
+// Counts the step (`rows` samples of this rank) and reads the one the pipeline let go, if any;
+// then stops at max_steps or an agreed stop request, or writes a checkpoint that is due. False:
+// stop here.
+bool TrainLoop::after_step(Epoch& e, int64_t rows, const std::optional<StepResult>& read) {
   ++e.step_in_epoch;
   ++sum_.steps;
-  sum_.wait_seconds += rec.wait_seconds;
-  if (rec.skipped) ++sum_.skipped_steps;
   const TrainingConfig& t = p_.cfg.training;
   if (t.print_shapes && !shapes_printed_) {
-    p_.report.print_shapes(rec.first_rows, p_.data.train.features, p_.cfg.model.layers.back());
+    // The step's first micro-batch: a whole batch, or the epoch's one short batch.
+    const int64_t first_rows = std::min(t.batch_size, rows);
+    p_.report.print_shapes(first_rows, p_.data.train.features, p_.cfg.model.layers.back());
     shapes_printed_ = true;
   }
   const bool limit = t.max_steps > 0 && sum_.steps >= t.max_steps;
   // Every rank's shard has the same number of rows per step (the sampler pads or drops).
-  e.position += rec.rows * p_.comm.size();
+  e.position += rows * p_.comm.size();
   at_.epoch = e.index;
   at_.step_in_epoch = e.step_in_epoch;
   at_.epoch_position = e.position;
   at_.global_step = sum_.steps;
-  at_.skipped_steps = sum_.skipped_steps;
   at_.schedule_steps = schedule_.total_steps();
-  pending_.push_back(std::move(rec));
-  read_steps(p_.ctx.pipeline_depth());
+  if (read) read_step(*read);
   if (limit) {
     stop_ = true;
     return false;
@@ -130,7 +130,7 @@ bool TrainLoop::after_step(Epoch& e, StepRecord rec) {
     if (e.complete) {
       e.checkpoint_due = true;  // written after the epoch's evaluation
     } else {
-      read_steps(0);
+      read_all_steps();
       p_.checkpoints.save(at_, epoch_tally_);
     }
   }
@@ -141,7 +141,7 @@ bool TrainLoop::after_step(Epoch& e, StepRecord rec) {
 // the epoch (an epoch cut short by max_steps only in the summary), evaluates, checkpoints.
 // False: training ends with this epoch.
 bool TrainLoop::end_epoch(Epoch& e) {
-  read_steps(0);
+  read_all_steps();
   be_.synchronize();  // the epoch's time includes the device finishing its work
   if (e.complete) {
     at_ = TrainingState{};
@@ -241,62 +241,27 @@ TrainSummary TrainLoop::finish() {
   return sum_;
 }
 
-void TrainLoop::read_steps(size_t keep) {
-  while (pending_.size() > keep) {
-    read_step(pending_.front());
-    pending_.pop_front();
+// A read step: its times and skip counted, its loss (when finite) in the tallies and, at the end
+// of a logging interval, a progress line.
+void TrainLoop::read_step(const StepResult& r) {
+  sum_.wait_seconds += r.wait_seconds;
+  sum_.comm_seconds += r.comm_seconds;
+  sum_.hidden_seconds += r.hidden_seconds;
+  if (r.skipped) at_.skipped_steps = ++sum_.skipped_steps;
+  if (std::isfinite(r.totals.loss_sum)) {
+    epoch_tally_.add(r.totals, r.rows);
+    log_tally_.add(r.totals, r.rows);
   }
+  if (r.log) progress_line(r);
 }
 
-// A queued step's results: its loss (checked), its collectives (completed, timed for the
-// overlap statistics), its timeline and, at the end of a logging interval, a progress line.
-void TrainLoop::read_step(StepRecord& rec) {
-  const XentResult& r = rec.totals(be_);
-  if (rec.norm_in_slot) rec.grad_norm = be_.take_grad_norm(rec.slot);
-  if (!std::isfinite(r.loss_sum)) {
-    DDP_CHECK(p_.cfg.training.nan_policy == NanPolicy::SkipStep,
-              "loss is " << r.loss_sum << " at epoch " << rec.epoch + 1 << " step "
-                         << rec.step_in_epoch
-                         << " (lower optimizer.lr? training.nan_policy: skip_step skips such "
-                            "steps)");
-  } else {
-    epoch_tally_.add(r, rec.rows);
-    log_tally_.add(r, rec.rows);
-  }
-  try {
-    p_.replica.reducer().synchronize(rec.works, rec.global_step);
-  } catch (const Error& e) {
-    DDP_THROW(rec.where() << e.message());
-  }
-  const double begin = rec.backward_begin.time(), end = rec.backward_end.time();
-  const BackwardWindow window{begin, end, p_.ctx.compute_seconds(begin, end, rec.backward_cpu)};
-  const ReducerStepStats stats = overlap_stats(rec.works, window);
-  sum_.comm_seconds += stats.comm_seconds;
-  sum_.hidden_seconds += stats.hidden_seconds;
-  trace_step(rec);
-  if (rec.log) progress_line(rec);
-}
-
-void TrainLoop::trace_step(const StepRecord& rec) {
-  if (rec.spans.empty()) return;
-  Tracer& tracer = p_.report.tracer();
-  const BucketPlan& plan = p_.replica.plan();
-  for (size_t b = 0; b < rec.works.size(); ++b) {
-    tracer.span(
-        p_.report.comm_track(),
-        (p_.replica.sharded() ? "reduce-scatter bucket " : "allreduce bucket ") + std::to_string(b),
-        rec.works[b]->start_time(), rec.works[b]->end_time(),
-        {{"floats", static_cast<double>(plan.buckets[b].numel)},
-         {"step", static_cast<double>(rec.global_step)}});
-  }
-  for (const TraceSpan& span : rec.spans)
-    tracer.span(span.track, span.name, span.begin.time(), span.end.time());
-  for (const auto& [name, mark] : rec.instants)
-    tracer.instant(p_.report.compute_track(), name, mark.time());
+// Every step still queued (at the end of an epoch, before a checkpoint).
+void TrainLoop::read_all_steps() {
+  for (const StepResult& r : pipeline_.drain()) read_step(r);
 }
 
 // Collective: loss, accuracy and samples/s over every rank since the last line.
-void TrainLoop::progress_line(const StepRecord& rec) {
+void TrainLoop::progress_line(const StepResult& rec) {
   const Tally g = log_tally_.reduced(p_.comm);
   const double now = seconds_now();
   const double rate = g.count / std::max(1e-9, now - log_start_);

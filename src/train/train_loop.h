@@ -1,12 +1,12 @@
-// The epoch loop of a run (TrainLoop::run): each epoch trains its optimizer steps, reading each
-// step's results once the device has run it (at once on the host, one step later on a GPU),
-// then evaluates, reports and checkpoints. It ends at training.epochs, at training.max_steps
-// or at a stop request the ranks agreed on (then with a checkpoint).
+// The epoch loop of a run (TrainLoop::run): each epoch hands its optimizer steps to the
+// StepPipeline and tallies and reports each step's result once it is read (at once on the host,
+// one step later on a GPU), then evaluates, reports and checkpoints. It ends at training.epochs,
+// at training.max_steps or at a stop request the ranks agreed on (then with a checkpoint).
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
+#include <optional>
 
 #include "comm/process_group.h"
 #include "ddp/config.h"
@@ -57,23 +57,22 @@ class TrainLoop {
 
   Epoch begin_epoch(int64_t index);
   void train_steps(Epoch& e);
-  bool after_step(Epoch& e, StepRecord rec);
+  bool after_step(Epoch& e, int64_t rows, const std::optional<StepResult>& read);
   bool end_epoch(Epoch& e);
   void report_epoch(const Epoch& e, const Tally& train, double seconds, double trained);
   Tally evaluate();
   TrainSummary finish();
 
-  void read_steps(size_t keep);
-  void read_step(StepRecord& rec);
-  void trace_step(const StepRecord& rec);
-  void progress_line(const StepRecord& rec);
+  void read_step(const StepResult& r);
+  void read_all_steps();
+  void progress_line(const StepResult& rec);
   bool logged(int64_t global_step) const;
   bool traced_now() const;
   const Batch* next_train_batch();
 
   RunParts p_;
   Backend& be_;
-  Step step_;
+  StepPipeline pipeline_;
   StopPoll stop_poll_;
   const LrSchedule schedule_;
   std::unique_ptr<BatchFeed> train_feed_, test_feed_;
@@ -82,12 +81,11 @@ class TrainLoop {
   TrainSummary sum_;
   int64_t first_step_ = 0;  ///< this run's steps are traced and timed from here
   bool stop_ = false;
-  bool traced_ = false;  ///< the current step is traced
+  bool traced_ = false;  ///< the current step is traced (and its batch waits)
   bool shapes_printed_ = false;
   Tally epoch_tally_, log_tally_;
   int64_t steps_in_epoch_ = 0;
   double run_start_ = 0, log_start_ = 0, train_seconds_ = 0;
-  std::deque<StepRecord> pending_;  ///< queued steps not read yet
 };
 
 }  // namespace ddp
