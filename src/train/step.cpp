@@ -143,8 +143,7 @@ const XentResult& StepPipeline::totals(InFlight& s) {
 void StepPipeline::update_replica(InFlight& s) {
   StepResult& r = s.result;
   Tensor grads = replica_.gradients();
-  if (replica_.path().scans_gradients)
-    r.skipped = !gradients_usable(be_.count_nonfinite(grads), s);
+  if (replica_.path().scans_gradients) r.skipped = !gradients_usable(be_.count_nonfinite(grads), s);
   if (r.skipped) return;
   const double clip = cfg_.training.clip_grad_norm;
   if (clip > 0 || r.log) {
