@@ -1,7 +1,7 @@
 // What a GPU of each architecture the build targets lets one kernel launch use, the kernels'
 // real resource usage as ptxas reported it when the build compiled them, and the check a
 // launch must pass on every architecture. The emulation applies the check to every launch of a
-// kernel the report knows (cuda_emu.cpp), so a launch a device would refuse ("too many
+// kernel the report knows (cuda_emu_launch.cpp), so a launch a device would refuse ("too many
 // resources requested", "invalid configuration") fails a test on a machine without one.
 #pragma once
 
