@@ -33,7 +33,7 @@ void Linear::forward_relu(Backend& be, const Tensor& x, Tensor& y) {
 }
 
 void Linear::parameter_gradients(Backend& be, const Tensor& x, const Tensor& dy, bool accumulate,
-                                 const std::function<void(size_t)>& ready) {
+                                 LayerReady ready) {
   // Parameter gradients first and announce them, so their allreduce can start while dx and
   // the layers below are still being computed.
   be.linear_backward_params(dy, x, accumulate, weight_.grad, bias_.grad);
@@ -42,13 +42,13 @@ void Linear::parameter_gradients(Backend& be, const Tensor& x, const Tensor& dy,
 }
 
 void Linear::backward(Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                      bool accumulate, const std::function<void(size_t)>& ready) {
+                      bool accumulate, LayerReady ready) {
   parameter_gradients(be, x, dy, accumulate, ready);
   if (dx != nullptr) be.linear_backward_input(dy, weight_.value, nullptr, *dx);
 }
 
 void Linear::backward_through_relu(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx,
-                                   bool accumulate, const std::function<void(size_t)>& ready) {
+                                   bool accumulate, LayerReady ready) {
   parameter_gradients(be, x, dy, accumulate, ready);
   be.linear_backward_input(dy, weight_.value, &x, dx);
 }
@@ -56,7 +56,7 @@ void Linear::backward_through_relu(Backend& be, const Tensor& x, const Tensor& d
 void ReLU::forward(Backend& be, const Tensor& x, Tensor& y) { be.relu_forward(x, y); }
 
 void ReLU::backward(Backend& be, const Tensor&, const Tensor& y, const Tensor& dy, Tensor* dx, bool,
-                    const std::function<void(size_t)>&) {
+                    LayerReady) {
   if (dx != nullptr) be.relu_backward(dy, y, *dx);
 }
 

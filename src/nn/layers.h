@@ -25,6 +25,14 @@ struct Parameter {
 /// the moment its gradient is final.
 using GradReadyHook = std::function<void(size_t param_index)>;
 
+/// What a layer calls for its parameters: ready(k) announces the layer's k-th parameter as the
+/// model's first + k, with no hook of its own in between.
+struct LayerReady {
+  const GradReadyHook* hook;
+  size_t first;
+  void operator()(size_t k) const { (*hook)(first + k); }
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -37,9 +45,10 @@ class Layer {
 
   /// Given dy: writes parameter gradients (added to the existing ones when accumulate), calls
   /// ready(i) for each of this layer's parameters as soon as its gradient is final (i counts
-  /// this layer's parameters()), then writes dx unless dx is null (the first layer).
+  /// this layer's parameters(); LayerReady makes it the model's index), then writes dx unless
+  /// dx is null (the first layer).
   virtual void backward(Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
-                        bool accumulate, const std::function<void(size_t)>& ready) = 0;
+                        bool accumulate, LayerReady ready) = 0;
 };
 
 /// nn.Linear: y = x·Wᵀ + b, W [out, in].
@@ -51,7 +60,7 @@ class Linear : public Layer {
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   void forward(Backend& be, const Tensor& x, Tensor& y) override;
   void backward(Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
-                bool accumulate, const std::function<void(size_t)>& ready) override;
+                bool accumulate, LayerReady ready) override;
   int64_t in_features() const { return in_; }
 
   /// forward() followed by a ReLU, fused into the product's store: y = max(x·Wᵀ + b, 0).
@@ -59,11 +68,11 @@ class Linear : public Layer {
   /// backward() where x is the output of a ReLU: dx leaves already multiplied by (x > 0), so it
   /// is the gradient before that ReLU (the ReLU's backward fused into the product's store).
   void backward_through_relu(Backend& be, const Tensor& x, const Tensor& dy, Tensor& dx,
-                             bool accumulate, const std::function<void(size_t)>& ready);
+                             bool accumulate, LayerReady ready);
 
  private:
   void parameter_gradients(Backend& be, const Tensor& x, const Tensor& dy, bool accumulate,
-                           const std::function<void(size_t)>& ready);
+                           LayerReady ready);
   int64_t in_, out_;
   Parameter weight_, bias_;
 };
@@ -75,7 +84,7 @@ class ReLU : public Layer {
   int64_t out_features() const override { return features_; }
   void forward(Backend& be, const Tensor& x, Tensor& y) override;
   void backward(Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
-                bool accumulate, const std::function<void(size_t)>& ready) override;
+                bool accumulate, LayerReady ready) override;
 
  private:
   int64_t features_;

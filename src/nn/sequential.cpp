@@ -144,8 +144,7 @@ void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate,
   Buffer* spare = &grad_a_;
   for (size_t i = layers_.size(); i-- > 0;) {
     const Tensor& x = i == 0 ? input_ : outputs_[i - 1];
-    const size_t first = first_param_[i];
-    auto layer_ready = [&](size_t k) { ready(first + k); };
+    const LayerReady layer_ready{&ready, first_param_[i]};
     const bool through_relu =
         i >= 2 && relu_follows_[i - 2] && dynamic_cast<Linear*>(layers_[i].get()) != nullptr;
     const std::string name =

@@ -123,6 +123,19 @@ TEST_CASE("hierarchical allreduce refuses nodes of different sizes on every rank
   REQUIRE_NOTHROW(uneven->gradient_arena(16, ddp::BucketWire{}));
 }
 
+TEST_CASE("a hierarchical wire is refused on one node, where the gradient path never asks for it",
+          "[mpi][hierarchy]") {
+  auto one_node = ddp::make_mpi_communicator(MPI_COMM_WORLD);  // every rank on this machine
+  std::string message;
+  try {
+    one_node->gradient_arena(16, ddp::BucketWire{ddp::Compression::None, false, true, true});
+  } catch (const ddp::Error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("needs several nodes of more than one rank each"));
+  REQUIRE_NOTHROW(one_node->gradient_arena(16, ddp::BucketWire{}));
+}
+
 TEST_CASE("hierarchical training: within float rounding of the flat allreduce, and said so",
           "[mpi][hierarchy]") {
   if (!four_ranks()) return;

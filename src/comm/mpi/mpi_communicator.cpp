@@ -318,6 +318,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
 
   // The wire of the gradient buckets, before the arena exists (gradient_arena).
+  // The gradient path asks for a hierarchy only across equal nodes of several ranks each.
   void configure(const BucketWire& wire) {
     format_ = wire.format;
     on_node_ = wire.on_node;
@@ -325,7 +326,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(!wire.hierarchical || uniform_nodes_,
               "distributed.hierarchical: needs the same number of ranks on every node (rank "
                   << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
-    hierarchical_ = wire.hierarchical && !single_node_ && local_size_ > 1;
+    DDP_CHECK(!wire.hierarchical || (!single_node_ && local_size_ > 1),
+              "distributed.hierarchical: needs several nodes of more than one rank each (rank "
+                  << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
+    hierarchical_ = wire.hierarchical;
   }
 
   // The reduce-scatter of a bucket, its sum stored in this rank's part or handed to `consume`.
