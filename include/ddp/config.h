@@ -28,6 +28,8 @@ enum class NcclAlgo { Ring, Auto };
 enum class Compression { None, Bf16, Fp16 };
 /// `distributed.hierarchical`: allreduce within each node first, then across nodes.
 enum class Hierarchy { Auto, On, Off };
+/// `training.precision`: the operand type of every Linear's GEMMs (float32 accumulation).
+enum class Precision { Fp32, Bf16, Fp16 };
 /// `optimizer.name`.
 enum class OptimizerName { Sgd, Adam, AdamW };
 /// `scheduler.name`.
@@ -76,6 +78,12 @@ struct EnumNames<Compression> {
 };
 
 template <>
+struct EnumNames<Precision> {
+  static constexpr std::array<std::pair<Precision, const char*>, 3> table{
+      {{Precision::Fp32, "fp32"}, {Precision::Bf16, "bf16"}, {Precision::Fp16, "fp16"}}};
+};
+
+template <>
 struct EnumNames<OptimizerName> {
   static constexpr std::array<std::pair<OptimizerName, const char*>, 3> table{
       {{OptimizerName::Sgd, "sgd"},
@@ -100,6 +108,7 @@ const char* to_string(DataFormat v);
 const char* to_string(NcclAlgo v);
 const char* to_string(Compression v);
 const char* to_string(Hierarchy v);
+const char* to_string(Precision v);
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
 
@@ -199,6 +208,9 @@ struct TrainingConfig {
   NanPolicy nan_policy = NanPolicy::Abort;
   /// Clip the averaged gradient to this global L2 norm (torch.nn.utils.clip_grad_norm_); 0 = off.
   double clip_grad_norm = 0.0;
+  /// fp32, or 16-bit GEMM operands with float32 accumulation (torch.autocast): bf16, or fp16
+  /// (GPUs only). Master weights, optimizer state, gradients and checkpoints stay float32.
+  Precision precision = Precision::Fp32;
 };
 
 struct DistributedConfig {

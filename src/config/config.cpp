@@ -808,6 +808,14 @@ void validate_nccl(const Origin& o, const TrainConfig& c) {
   }
 }
 
+/// fp16 GEMM operands need fp16 tensor cores and loss scaling: a GPU's path. The CPU path has
+/// bf16 (its vector units and oneDNN's kernels speak bf16, and bf16 needs no loss scale).
+void validate_precision(const Origin& o, const TrainConfig& c) {
+  if (c.training.precision == Precision::Fp16 && c.device == DeviceChoice::Cpu)
+    fail(o, "training.precision",
+         "fp16 runs on GPUs only (with loss scaling); on device: cpu use bf16 or fp32");
+}
+
 /// The gradient path's refusals that the config alone decides (config/gradient_path.h).
 void validate_gradient_path(const Origin& o, const TrainConfig& c) {
   if (const auto no = gradient_path_refusal(c)) fail(o, no->key, no->message);
@@ -888,6 +896,7 @@ void validate_across_keys(const Origin& o, const TrainConfig& c) {
          "set either checkpoint.every_steps or checkpoint.every_epochs, not both");
   }
   validate_nccl(o, c);
+  validate_precision(o, c);
   validate_gradient_path(o, c);
 }
 
@@ -1023,6 +1032,7 @@ const char* to_string(NanPolicy v) { return enum_name(v); }
 const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
 const char* to_string(Compression v) { return enum_name(v); }
+const char* to_string(Precision v) { return enum_name(v); }
 const char* to_string(Hierarchy v) { return enum_name(v); }
 const char* to_string(OptimizerName v) { return enum_name(v); }
 const char* to_string(SchedulerName v) { return enum_name(v); }

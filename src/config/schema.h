@@ -283,6 +283,8 @@ void visit_training(TrainingConfig& t, V& v) {
               .at_most(bounds::kFloat32)
               .resume()
               .doc("clip the averaged gradient to this global L2 norm; 0: off"));
+  v.field("precision", t.precision,
+          Key().doc("GEMM operands: fp32, bf16, or fp16 (GPUs); float32 accumulation"));
 }
 
 template <typename V>

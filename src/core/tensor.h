@@ -54,6 +54,29 @@ struct Tensor {
   }
 };
 
+/// The two 16-bit float formats (bit patterns and rounding: core/float16.h).
+enum class Half { Bf16, Fp16 };
+
+/// Non-owning row-major view of rows x cols 16-bit floats (uint16_t bit patterns) in a Buffer's
+/// storage: the GEMM operands of mixed precision (training.precision), never master values.
+struct Tensor16 {
+  uint16_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Device device = Device::CPU;
+  Half format = Half::Bf16;
+
+  int64_t numel() const { return rows * cols; }
+  Tensor16 first_rows(int64_t n) const { return Tensor16{data, n, cols, device, format}; }
+  /// A view of the first rows x cols halves of b (made by half_buffer).
+  static Tensor16 of(Buffer& b, int64_t rows, int64_t cols, Half format) {
+    return Tensor16{reinterpret_cast<uint16_t*>(b.data()), rows, cols, b.device(), format};
+  }
+};
+
+/// Storage for n 16-bit values (a Buffer counts floats: two halves each).
+inline Buffer half_buffer(size_t n, Device device) { return Buffer((n + 1) / 2, device); }
+
 /// A range [offset, offset + numel) of a flat arena (a bucket, or one rank's part of one).
 struct Span {
   size_t offset = 0;

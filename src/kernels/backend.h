@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -37,6 +38,34 @@ struct AdamStep {
   float decay = 1.0f;         ///< AdamW: the parameters' factor 1 - lr·weight_decay
   bool decoupled = false;     ///< AdamW (decay) rather than Adam (weight_decay)
   bool amsgrad = false;
+};
+
+/// The Linear kernels of mixed precision (training.precision bf16 or fp16): operands in one
+/// 16-bit format, products accumulated in float32 with a float32 bias; the roundings
+/// torch.autocast makes for nn.Linear, except that the weight gradient stays float32. A layer's
+/// output is rounded to the format once (after the bias and ReLU); the logits stay float32.
+class MixedLinear {
+ public:
+  virtual ~MixedLinear() = default;
+  /// What runs the products, for the startup log ("oneDNN, avx512_core_bf16"), and when it is
+  /// slower than float32, why.
+  virtual std::string describe() const = 0;
+  /// y = x rounded to the format (to nearest, ties to even): the input batch, the weights'
+  /// operand copies, the loss's gradient.
+  virtual void round(const Tensor& x, Tensor16& y) = 0;
+  /// y[b,out] = max(x·wᵀ + bias, 0), rounded: a hidden layer's output (w is [out,in]).
+  virtual void forward_relu(const Tensor16& x, const Tensor16& w, const Tensor& bias,
+                            Tensor16& y) = 0;
+  /// y[b,out] = x·wᵀ + bias in float32: the logits.
+  virtual void forward(const Tensor16& x, const Tensor16& w, const Tensor& bias, Tensor& y) = 0;
+  /// dx[b,in] = dy·w where relu_output > 0, else 0, rounded: the gradient before the ReLU whose
+  /// output fed this layer.
+  virtual void backward_input_relu(const Tensor16& dy, const Tensor16& w,
+                                   const Tensor16& relu_output, Tensor16& dx) = 0;
+  /// dw[out,in] = dyᵀ·x and db[1,out] = column sums of dy, in float32; added to dw/db with
+  /// accumulate.
+  virtual void backward_params(const Tensor16& dy, const Tensor16& x, bool accumulate, Tensor& dw,
+                               Tensor& db) = 0;
 };
 
 class Backend {
@@ -120,6 +149,12 @@ class Backend {
 
   /// Waits until all work queued by this backend is complete (no-op on the CPU).
   virtual void synchronize() {}
+
+  /// The mixed-precision Linear kernels in `format`, or null where this backend has none.
+  virtual MixedLinear* mixed_linear(Half format) {
+    (void)format;
+    return nullptr;
+  }
 
  private:
   XentResult xent_slots_[2];  // the deferred totals of backends that compute at once

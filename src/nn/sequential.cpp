@@ -10,7 +10,7 @@
 namespace ddp {
 
 Sequential::Sequential(const std::vector<int64_t>& widths, const std::string& activation,
-                       int64_t max_batch, Device device)
+                       int64_t max_batch, Device device, std::optional<Half> mixed)
     : widths_(widths), max_batch_(max_batch) {
   DDP_CHECK(widths.size() >= 2,
             "model.layers: need at least 2 widths (input and output), got " << widths.size());
@@ -44,6 +44,12 @@ Sequential::Sequential(const std::vector<int64_t>& widths, const std::string& ac
                                     : "relu." + std::to_string(linear - 1));
   }
   for (int64_t w : widths) widest = std::max(widest, w);
+  if (mixed) {
+    // Float32 activations only for the logits; the rest lives in 16 bits.
+    for (size_t i = 0; i + 1 < activations_.size(); ++i) activations_[i] = Buffer();
+    mixed_ = make_mixed(widths, max_batch, device, *mixed);
+    return;
+  }
   grad_a_ = Buffer(static_cast<size_t>(max_batch * widest), device);
   grad_b_ = Buffer(static_cast<size_t>(max_batch * widest), device);
 }
@@ -111,6 +117,7 @@ const Tensor& Sequential::forward(Backend& be, const Tensor& x) {
                                           << " does not fit a model of " << in_features()
                                           << " inputs and batch <= " << max_batch_);
   input_ = x;
+  if (mixed_) return forward_mixed(be, x);
   const Tensor* in = &input_;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string name =
@@ -140,6 +147,7 @@ void Sequential::backward(Backend& be, const Tensor& dlogits, bool accumulate,
             "Sequential::backward: dlogits " << shape_string(dlogits.rows, dlogits.cols)
                                              << " does not match the last forward's output "
                                              << shape_string(rows, out_features()));
+  if (mixed_) return backward_mixed(be, dlogits, accumulate, ready);
   Tensor dy = dlogits;
   Buffer* spare = &grad_a_;
   for (size_t i = layers_.size(); i-- > 0;) {

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,12 @@ class Sequential {
  public:
   /// Linear layers of the given widths (input first) with `activation` ("relu") between them;
   /// parameters are registered as layers.{i}.weight, layers.{i}.bias (i counts Linear layers).
-  /// Parameters are unbound until bind() gives them storage.
+  /// Parameters are unbound until bind() gives them storage. With `mixed`, every Linear runs
+  /// on the backend's MixedLinear kernels in that 16-bit format (training.precision): the input
+  /// and each forward's weight copies rounded to it, hidden outputs and the gradients between
+  /// layers stored in it, the logits and the parameter gradients float32.
   Sequential(const std::vector<int64_t>& widths, const std::string& activation, int64_t max_batch,
-             Device device = Device::CPU);
+             Device device = Device::CPU, std::optional<Half> mixed = std::nullopt);
 
   /// Parameters in registration order.
   const std::vector<Parameter*>& parameters() const { return params_; }
@@ -57,6 +61,17 @@ class Sequential {
   void set_layer_observer(LayerObserver observer) { observer_ = std::move(observer); }
 
  private:
+  struct Mixed;  // the 16-bit operands of mixed precision
+  static std::shared_ptr<Mixed> make_mixed(const std::vector<int64_t>& widths, int64_t max_batch,
+                                           Device device, Half format);
+  const Tensor& forward_mixed(Backend& be, const Tensor& x);
+  void backward_mixed(Backend& be, const Tensor& dlogits, bool accumulate,
+                      const GradReadyHook& ready);
+  MixedLinear& mixed_kernels(Backend& be) const;
+  void observe(const std::string& name, bool begin) const {
+    if (observer_) observer_(name, begin);
+  }
+
   std::vector<int64_t> widths_;
   int64_t max_batch_;
   std::vector<std::unique_ptr<Layer>> layers_;
@@ -70,6 +85,7 @@ class Sequential {
   std::vector<std::string> unit_names_;  // per layer: "layers.k" or "relu.k" (after Linear k)
   Tensor input_;                         // the last forward's input
   std::vector<Tensor> outputs_;          // the last forward's outputs
+  std::shared_ptr<Mixed> mixed_;         // null: float32 throughout
 };
 
 }  // namespace ddp

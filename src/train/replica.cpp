@@ -14,11 +14,32 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 }  // namespace
 
+std::optional<Half> mixed_format(Precision p) {
+  if (p == Precision::Bf16) return Half::Bf16;
+  if (p == Precision::Fp16) return Half::Fp16;
+  return std::nullopt;
+}
+
+std::string describe_precision(Precision p, Backend& be) {
+  const std::optional<Half> format = mixed_format(p);
+  if (!format) return "precision: fp32";
+  MixedLinear* kernels = be.mixed_linear(*format);
+  DDP_CHECK(kernels != nullptr,
+            "training.precision: "
+                << to_string(p) << " has no kernels on the " << be.name() << " backend of this rank"
+                << (p == Precision::Fp16 ? " (fp16 runs on GPUs only; on CPUs use bf16)"
+                                         : "; use fp32 there"));
+  return std::string("precision: ") + to_string(p) +
+         " GEMM operands, float32 accumulation, master weights and optimizer; " +
+         kernels->describe();
+}
+
 Replica::Replica(const TrainConfig& cfg, const GradientPath& path, DeviceContext& ctx,
                  int64_t max_batch, int world)
     : cfg_(cfg), ctx_(ctx), path_(path) {
-  model_ =
-      std::make_unique<Sequential>(cfg.model.layers, cfg.model.activation, max_batch, ctx.device());
+  precision_line_ = describe_precision(cfg.training.precision, ctx.backend());
+  model_ = std::make_unique<Sequential>(cfg.model.layers, cfg.model.activation, max_batch,
+                                        ctx.device(), mixed_format(cfg.training.precision));
   plan_ = compute_bucket_plan(
       model_->parameter_numels(), static_cast<size_t>(cfg.distributed.first_bucket_mb * kMiB),
       static_cast<size_t>(cfg.distributed.bucket_cap_mb * kMiB), ctx.arena_alignment());

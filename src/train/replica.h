@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@
 #include "train/fused_shard_update.h"
 
 namespace ddp {
+
+/// The 16-bit operand format of training.precision; none for fp32.
+std::optional<Half> mixed_format(Precision p);
+
+/// What runs training.precision's GEMMs on `be`, for the startup log; throws ddp::Error naming
+/// the key where the backend has no kernels for it.
+std::string describe_precision(Precision p, Backend& be);
 
 class Replica {
  public:
@@ -47,6 +55,8 @@ class Replica {
   Optimizer& optimizer() { return *optimizer_; }
   /// How gradients go from backward to the update in this job.
   const GradientPath& path() const { return path_; }
+  /// The startup log's line on training.precision (describe_precision).
+  const std::string& precision_line() const { return precision_line_; }
   /// path().sharded: the optimizer updates this rank's parts of the buckets.
   bool sharded() const { return path_.sharded; }
   /// path().fused_update: the Reducer's reduce-scatters update the parameters during backward.
@@ -95,6 +105,7 @@ class Replica {
   DeviceContext& ctx_;
   std::unique_ptr<Sequential> model_;
   const GradientPath path_;
+  std::string precision_line_;
   BucketPlan plan_;
   ShardPlan shards_;
   Buffer values_, dlogits_;  // values_: the parameter arena unless the communicator has it

@@ -134,6 +134,7 @@ void Trainer::State::describe_run() {
   const std::string gradients = ctx->describe_gradients();
   if (!gradients.empty()) report.say(gradients);
   report.say(describe_optimizer_state());
+  report.say(replica->precision_line());
   for (const std::string& line : path.description) report.say(line);
 }
 

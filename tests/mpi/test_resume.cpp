@@ -104,6 +104,25 @@ TEST_CASE("stopped at any step and resumed: bitwise the uninterrupted run's weig
   }
 }
 
+TEST_CASE("bf16 stopped and resumed: bitwise the uninterrupted run", "[mpi][resume][bf16]") {
+  ddp::TrainConfig cfg = ddp_test::with_adam(resume_config("bf16_whole"), true, false);
+  cfg.training.precision = ddp::Precision::Bf16;
+  ddp::TrainSummary whole_summary;
+  const auto whole = train(cfg, MPI_COMM_WORLD, &whole_summary);
+  const int64_t per_epoch = whole_summary.steps / cfg.training.epochs;
+  require_resumes_bitwise(cfg, "bf16_part", per_epoch + 1, whole, whole_summary.steps);
+  // The checkpoint holds float32 truth only: a bf16 run's checkpoint resumes in fp32 too.
+  ddp::TrainConfig fp32 = cfg;
+  fp32.training.precision = ddp::Precision::Fp32;
+  fp32.output.dir = shared_scratch("bf16_part");
+  fp32.training.resume = "auto";
+  fp32.training.max_steps = 0;
+  ddp::TrainSummary fp32_summary;
+  train(fp32, MPI_COMM_WORLD, &fp32_summary);
+  CHECK(fp32_summary.resumed);
+  CHECK(fp32_summary.steps == whole_summary.steps);
+}
+
 TEST_CASE("Adam and AdamW (AMSGrad) stopped and resumed: bitwise the uninterrupted run",
           "[mpi][resume][adam]") {
   for (const auto& [decoupled, amsgrad] : {std::pair{false, false}, std::pair{true, true}}) {

@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
+#include "kernels/cpu/cpu_mixed_linear.h"
 #include "kernels/cpu/cpu_optimizers.h"
 
 namespace ddp {
@@ -88,6 +89,13 @@ class CpuBackend final : public Backend {
   XentResult softmax_xent(const Tensor& logits, const int32_t* labels, float grad_scale,
                           Tensor* dlogits) override;
 
+  // bf16 only: fp16 products need fp16 units and loss scaling, a GPU's (training.precision).
+  MixedLinear* mixed_linear(Half format) override {
+    if (format != Half::Bf16) return nullptr;
+    if (!bf16_) bf16_ = cpu::make_bf16_linear();
+    return bf16_.get();
+  }
+
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdOptions& opt,
                 bool first_step) override {
     checks::sgd_step(params, grads, momentum_buf, opt, kCpu);
@@ -133,6 +141,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  std::unique_ptr<MixedLinear> bf16_;  // made on first use
+
   // max(t, 0) that keeps NaN (like torch.relu), so a diverged step still shows up as a NaN loss.
   static void relu_in_place(Tensor& t) {
     ArrayMap a = as_array(t);

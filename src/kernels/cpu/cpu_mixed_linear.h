@@ -1,0 +1,15 @@
+// The CPU backend's mixed-precision Linear kernels (kernels/backend.h's MixedLinear) in bf16.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+
+namespace ddp::cpu {
+
+/// bf16 operands, float32 accumulation: oneDNN's matmul where the build has oneDNN (native on
+/// CPUs with AVX512-BF16 or AMX, emulated and slower than float32 elsewhere); else Eigen's
+/// float32 GEMMs over the operands widened back to float32 (the same roundings, slower).
+std::unique_ptr<MixedLinear> make_bf16_linear();
+
+}  // namespace ddp::cpu
