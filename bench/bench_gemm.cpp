@@ -2,6 +2,10 @@
 // kernels at the Fashion-MNIST model's shapes, as a table; plus the FLOPs of one training step,
 // which bench/compare_ddp.sh uses to turn samples/s into GFLOP/s; and the same GEMMs through
 // oneDNN's matmul in float32 and bfloat16 beside the backend's Eigen kernels.
+// clang-format off (its include sorting would move this below the headers it must precede)
+#include "kernels/cpu/eigen_core.h"  // first: see there
+// clang-format on
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,7 +22,6 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/eigen_core.h"  // first: see there
 #include "kernels/cpu/onednn_matmul.h"
 #include "nn/sequential.h"
 
