@@ -1,10 +1,14 @@
 // ddp_bench_gemm: the single-core GEMM ceiling (Eigen, 1024^3) and the CPU backend's Linear
 // kernels at the Fashion-MNIST model's shapes, as a table; plus the FLOPs of one training step,
-// which bench/compare_ddp.sh uses to turn samples/s into GFLOP/s.
+// which bench/compare_ddp.sh uses to turn samples/s into GFLOP/s; and the same GEMMs through
+// oneDNN's matmul in float32 and bfloat16 beside the backend's Eigen kernels.
+// clang-format off (its include sorting would move this below the headers it must precede)
 #include "kernels/cpu/eigen_core.h"  // first: see there
+// clang-format on
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,9 +18,11 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/float16.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/onednn_matmul.h"
 #include "nn/sequential.h"
 
 namespace ddp {
@@ -254,6 +260,139 @@ void print_step_flops(const Options& opt, const Timing& step) {
               static_cast<double>(opt.batch) / step.median);
 }
 
+/// Operands for the oneDNN side of the comparison: the float32 buffers and their bf16 copies
+/// (converted once, outside the timing, as a bf16 model would keep its weights).
+struct OnednnOperands {
+  OnednnOperands(const float* a_f32, const float* b_f32) : a(a_f32), b(b_f32) {}
+  const float* a;
+  const float* b;
+  std::vector<uint16_t> a16, b16;
+};
+
+std::vector<uint16_t> to_bf16(const float* x, int64_t n) {
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = float_to_bf16(x[i]);
+  return out;
+}
+
+/// GFLOP/s at the median and at the best time.
+struct Rate {
+  double median = std::nan(""), best = std::nan("");
+};
+
+Rate rate_of(double flops, const Timing& t) {
+  return Rate{flops / t.median * 1e-9, flops / t.best * 1e-9};
+}
+
+/// nan when oneDNN is not built or refuses (its reason on stderr).
+Rate onednn_rate(cpu::OnednnMatmul& mm, cpu::MatmulShape s, const OnednnOperands& ops,
+                 const float* bias, float* c, int repeats) {
+  if (!cpu::onednn_built()) return Rate{};
+  const bool bf16 = s.a == cpu::MatType::BF16;
+  const void* a = bf16 ? static_cast<const void*>(ops.a16.data()) : ops.a;
+  const void* b = bf16 ? static_cast<const void*>(ops.b16.data()) : ops.b;
+  try {
+    return rate_of(2.0 * static_cast<double>(s.m * s.n * s.k),
+                   time_per_call([&] { mm.run(s, a, b, bias, c); }, repeats));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return Rate{};
+  }
+}
+
+/// One row: the backend's Eigen kernel, then the same GEMM through oneDNN in f32 and in bf16
+/// (bf16 operands, f32 result); each as median / best GFLOP/s.
+void print_onednn_row(const std::string& op, cpu::MatmulShape s, const std::function<void()>& eigen,
+                      OnednnOperands ops, const float* bias, float* c, int repeats) {
+  const Rate eigen_rate =
+      rate_of(2.0 * static_cast<double>(s.m * s.n * s.k), time_per_call(eigen, repeats));
+  cpu::OnednnMatmul mm;
+  const Rate f32 = onednn_rate(mm, s, ops, bias, c, repeats);
+  if (cpu::onednn_built()) {
+    ops.a16 = to_bf16(ops.a, s.m * s.k);
+    ops.b16 = to_bf16(ops.b, s.k * s.n);
+  }
+  s.a = s.b = cpu::MatType::BF16;
+  const Rate bf16 = onednn_rate(mm, s, ops, bias, c, repeats);
+  const std::string shape =
+      std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+  std::printf("%-30s %-15s", op.c_str(), shape.c_str());
+  for (const Rate& r : {eigen_rate, f32, bf16}) std::printf(" %7.1f /%7.1f", r.median, r.best);
+  std::printf("\n");
+}
+
+cpu::MatmulShape matmul_shape(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b) {
+  cpu::MatmulShape s;
+  s.m = m, s.n = n, s.k = k;
+  s.trans_a = trans_a, s.trans_b = trans_b;
+  return s;
+}
+
+/// A Linear layer's three GEMMs. forward y = x·Wᵀ + bias (W stored [out,in]: trans_b); input
+/// gradient dx = dy·W; weight gradient dW = dyᵀ·x (dy stored [b,out]: trans_a; the backend
+/// also sums db, oneDNN does not).
+void bench_onednn_linear(Backend& be, int64_t batch, int64_t in, int64_t out, int repeats,
+                         Rng& rng) {
+  Buffer x = random_buffer(batch * in, rng), w = random_buffer(out * in, rng),
+         bias = random_buffer(out, rng), dy = random_buffer(batch * out, rng);
+  Buffer y(static_cast<size_t>(batch * out)), dx(static_cast<size_t>(batch * in));
+  Buffer dw(static_cast<size_t>(out * in)), db(static_cast<size_t>(out));
+  Tensor tx = Tensor::of(x, batch, in), tw = Tensor::of(w, out, in), tb = Tensor::of(bias, 1, out);
+  Tensor ty = Tensor::of(y, batch, out), tdy = Tensor::of(dy, batch, out);
+  Tensor tdx = Tensor::of(dx, batch, in), tdw = Tensor::of(dw, out, in),
+         tdb = Tensor::of(db, 1, out);
+  const std::string tag = " " + std::to_string(in) + "->" + std::to_string(out);
+  cpu::MatmulShape fwd = matmul_shape(batch, out, in, false, true);
+  fwd.bias = true;
+  print_onednn_row(
+      "forward x*W^T+b" + tag, fwd, [&] { be.linear_forward(tx, tw, tb, false, ty); },
+      {x.data(), w.data()}, bias.data(), y.data(), repeats);
+  print_onednn_row(
+      "input grad dy*W" + tag, matmul_shape(batch, in, out, false, false),
+      [&] { be.linear_backward_input(tdy, tw, nullptr, tdx); }, {dy.data(), w.data()}, nullptr,
+      dx.data(), repeats);
+  print_onednn_row(
+      "weight grad dy^T*x" + tag, matmul_shape(out, in, batch, true, false),
+      [&] { be.linear_backward_params(tdy, tx, false, tdw, tdb); }, {dy.data(), x.data()}, nullptr,
+      dw.data(), repeats);
+}
+
+/// 1024^3: plain Eigen C = A·B against oneDNN's.
+void bench_onednn_square(int repeats, Rng& rng) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t n = 1024;
+  Buffer a = random_buffer(n * n, rng), b = random_buffer(n * n, rng),
+         c(static_cast<size_t>(n * n));
+  Eigen::Map<const Matrix> ma(a.data(), n, n), mb(b.data(), n, n);
+  Eigen::Map<Matrix> mc(c.data(), n, n);
+  print_onednn_row(
+      "gemm C=A*B", matmul_shape(n, n, n, false, false), [&] { mc.noalias() = ma * mb; },
+      {a.data(), b.data()}, nullptr, c.data(), repeats);
+}
+
+/// The comparison table at batch 256 (what a bf16 path would be sized for).
+void bench_onednn(Backend& be, const Options& opt, Rng& rng) {
+  const int64_t batch = 256;
+  const std::string isa = cpu::onednn_native_bf16_isa();
+  std::printf("\noneDNN matmul against the backend's Eigen kernels, batch %lld, one thread; ",
+              static_cast<long long>(batch));
+  if (!cpu::onednn_built()) {
+    std::printf("this build has no oneDNN (nan)\n");
+  } else {
+    std::printf("native bf16 ISA: %s\n",
+                isa.empty() ? "none (bf16 without native dot products)" : isa.c_str());
+  }
+  std::printf("GFLOP/s at the median / best time; bf16: bf16 operands, f32 result\n\n");
+  std::printf("%-30s %-15s %16s %16s %16s\n", "gemm", "m x n x k", "eigen f32", "onednn f32",
+              "onednn bf16");
+  std::printf("%-30s %-15s %16s %16s %16s\n", std::string(30, '-').c_str(),
+              std::string(15, '-').c_str(), std::string(16, '-').c_str(),
+              std::string(16, '-').c_str(), std::string(16, '-').c_str());
+  for (size_t i = 0; i + 1 < opt.widths.size(); ++i)
+    bench_onednn_linear(be, batch, opt.widths[i], opt.widths[i + 1], opt.repeats, rng);
+  bench_onednn_square(opt.repeats, rng);
+}
+
 int64_t parse_int(const std::string& flag, const char* value) {
   DDP_CHECK(value != nullptr, flag << ": missing value");
   char* end = nullptr;
@@ -300,6 +439,7 @@ int run(int argc, char** argv) {
   }
   const Timing step = bench_train_step(*be, opt, rng);
   print_step_flops(opt, step);
+  bench_onednn(*be, opt, rng);
   // Machine-readable lines for bench/compare_ddp.sh.
   const StepFlops f = step_flops(opt.widths, opt.batch);
   std::printf("\nresult.gemm_ceiling_gflops=%.3f\n",
