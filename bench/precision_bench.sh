@@ -43,8 +43,10 @@ config="$here/fashion_mnist_bench.yaml"
 if [[ "$(id -u)" == 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
+# Read whole first: grep -q would stop at the match and the SIGPIPE fail the pipeline.
+keys="$("$train" --list-config-keys)"
 has_bf16=0
-"$train" --list-config-keys | grep -q '^training\.precision ' && has_bf16=1
+grep -q '^training\.precision ' <<<"$keys" && has_bf16=1
 
 # As in compare_ddp.sh: OpenBLAS 0.3.21 (Debian 12) falls back to its SSE3 "Prescott" kernels on
 # CPUs it predates; torch's fp32 GEMMs then get the AVX-512 or AVX2 kernels the CPU has. (torch's
@@ -70,6 +72,17 @@ with torch.autocast("cpu", dtype=torch.bfloat16):
     torch.nn.functional.linear(torch.randn(256, 784), torch.randn(256, 784))' 2>&1 |
   awk -F, '/,info,cpu,isa:/ {isa = $4} /,exec,cpu,matmul|,exec,cpu,inner_product/ && !impl {impl = $5}
            END {sub(/^isa:/, "", isa); print (impl ? impl : "no oneDNN call seen") " (" (isa ? isa : "ISA not reported") ")"}')"
+
+# How busy the CPUs are with other work, in percent over 3 s (as compare_ddp.sh measures it).
+cpu_busy_percent() {
+  local a b
+  a=($(head -1 /proc/stat)); sleep 3; b=($(head -1 /proc/stat))
+  local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) ))
+  local total=$(( (b[1] + b[2] + b[3] + b[4] + b[5] + b[6] + b[7] + b[8]) - (a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7] + a[8]) ))
+  echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
+}
+busy="$(cpu_busy_percent)"
+((busy <= 10)) || echo "precision_bench.sh: warning: the CPUs are ${busy}% busy with other work; the numbers will be low and noisy" >&2
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/precision_bench.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
@@ -120,10 +133,11 @@ for ((r = 1; r <= repeats; r++)); do
   done
 done
 
-"$python" - "$results" "$steps" "$batch" "$train" "$baseline" "$has_bf16" "$blas_note" "$onednn" <<'EOF'
-import re, statistics, subprocess, sys
+"$python" - "$results" "$steps" "$batch" "$train" "$baseline" "$has_bf16" "$blas_note" "$onednn" \
+  "$busy" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+import statistics, subprocess, sys
 import torch
-path, steps, batch, train, baseline, has_bf16, blas_note, onednn = sys.argv[1:9]
+path, steps, batch, train, baseline, has_bf16, blas_note, onednn, busy, load = sys.argv[1:11]
 runs = {}
 for line in open(path):
     impl, n, _, value = line.split()
@@ -157,7 +171,8 @@ for line in open("/proc/cpuinfo"):
 have = lambda f: f"{f} {'yes' if f in flags else 'no'}"
 cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
 repeats = max(len(v) for v in runs.values())
-print(f"{cpu}, {cores} cores; {have('avx512_bf16')}, {have('amx_bf16')}, {have('avx512f')}")
+print(f"{cpu}, {cores} cores; {have('avx512_bf16')}, {have('amx_bf16')}, {have('avx512f')}; "
+      f"CPUs {busy}% busy with other work before the runs, load average {load} after")
 print(f"Fashion-MNIST 784-256-256-10, SGD with momentum, batch {batch} per rank, {steps} steps; "
       f"samples/s, median of {repeats} interleaved runs")
 print(f"ddp-train: {train}" + ("" if has_bf16 == "1" else " (no training.precision: no bf16 runs)")
