@@ -5,6 +5,8 @@ On CPU (the default): gloo, one thread per rank, Fashion-MNIST from its IDX file
 Debian's /usr/bin/python3 (the one that has python3-torch).
 On a GPU (--device cuda): NCCL, rank r on GPU r % device_count, fp32 with TF32 off, CUDA
 synchronised around the timed loop; usually with --synthetic N (random data made on the GPU).
+--autocast bf16: forward and loss under torch.autocast(device, dtype=torch.bfloat16) (bf16 GEMMs,
+float32 master weights and optimizer), the peer of ddp-train's training.precision: bf16.
 
     /usr/bin/python3 bench/torch_ddp.py --world-size 2 --steps 3000
     python3 bench/torch_ddp.py --device cuda --synthetic 60000 --layers 784,4096,4096,10 \
@@ -18,6 +20,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse
+import contextlib
 import ctypes
 import gzip
 import json
@@ -60,11 +63,15 @@ def parse_args(argv):
                    help="do not pin rank r to core r (ddp-run pins ranks to cores)")
     p.add_argument("--plain", action="store_true",
                    help="1 process without DistributedDataParallel: what DDP costs on top of the model")
+    p.add_argument("--autocast", choices=("off", "bf16"), default="off",
+                   help="bf16: forward and loss under torch.autocast in bfloat16 (default off: fp32)")
     p.add_argument("--openblas-core", action="store_true",
                    help="print the kernel family OpenBLAS picks on this machine and exit")
     args = p.parse_args(argv)
     if args.world_size < 1 or args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
         p.error("--world-size, --steps and --batch-size must be >= 1 and --warmup >= 0")
+    if args.autocast == "bf16" and args.device == "cpu" and not cpu_bf16_autocast():
+        p.error("--autocast bf16: this torch has no CPU autocast (torch.autocast needs 1.10 or later)")
     if args.plain and args.world_size != 1:
         p.error("--plain runs one process: it needs --world-size 1")
     try:
@@ -179,6 +186,18 @@ def synthetic_batches(n, batch_size, world_size, rank, epoch, seed, device):
     return order.view(steps, world_size, batch_size)[:, rank].unbind(0)
 
 
+def cpu_bf16_autocast():
+    """Whether this torch can autocast to bfloat16 on the CPU (torch.autocast, 1.10 and later)."""
+    return hasattr(torch, "autocast")
+
+
+def autocast_context(args):
+    """forward and loss in bf16 under torch.autocast with --autocast bf16, else nothing."""
+    if args.autocast == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, dtype=torch.bfloat16)
+
+
 def disable_tf32():
     """fp32 matrix products in full fp32 (what ddp-train computes), not TF32. PyTorch 2.9 and
     later have the fp32_precision settings and warn about the older allow_tf32 flags (mixing
@@ -268,7 +287,8 @@ def train(rank, args, port, results):
                 t0 = time.perf_counter()
             x, y = x_all[idx], y_all[idx]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            with autocast_context(args):
+                loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
             step += 1
@@ -290,6 +310,8 @@ def train(rank, args, port, results):
             "torch": torch.__version__, "blas": loaded_blas(), "openblas_core": openblas_core(),
             "threads_per_rank": torch.get_num_threads(), "bound_to_cores": not args.no_bind,
             "device": args.device, "layers": args.layers, "warmup": args.warmup,
+            "precision": "bf16 autocast" if args.autocast == "bf16" else "fp32",
+            "autocast": None if args.autocast == "off" else args.autocast,
             "lr": args.lr, "momentum": args.momentum,
             "data": f"synthetic {args.synthetic} on {args.device}" if args.synthetic else "fashion-mnist",
         }
@@ -297,7 +319,7 @@ def train(rank, args, port, results):
             result.update({
                 "gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
                 "nccl": nccl_version(),
-                "precision": precision, "tf32": tf32_state(),
+                "precision": f"{result['precision']} ({precision})", "tf32": tf32_state(),
                 "backend": "none (no DDP)" if args.plain else "nccl",
             })
         results.put(result)
