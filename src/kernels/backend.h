@@ -47,7 +47,7 @@ struct AdamStep {
 class MixedLinear {
  public:
   virtual ~MixedLinear() = default;
-  /// What runs the products, for the startup log ("oneDNN, avx512_core_bf16"), and when it is
+  /// What runs the products, for the startup log ("oneDNN (avx512_core_bf16)"), and when it is
   /// slower than float32, why.
   virtual std::string describe() const = 0;
   /// y = x rounded to the format (to nearest, ties to even): the input batch, the weights'

@@ -29,9 +29,8 @@ std::string describe_precision(Precision p, Backend& be) {
                 << to_string(p) << " has no kernels on the " << be.name() << " backend of this rank"
                 << (p == Precision::Fp16 ? " (fp16 runs on GPUs only; on CPUs use bf16)"
                                          : "; use fp32 there"));
-  return std::string("precision: ") + to_string(p) +
-         " GEMM operands, float32 accumulation, master weights and optimizer; " +
-         kernels->describe();
+  return std::string("precision: ") + to_string(p) + " GEMM operands on " + kernels->describe() +
+         "; float32 accumulation, loss, gradients, optimizer and master weights";
 }
 
 Replica::Replica(const TrainConfig& cfg, const GradientPath& path, DeviceContext& ctx,

@@ -14,12 +14,12 @@
 #include <random>
 #include <sstream>
 
-#include "core/check.h"
-#include "core/clock.h"
-#include "ddp/trainer.h"
 #include "comm/compression.h"
 #include "comm/device_communicators.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "core/check.h"
+#include "core/clock.h"
+#include "ddp/trainer.h"
 #include "kernels/cuda/cuda.h"
 #include "mpi_test_helpers.h"
 
@@ -417,6 +417,25 @@ TEST_CASE("GPU training: a bad label is reported with its step on every rank", "
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   ddp_test::require_on_all_ranks(*comm, message.find("label") == std::string::npos,
                                  "ranks without an error naming the label");
+}
+
+TEST_CASE("GPU training: training.precision bf16 is refused on every rank, naming the key",
+          "[gpu][errors]") {
+  ddp::TrainConfig cfg = small_config("bf16_refused", ddp::DeviceChoice::Cuda);
+  cfg.distributed.backend = ddp::BackendChoice::Mpi;  // any GPU count
+  cfg.training.precision = ddp::Precision::Bf16;
+  std::string message;
+  try {
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  INFO(message);
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp_test::require_on_all_ranks(
+      *comm,
+      message.find("training.precision: bf16 has no kernels on the cuda") == std::string::npos,
+      "ranks without an error naming training.precision");
 }
 
 #if defined(DDP_CUDA_EMULATION)

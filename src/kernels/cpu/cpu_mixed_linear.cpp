@@ -86,12 +86,12 @@ class Bf16Linear final : public MixedLinear {
 
   std::string describe() const override {
     if (!dnn_)
-      return "bf16 GEMMs: Eigen over operands widened to float32 (this build has no oneDNN): "
-             "slower than fp32";
+      return "Eigen over operands widened to float32 (this build has no oneDNN): slower than "
+             "fp32";
     const std::string isa = onednn_native_bf16_isa();
     if (isa.empty())
-      return "bf16 GEMMs: oneDNN, emulated (this CPU has no AVX512-BF16 or AMX): slower than fp32";
-    return "bf16 GEMMs: oneDNN (" + isa + "), float32 accumulation";
+      return "oneDNN, emulated (this CPU has no AVX512-BF16 or AMX): slower than fp32";
+    return "oneDNN (" + isa + ")";
   }
 
   void round(const Tensor& x, Tensor16& y) override {

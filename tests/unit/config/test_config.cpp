@@ -259,7 +259,7 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
       "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
       "training: epochs, "
       "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, start_over, "
-      "nan_policy, clip_grad_norm)");
+      "nan_policy, clip_grad_norm, precision)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "scheduler, training, "
@@ -287,7 +287,7 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
         "training: "
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
         "start_over, "
-        "nan_policy, clip_grad_norm)");
+        "nan_policy, clip_grad_norm, precision)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, features, labels, path, samples)");
@@ -410,6 +410,12 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
            ? "distributed.backend: nccl moves GPU memory and needs device: cuda (or "
              "auto); with device: cpu use mpi"
            : "distributed.backend: nccl needs the CUDA build; this build supports mpi"},
+      {[](TrainConfig& c) {
+         c.device = ddp::DeviceChoice::Cpu;
+         c.training.precision = ddp::Precision::Fp16;
+       },
+       "training.precision: fp16 runs on GPUs only (with loss scaling); on device: cpu use bf16 "
+       "or fp32"},
       {[](TrainConfig& c) {
          c.distributed.gpus = {0, -1};
        },
