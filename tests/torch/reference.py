@@ -116,7 +116,7 @@ def make_model(layers):
 def run_case(name, args, work, layers, x, y, init, tensors):
     """ddp-train and torch on one optimizer case; returns True when they agree."""
     case = CASES[name]
-    ranks, batch, epochs = args.ranks, 8, 5
+    ranks, batch, epochs = args.ranks, args.batch, 5
     samples = len(x)
     csv = os.path.join(work, "data.csv")
     config = os.path.join(work, f"{name}.yaml")
@@ -210,14 +210,17 @@ def main():
     ap.add_argument("--ddp-train", required=True)
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--layers", default="13,32,24,7",
+                    help="the MLP's widths; wide ones take the CPU's oneDNN GEMMs, narrow ones Eigen's")
+    ap.add_argument("--batch", type=int, default=8, help="per rank")
     ap.add_argument("--case", action="append", choices=sorted(CASES),
                     help="an optimizer case (repeatable); default: every case")
     args = ap.parse_args()
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    layers = [13, 32, 24, 7]
-    samples = args.ranks * 8 * 10  # 10 steps per epoch, no padding
+    layers = [int(w) for w in args.layers.split(",")]
+    samples = args.ranks * args.batch * 10  # 10 steps per epoch, no padding
     rng = np.random.default_rng(1)
     x = rng.standard_normal((samples, layers[0])).astype(np.float32)
     y = rng.integers(0, layers[-1], samples)
