@@ -80,8 +80,8 @@ void add_column_sums(const Tensor16& dy, bool accumulate, Tensor& db, std::vecto
 // How the products are summed: oneDNN's bf16 matmul, or Eigen over widened operands.
 class Bf16Linear final : public MixedLinear {
  public:
-  Bf16Linear() {
-    if (onednn_built()) dnn_ = std::make_unique<OnednnMatmul>();
+  explicit Bf16Linear(bool onednn) {
+    if (onednn && onednn_built()) dnn_ = std::make_unique<OnednnMatmul>();
   }
 
   std::string describe() const override {
@@ -207,6 +207,10 @@ class Bf16Linear final : public MixedLinear {
 
 }  // namespace
 
-std::unique_ptr<MixedLinear> make_bf16_linear() { return std::make_unique<Bf16Linear>(); }
+std::unique_ptr<MixedLinear> make_bf16_linear() { return std::make_unique<Bf16Linear>(true); }
+
+std::unique_ptr<MixedLinear> make_bf16_linear_on_eigen() {
+  return std::make_unique<Bf16Linear>(false);
+}
 
 }  // namespace ddp::cpu

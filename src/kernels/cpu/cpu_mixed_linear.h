@@ -12,4 +12,8 @@ namespace ddp::cpu {
 /// float32 GEMMs over the operands widened back to float32 (the same roundings, slower).
 std::unique_ptr<MixedLinear> make_bf16_linear();
 
+/// The same kernels with Eigen's GEMMs whatever the build (what a build without oneDNN runs):
+/// the tests hold both engines to one reference.
+std::unique_ptr<MixedLinear> make_bf16_linear_on_eigen();
+
 }  // namespace ddp::cpu
