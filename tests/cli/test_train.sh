@@ -37,6 +37,19 @@ check "trace.json is a valid trace with every rank's spans" python3 "$DDP_SOURCE
   --require-span 'optimizer (sgd)' --require-span 'step 5' --require-span 'next batch'
 check "trace_steps bounds the traced steps" bash -c "! grep -q '\"step 6\"' '$WORK/t/trace.json'"
 
+# training.precision bf16: the startup log says what runs the bf16 GEMMs; on a CPU without
+# native bf16 (oneDNN told to use AVX-512 without BF16) it says that is slower than fp32, and why.
+run_ranks 2 120 --config "$seed" --set "output.dir=$WORK/bf16" --set training.precision=bf16 \
+  --set training.epochs=1
+check "bf16 run exits 0" test "$rc" = 0
+check "bf16: the precision line" grep -qE '^precision: bf16 GEMM operands on (oneDNN \(|Eigen over operands widened)' <<<"$out"
+ONEDNN_MAX_CPU_ISA=AVX512_CORE run_ranks 2 120 --config "$seed" --set "output.dir=$WORK/bf16_slow" \
+  --set training.precision=bf16 --set training.epochs=1
+check "bf16 without native bf16 runs" test "$rc" = 0
+check "bf16 without native bf16: slower than fp32, and why" grep -qE '^precision: bf16 .*slower than fp32 \(this (CPU has no AVX512-BF16 or AMX|build has no oneDNN)' <<<"$out"
+check "bf16 weights are float32 in model.safetensors" bash -c "
+  head -c 600 '$WORK/bf16/model.safetensors' | grep -a -q '\"layers.0.weight\":{\"dtype\":\"F32\"'"
+
 # Starting from saved weights: with a learning rate too small to change any float, the saved
 # weights come back bit for bit.
 run_ranks 2 120 --config "$seed" --set "output.dir=$WORK/b" --set "model.init_from=$WORK/a/model.safetensors" \

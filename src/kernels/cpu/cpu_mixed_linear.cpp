@@ -80,18 +80,19 @@ void add_column_sums(const Tensor16& dy, bool accumulate, Tensor& db, std::vecto
 // How the products are summed: oneDNN's bf16 matmul, or Eigen over widened operands.
 class Bf16Linear final : public MixedLinear {
  public:
-  explicit Bf16Linear(bool onednn) {
-    if (onednn && onednn_built()) dnn_ = std::make_unique<OnednnMatmul>();
+  // oneDNN only where the CPU multiplies bf16 natively: elsewhere it falls back on kernels that
+  // emulate bf16 (or on its reference code), and Eigen over widened operands is the known cost.
+  explicit Bf16Linear(bool onednn) : isa_(onednn_native_bf16_isa()) {
+    if (onednn && !isa_.empty()) dnn_ = std::make_unique<OnednnMatmul>();
   }
 
   std::string describe() const override {
-    if (!dnn_)
-      return "Eigen over operands widened to float32 (this build has no oneDNN): slower than "
-             "fp32";
-    const std::string isa = onednn_native_bf16_isa();
-    if (isa.empty())
-      return "oneDNN, emulated (this CPU has no AVX512-BF16 or AMX): slower than fp32";
-    return "oneDNN (" + isa + ")";
+    if (dnn_) return "oneDNN (" + isa_ + ")";
+    const char* widened = "Eigen over operands widened to float32, slower than fp32";
+    if (!onednn_built()) return std::string(widened) + " (this build has no oneDNN)";
+    if (isa_.empty())
+      return std::string(widened) + " (this CPU has no AVX512-BF16 or AMX instructions)";
+    return widened;
   }
 
   void round(const Tensor& x, Tensor16& y) override {
@@ -201,6 +202,7 @@ class Bf16Linear final : public MixedLinear {
     return out;
   }
 
+  std::string isa_;                    // oneDNN's native bf16 instructions here ("": none)
   std::unique_ptr<OnednnMatmul> dnn_;  // null: Eigen
   std::vector<float> a_, b_, c_;       // Eigen's widened operands and float32 results
 };

@@ -7,9 +7,9 @@
 
 namespace ddp::cpu {
 
-/// bf16 operands, float32 accumulation: oneDNN's matmul where the build has oneDNN (native on
-/// CPUs with AVX512-BF16 or AMX, emulated and slower than float32 elsewhere); else Eigen's
-/// float32 GEMMs over the operands widened back to float32 (the same roundings, slower).
+/// bf16 operands, float32 accumulation: oneDNN's matmul where the build has oneDNN and the CPU
+/// has AVX512-BF16 or AMX; else Eigen's float32 GEMMs over the operands widened back to float32
+/// (the same roundings, slower than fp32; describe() says why).
 std::unique_ptr<MixedLinear> make_bf16_linear();
 
 /// The same kernels with Eigen's GEMMs whatever the build (what a build without oneDNN runs):
