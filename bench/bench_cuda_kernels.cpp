@@ -1,6 +1,8 @@
 // ddp_bench_cuda_kernels: the CUDA backend's kernels on one GPU against that GPU's measured
 // ceilings: the three Linear GEMMs against cuBLAS SGEMM (fp32, TF32 off) on the same row-major
-// operands, and softmax_xent / sgd_step against a device-to-device copy's bandwidth.
+// operands, the same products in bf16 (training.precision: our WMMA kernels against cuBLAS's
+// bf16 GEMM with float32 accumulation), and softmax_xent / sgd_step against a
+// device-to-device copy's bandwidth.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/float16.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
@@ -47,6 +50,8 @@ constexpr int kExitSkipped = 77;
 // float32 arithmetic lands far below this (TF32 would land near 3e-4): a result above it is
 // wrong, and then its timing is not reported.
 constexpr double kMaxRelError = 1e-4;
+// bf16 outputs carry a rounding of up to half a unit of 2^-8: a bf16 result is wrong above one.
+constexpr double kMaxRelError16 = 1.0 / 256;
 constexpr double kGemmTarget = 0.70;       // ours / cuBLAS
 constexpr double kBandwidthTarget = 0.80;  // of the measured copy bandwidth
 // An op whose bytes would move in less than this at copy bandwidth is bound by launch and
@@ -55,7 +60,7 @@ constexpr double kLaunchBoundSeconds = 10e-6;
 
 struct Options {
   bool quick = false;
-  std::string only;  // "", "gemm", "xent" or "sgd"
+  std::string only;  // "", "gemm", "gemm16", "xent" or "sgd"
   std::string csv;
   int repeats() const { return quick ? 5 : 15; }
   double min_run_seconds() const { return quick ? 4e-3 : 20e-3; }
@@ -287,6 +292,16 @@ class Cublas {
   Cublas& operator=(const Cublas&) = delete;
 
   /// Column-major C[m,n] = op(A)·op(B) (beta = 0).
+  /// C = op(A)·op(B) with bf16 A and B, float32 accumulation, C in float32 or bf16.
+  void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                 const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, void* c,
+                 cudaDataType c_type, int64_t ldc) {
+    const float one = 1.0f, zero = 0.0f;
+    BENCH_CUBLAS_CHECK(cublasGemmEx(
+        handle_, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, a,
+        CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF, static_cast<int>(ldb), &zero, c, c_type,
+        static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
   void sgemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
              const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
     const float one = 1.0f, zero = 0.0f;
@@ -488,18 +503,20 @@ class LinearBench {
   /// The product as the backend runs it: m x n x k and whether it takes the vectorised path
   /// (the backend's own test: contiguous extents % 4; cudaMalloc'd operands are aligned).
   void dims(Product p, int64_t& m, int64_t& nn, int64_t& k, bool& vec) const {
+    dims_of(s_, p, m, nn, k);
+    vec = (p == Product::BackwardParams ? m : k) % 4 == 0 && nn % 4 == 0;
+  }
+  /// The product's m x n x k at layer shape s.
+  static void dims_of(const LinearShape& s, Product p, int64_t& m, int64_t& nn, int64_t& k) {
     switch (p) {
       case Product::Forward:
-        m = s_.batch, nn = s_.out, k = s_.in;
-        vec = k % 4 == 0 && nn % 4 == 0;
+        m = s.batch, nn = s.out, k = s.in;
         break;
       case Product::BackwardInput:
-        m = s_.batch, nn = s_.in, k = s_.out;
-        vec = k % 4 == 0 && nn % 4 == 0;
+        m = s.batch, nn = s.in, k = s.out;
         break;
       default:
-        m = s_.out, nn = s_.in, k = s_.batch;
-        vec = m % 4 == 0 && nn % 4 == 0;
+        m = s.out, nn = s.in, k = s.batch;
         break;
     }
   }
@@ -655,14 +672,18 @@ struct GemmSummary {
   bool wrong = false;
 };
 
-GemmSummary bench_gemm(Backend& be, Cublas& blas, EventTimer& timer, const GpuInfo& dev,
-                       const Options& opt, Rng& rng, CsvOut& csv) {
-  const LinearShape shapes[] = {
+/// The GEMM rows' layers: a wide square one and the Fashion-MNIST model's three.
+std::vector<LinearShape> gemm_shapes() {
+  return {
       {"4096x4096x4096 (wide MLP layer: batch 4096, 4096->4096)", 4096, 4096, 4096},
       {"Fashion MLP 784->256, batch 1024", 1024, 784, 256},
       {"Fashion MLP 256->256, batch 1024", 1024, 256, 256},
       {"Fashion MLP 256->10, batch 1024", 1024, 256, 10},
   };
+}
+
+GemmSummary bench_gemm(Backend& be, Cublas& blas, EventTimer& timer, const GpuInfo& dev,
+                       const Options& opt, Rng& rng, CsvOut& csv) {
   std::printf(
       "## GEMM: the Linear products, ours vs cuBLAS SGEMM\n\n"
       "Row-major operands as the layers hold them (x [b,in], W [out,in], dy [b,out]); cuBLAS "
@@ -679,7 +700,7 @@ GemmSummary bench_gemm(Backend& be, Cublas& blas, EventTimer& timer, const GpuIn
        "% of fp32 peak", "plan_gemm", "err vs fp64 (ours / cuBLAS)", "target >= 70%"},
       "lllrrrrrlll");
   GemmSummary summary;
-  for (const LinearShape& s : shapes) {
+  for (const LinearShape& s : gemm_shapes()) {
     LinearBench lb(s, rng);
     for (Product p : {Product::Forward, Product::BackwardInput, Product::BackwardParams}) {
       int64_t m = 0, nn = 0, k = 0;
@@ -728,6 +749,259 @@ GemmSummary bench_gemm(Backend& be, Cublas& blas, EventTimer& timer, const GpuIn
       row.met = !right ? "wrong" : (ratio >= kGemmTarget ? "yes" : "no");
       row.plan = plan_string(plan);
       row.err = check.worst();
+      row.note = s.label;
+      csv.write(row);
+    }
+  }
+  std::printf("\n");
+  return summary;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM in bf16: the mixed-precision Linear products, ours (WMMA) against cuBLAS's bf16 GEMM
+
+/// One Linear layer's bf16 operands on the device, with cuBLAS's outputs beside ours. forward
+/// writes the float32 logits, backward_input_relu bf16 (its mask all ones: every unit live, so
+/// the result is the bare product cuBLAS computes, and the mask is still read), and
+/// backward_params float32 dW plus db.
+class Linear16Bench {
+ public:
+  Linear16Bench(const LinearShape& s, MixedLinear& k, Rng& rng)
+      : s_(s),
+        k_(k),
+        x_(n(s.batch * s.in)),
+        w_(n(s.out * s.in)),
+        dy_(n(s.batch * s.out)),
+        live_(n(s.batch * s.in)),
+        bias_(n(s.out)),
+        y_(n(s.batch * s.out)),
+        dx_(n(s.batch * s.in)),
+        dw_(n(s.out * s.in)),
+        db_(n(s.out)),
+        y_ref_(n(s.batch * s.out)),
+        dx_ref_(n(s.batch * s.in)),
+        dw_ref_(n(s.out * s.in)) {
+    hx_ = random_bf16(x_, s.batch, s.in, rng);
+    hw_ = random_bf16(w_, s.out, s.in, rng);
+    hdy_ = random_bf16(dy_, s.batch, s.out, rng);
+    const std::vector<uint16_t> ones(n(s.batch * s.in), float_to_bf16(1.0f));
+    live_.upload(ones.data(), ones.size());
+    upload_random(bias_.data(), s.out, -1.0f, 1.0f, rng);
+    hbias_ = download(bias_.data(), s.out);
+  }
+
+  void dims(Product p, int64_t& m, int64_t& nn, int64_t& k) const {
+    LinearBench::dims_of(s_, p, m, nn, k);
+  }
+
+  void ours(Product p) {
+    const Tensor16 x = half(x_, s_.batch, s_.in), w = half(w_, s_.out, s_.in);
+    const Tensor16 dy = half(dy_, s_.batch, s_.out);
+    const Tensor bias{bias_.data(), 1, s_.out, Device::CUDA};
+    switch (p) {
+      case Product::Forward: {
+        Tensor y{y_.data(), s_.batch, s_.out, Device::CUDA};
+        k_.forward(x, w, bias, y);
+        break;
+      }
+      case Product::BackwardInput: {
+        Tensor16 dx = half(dx_, s_.batch, s_.in);
+        k_.backward_input_relu(dy, w, half(live_, s_.batch, s_.in), dx);
+        break;
+      }
+      default: {
+        Tensor dw{dw_.data(), s_.out, s_.in, Device::CUDA}, db{db_.data(), 1, s_.out, Device::CUDA};
+        k_.backward_params(dy, x, false, dw, db);
+        break;
+      }
+    }
+  }
+
+  // The fp32 rows' transposes (LinearBench::cublas), on bf16 operands.
+  void cublas(Cublas& blas, Product p) {
+    const int64_t b = s_.batch, in = s_.in, out = s_.out;
+    switch (p) {
+      case Product::Forward:
+        blas.gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, out, b, in, w_.data(), in, x_.data(), in,
+                       y_ref_.data(), CUDA_R_32F, out);
+        break;
+      case Product::BackwardInput:
+        blas.gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, w_.data(), in, dy_.data(), out,
+                       dx_ref_.data(), CUDA_R_16BF, in);
+        break;
+      default:
+        blas.gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, x_.data(), in, dy_.data(), out,
+                       dw_ref_.data(), CUDA_R_32F, in);
+        break;
+    }
+  }
+
+  /// The larger of ours against cuBLAS (every element) and against fp64 sums of the same bf16
+  /// operands (512 sampled elements), after one run of each on poisoned outputs; and the limit
+  /// that applies (bf16 outputs carry their rounding).
+  double verify(Cublas& blas, Product p, Rng& rng, double& limit) {
+    int64_t rows = 0, cols = 0;
+    std::vector<double> got, want;
+    poison_outputs();
+    ours(p);
+    cublas(blas, p);
+    BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    limit = p == Product::BackwardInput ? kMaxRelError16 : kMaxRelError;
+    switch (p) {
+      case Product::Forward:
+        rows = s_.batch, cols = s_.out;
+        got = widen(download(y_.data(), rows * cols));
+        want = widen(download(y_ref_.data(), rows * cols));
+        for (int64_t i = 0; i < rows * cols; ++i) want[n(i)] += hbias_[n(i % cols)];
+        break;
+      case Product::BackwardInput:
+        rows = s_.batch, cols = s_.in;
+        got = widen(download16(dx_, rows * cols));
+        want = widen(download16(dx_ref_, rows * cols));
+        break;
+      default:
+        rows = s_.out, cols = s_.in;
+        got = widen(download(dw_.data(), rows * cols));
+        want = widen(download(dw_ref_.data(), rows * cols));
+        break;
+    }
+    for (double v : got)
+      if (!std::isfinite(v)) return INFINITY;
+    std::vector<double> mine_s, fp64;
+    for (int i = 0; i < 512; ++i) {
+      const int64_t r = static_cast<int64_t>(rng.below(static_cast<uint64_t>(rows)));
+      const int64_t c = static_cast<int64_t>(rng.below(static_cast<uint64_t>(cols)));
+      mine_s.push_back(got[n(r * cols + c)]);
+      fp64.push_back(reference(p, r, c));
+    }
+    return std::max(rel_error(got, want), rel_error(mine_s, fp64));
+  }
+
+ private:
+  static size_t n(int64_t v) { return static_cast<size_t>(v); }
+  static Tensor16 half(DeviceArray<uint16_t>& a, int64_t rows, int64_t cols) {
+    return Tensor16{a.data(), rows, cols, Device::CUDA, Half::Bf16};
+  }
+  // U(-1, 1) rounded to bf16 by the kernels' own round; returns the values as the host sees them.
+  std::vector<float> random_bf16(DeviceArray<uint16_t>& a, int64_t rows, int64_t cols, Rng& rng) {
+    DeviceArray<float> f(n(rows * cols));
+    upload_random(f.data(), rows * cols, -1.0f, 1.0f, rng);
+    Tensor16 h = half(a, rows, cols);
+    k_.round(Tensor{f.data(), rows, cols, Device::CUDA}, h);
+    std::vector<float> out;
+    for (uint16_t v : download16(a, rows * cols)) out.push_back(bf16_to_float(v));
+    return out;
+  }
+  static std::vector<uint16_t> download16(const DeviceArray<uint16_t>& a, int64_t count) {
+    std::vector<uint16_t> out(n(count));
+    a.download(out.data(), out.size());
+    return out;
+  }
+  static std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+  static std::vector<double> widen(const std::vector<uint16_t>& v) {
+    std::vector<double> out;
+    for (uint16_t h : v) out.push_back(bf16_to_float(h));
+    return out;
+  }
+  void poison_outputs() {
+    poison(y_.data(), s_.batch * s_.out);
+    poison(y_ref_.data(), s_.batch * s_.out);
+    poison(dw_.data(), s_.out * s_.in);
+    poison(dw_ref_.data(), s_.out * s_.in);
+    poison(db_.data(), s_.out);
+    BENCH_CUDA_CHECK(cudaMemset(dx_.data(), 0xff, dx_.size() * sizeof(uint16_t)));
+    BENCH_CUDA_CHECK(cudaMemset(dx_ref_.data(), 0xff, dx_ref_.size() * sizeof(uint16_t)));
+  }
+  double reference(Product p, int64_t r, int64_t c) const {
+    const int64_t in = s_.in, out = s_.out;
+    double sum = 0.0;
+    switch (p) {
+      case Product::Forward:
+        for (int64_t k = 0; k < in; ++k)
+          sum += static_cast<double>(hx_[n(r * in + k)]) * hw_[n(c * in + k)];
+        return sum + hbias_[n(c)];
+      case Product::BackwardInput:
+        for (int64_t k = 0; k < out; ++k)
+          sum += static_cast<double>(hdy_[n(r * out + k)]) * hw_[n(k * in + c)];
+        return sum;
+      default:
+        for (int64_t k = 0; k < s_.batch; ++k)
+          sum += static_cast<double>(hdy_[n(k * out + r)]) * hx_[n(k * in + c)];
+        return sum;
+    }
+  }
+
+  LinearShape s_;
+  MixedLinear& k_;
+  DeviceArray<uint16_t> x_, w_, dy_, live_;
+  DeviceArray<float> bias_, y_;
+  DeviceArray<uint16_t> dx_;
+  DeviceArray<float> dw_, db_, y_ref_;
+  DeviceArray<uint16_t> dx_ref_;
+  DeviceArray<float> dw_ref_;
+  std::vector<float> hx_, hw_, hdy_, hbias_;
+};
+
+/// The bf16 rows: every shape of the fp32 rows (4096^3 and the Fashion model's), each product.
+GemmSummary bench_gemm16(Backend& be, Cublas& blas, EventTimer& timer, const GpuInfo& dev,
+                         const Options& opt, Rng& rng, CsvOut& csv) {
+  std::printf(
+      "## GEMM in bf16 (training.precision): ours (WMMA) vs cuBLAS bf16 GEMM\n\n"
+      "The same layers and products as above on bf16 operands with float32 accumulation: ours "
+      "through the backend's MixedLinear (forward to float32 logits with the bias; "
+      "backward_input_relu to bf16 with its mask read; backward_params to float32 dW plus db), "
+      "cuBLAS's cublasGemmEx (CUBLAS_COMPUTE_32F) on the same buffers. Errors: ours against "
+      "cuBLAS on every element and against fp64 sums of the same bf16 values on 512 sampled "
+      "ones; above %.0e (float32 outputs) or %.1e (bf16 outputs, one unit) the result is WRONG. "
+      "Target: ours >= %.0f%% of cuBLAS.\n\n",
+      kMaxRelError, kMaxRelError16, 100.0 * kGemmTarget);
+  if (dev.info.compute_major < 8) {
+    std::printf("skipped: bf16 needs compute capability 8.0 (this device is %d.%d)\n\n",
+                dev.info.compute_major, dev.info.compute_minor);
+    return GemmSummary{};
+  }
+  print_table_header({"layer", "product", "m x n x k", "ours", "ours GFLOP/s", "cuBLAS GFLOP/s",
+                      "ours/cuBLAS", "error", "target >= 70%"},
+                     "lllrrrrrl");
+  MixedLinear& k = *be.mixed_linear(Half::Bf16);
+  GemmSummary summary;
+  for (const LinearShape& s : gemm_shapes()) {
+    Linear16Bench lb(s, k, rng);
+    for (Product p : {Product::Forward, Product::BackwardInput, Product::BackwardParams}) {
+      int64_t m = 0, nn = 0, kk = 0;
+      lb.dims(p, m, nn, kk);
+      double limit = 0.0;
+      const double err = lb.verify(blas, p, rng, limit);
+      const bool right = err <= limit;
+      const Timing mine = timer.time([&](int64_t) { lb.ours(p); }, opt);
+      const Timing theirs = timer.time([&](int64_t) { lb.cublas(blas, p); }, opt);
+      const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(nn) * kk;
+      const double ours_gflops = flops / mine.median * 1e-9;
+      const double blas_gflops = flops / theirs.median * 1e-9;
+      const double ratio = ours_gflops / blas_gflops;
+      const std::string shape =
+          std::to_string(m) + "x" + std::to_string(nn) + "x" + std::to_string(kk);
+      std::string verdict = right ? (ratio >= kGemmTarget ? "met" : "**NOT met**")
+                                  : "**WRONG RESULT** (" + fmt("%.1e", err) + ")";
+      summary.wrong = summary.wrong || !right;
+      if (right) summary.min_ratio = std::min(summary.min_ratio, ratio);
+      print_table_row({s.label, product_name(p), shape, right ? format_time(mine.median) : "-",
+                       right ? fmt("%.0f", ours_gflops) : "-", fmt("%.0f", blas_gflops),
+                       right ? fmt("%.2f", ratio) : "-", fmt("%.1e", err), verdict});
+      CsvOut::Row row;
+      row.section = "gemm16";
+      row.op = product_key(p);
+      row.shape = shape;
+      row.time_s = right ? mine.median : NAN;
+      row.best_s = right ? mine.best : NAN;
+      row.rate = right ? ours_gflops : NAN;
+      row.unit = "GFLOP/s";
+      row.ref_rate = blas_gflops;
+      row.ratio = right ? ratio : NAN;
+      row.target = kGemmTarget;
+      row.met = !right ? "wrong" : (ratio >= kGemmTarget ? "yes" : "no");
+      row.plan = "wmma 64x64 bf16";
+      row.err = err;
       row.note = s.label;
       csv.write(row);
     }
@@ -988,14 +1262,15 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--only") {
       DDP_CHECK(i + 1 < argc, "--only: missing value (gemm, xent or sgd)");
       opt.only = argv[++i];
-      DDP_CHECK(opt.only == "gemm" || opt.only == "xent" || opt.only == "sgd",
-                "--only: expected gemm, xent or sgd, got '" << opt.only << "'");
+      DDP_CHECK(
+          opt.only == "gemm" || opt.only == "gemm16" || opt.only == "xent" || opt.only == "sgd",
+          "--only: expected gemm, gemm16, xent or sgd, got '" << opt.only << "'");
     } else if (a == "--csv") {
       DDP_CHECK(i + 1 < argc, "--csv: missing file name");
       opt.csv = argv[++i];
     } else if (a == "-h" || a == "--help") {
       std::printf(
-          "usage: ddp_bench_cuda_kernels [--quick] [--only gemm|xent|sgd] [--csv FILE]\n"
+          "usage: ddp_bench_cuda_kernels [--quick] [--only gemm|gemm16|xent|sgd] [--csv FILE]\n"
           "  --quick   5 timed runs of >= 4 ms per row instead of 15 of >= 20 ms\n"
           "  --only    one section (the ceilings are always measured)\n"
           "  --csv     also write every row to FILE\n"
@@ -1039,17 +1314,20 @@ int run(int argc, char** argv) {
         "against a faster, less precise reference**\n\n",
         ceil.sgemm_err);
 
-  GemmSummary gemm;
+  GemmSummary gemm, gemm16;
   MemSummary xent, sgd;
   if (opt.wants("gemm")) gemm = bench_gemm(*be, blas, timer, dev, opt, rng, csv);
+  if (opt.wants("gemm16")) gemm16 = bench_gemm16(*be, blas, timer, dev, opt, rng, csv);
   if (opt.wants("xent")) xent = bench_xent(*be, timer, dev, ceil, opt, rng, csv);
   if (opt.wants("sgd")) sgd = bench_sgd(*be, timer, dev, ceil, opt, rng, csv);
-  wrong = wrong || gemm.wrong || xent.wrong || sgd.wrong;
+  wrong = wrong || gemm.wrong || gemm16.wrong || xent.wrong || sgd.wrong;
 
   // Machine-readable lines for bench/gpu_check.sh.
   std::printf("result.copy_gbs=%.1f\n", ceil.copy_gbs);
   std::printf("result.cublas_sgemm_gflops=%.1f\n", ceil.sgemm_gflops);
   if (std::isfinite(gemm.min_ratio)) std::printf("result.gemm_min_ratio=%.3f\n", gemm.min_ratio);
+  if (std::isfinite(gemm16.min_ratio))
+    std::printf("result.gemm16_min_ratio=%.3f\n", gemm16.min_ratio);
   if (std::isfinite(xent.min_fraction))
     std::printf("result.xent_min_copy_fraction=%.3f\n", xent.min_fraction);
   if (std::isfinite(sgd.min_fraction))

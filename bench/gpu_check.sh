@@ -596,6 +596,13 @@ bench_summary() {
              ($9 == "" ? "-" : sprintf("%.2f", $9)), ($10 == "" ? "-" : sprintf("%.1f", $10)),
              $12 }' "$csv"
   fi
+  if grep -q '^gemm16,' "$csv"; then
+    echo
+    echo "| bf16 GEMM layer | product | m x n x k | ours/cuBLAS bf16 | >= 0.70 |"
+    echo "|---|---|---|---:|---|"
+    awk -F, '$1 == "gemm16" { printf "| %s | %s | %s | %s | %s |\n", $15, $2, $3,
+             ($9 == "" ? "-" : sprintf("%.2f", $9)), $12 }' "$csv"
+  fi
   if grep -q '^mem,' "$csv"; then
     echo
     echo "| op | shape | GB/s | % of copy | >= 80% |"

@@ -298,7 +298,19 @@ class KernelFault : public std::runtime_error {
 
 namespace detail {
 
-enum class WarpOp { kSyncwarp, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll };
+enum class WarpOp {
+  kSyncwarp,
+  kShfl,
+  kShflUp,
+  kShflDown,
+  kShflXor,
+  kBallot,
+  kAny,
+  kAll,
+  kWmmaLoad,
+  kWmmaStore,
+  kWmmaMma
+};
 
 void sync_threads(const char* file, int line);
 void sync_warp(unsigned mask, const char* file, int line);
@@ -307,6 +319,11 @@ uint64_t shuffle(WarpOp op, unsigned mask, uint64_t bits, int lane_arg, int widt
                  int line);
 // Ballot bits, or 0/1 for any/all.
 unsigned vote(WarpOp op, unsigned mask, bool predicate, const char* file, int line);
+// A collective of all 32 lanes of a full warp (the warp matrix functions, cuda_emu_wmma.h):
+// every lane gives `bytes` bytes at `mine` and receives all lanes' bytes, in lane order, in
+// `all` (32 x bytes). A warp with fewer than 32 lanes faults.
+void warp_all_gather(WarpOp op, const void* mine, size_t bytes, void* all, const char* file,
+                     int line);
 
 template <class T>
 T shuffle_as(WarpOp op, unsigned mask, T var, int lane_arg, int width, const char* file, int line) {
@@ -507,6 +524,9 @@ namespace ddp_emu {
 /// stay small). n must be >= 1.
 void set_sm_count(int n);
 int sm_count();
+/// The compute capability every emulated device reports (default 8.0); tests of what a kernel
+/// library refuses on older devices choose another. The emulation runs every kernel alike.
+void set_compute_capability(int major, int minor);
 /// cudaMalloc + cudaMallocHost/cudaHostAlloc allocations not yet freed.
 int64_t live_allocations();
 /// Launches that passed validation and ran (faulted ones included; queued ones once they ran).

@@ -33,6 +33,12 @@ const char* op_name(WarpOp op) {
       return "__any_sync()";
     case WarpOp::kAll:
       return "__all_sync()";
+    case WarpOp::kWmmaLoad:
+      return "wmma::load_matrix_sync()";
+    case WarpOp::kWmmaStore:
+      return "wmma::store_matrix_sync()";
+    case WarpOp::kWmmaMma:
+      return "wmma::mma_sync()";
   }
   return "warp operation";
 }
@@ -333,6 +339,31 @@ unsigned vote(WarpOp op, unsigned mask, bool predicate, const char* file, int li
   if (op == WarpOp::kAny) return ballot != 0;
   if (op == WarpOp::kAll) return ballot == members;
   return ballot;
+}
+
+// As shuffle, with a pointer to each lane's bytes in its slot: the other lanes copy them while
+// their owner waits at the second meeting, which keeps them alive and unchanged.
+void warp_all_gather(WarpOp op, const void* mine, size_t bytes, void* all, const char* file,
+                     int line) {
+  ThreadCtx& c = current(op_name(op), file, line);
+  Launch& l = *c.launch;
+  std::unique_lock<std::mutex> lk(l.mu);
+  if (is_aborted(l)) throw AbortBlock{};
+  Warp& w = l.warps[c.warp];
+  if (w.lanes != 0xffffffffu) {
+    fail_and_unwind(l, std::string("called ") + op_name(op) + " at " + site(file, line) +
+                           " in warp " + std::to_string(c.warp) + " of lanes " + hex32(w.lanes) +
+                           " (the warp matrix functions need all 32 lanes of a warp)");
+  }
+  w.slots[c.lane] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(mine));
+  warp_arrive(l, c, lk, op, 0xffffffffu, file, line);
+  for (unsigned i = 0; i < 32; ++i) {
+    std::memcpy(static_cast<char*>(all) + i * bytes,
+                reinterpret_cast<const void*>(static_cast<uintptr_t>(w.slots[i])), bytes);
+  }
+  lk.lock();
+  if (is_aborted(l)) throw AbortBlock{};
+  warp_arrive(l, c, lk, op, 0xffffffffu, file, line);
 }
 }  // namespace detail
 }  // namespace ddp_emu

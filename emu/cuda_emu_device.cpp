@@ -1,5 +1,5 @@
 // The emulated devices: how many (DDP_EMU_DEVICES), which one is current, their properties and
-// attributes, and the multiprocessor count tests may choose (set_sm_count).
+// attributes, and the multiprocessor count and compute capability tests may choose.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +12,8 @@ namespace ddp_emu {
 namespace {
 
 std::atomic<int> g_sm_count{4};
+std::atomic<int> g_cc_major{8};
+std::atomic<int> g_cc_minor{0};
 
 }  // namespace
 
@@ -21,6 +23,13 @@ void set_sm_count(int n) {
 }
 
 int sm_count() { return g_sm_count; }
+
+void set_compute_capability(int major, int minor) {
+  if (major < 1 || minor < 0)
+    throw std::invalid_argument("ddp_emu::set_compute_capability: major >= 1 and minor >= 0");
+  g_cc_major = major;
+  g_cc_minor = minor;
+}
 
 }  // namespace ddp_emu
 
@@ -73,8 +82,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->maxGridSize[1] = 65535;
   prop->maxGridSize[2] = 65535;
   prop->totalConstMem = 64 * 1024;
-  prop->major = 8;
-  prop->minor = 0;
+  prop->major = ddp_emu::g_cc_major;
+  prop->minor = ddp_emu::g_cc_minor;
   prop->multiProcessorCount = ddp_emu::sm_count();
   prop->memoryBusWidth = 256;
   prop->l2CacheSize = 4 << 20;
@@ -106,10 +115,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       *value = 256;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
-      *value = 8;
+      *value = ddp_emu::g_cc_major;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor:
-      *value = 0;
+      *value = ddp_emu::g_cc_minor;
       return cudaSuccess;
   }
   return record(cudaErrorInvalidValue);

@@ -25,6 +25,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/float16_casts.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemm16.cuh"
 #include "kernels/cuda/reductions.cuh"
 
 namespace {
@@ -72,6 +73,30 @@ void launch_every_gemm() {
         }
       }
     }
+  }
+}
+
+// The mixed-precision GEMM: both formats, the three layouts, 16-byte loads or not, at the
+// largest extents; and its bias gradient's column sums.
+void launch_every_gemm16() {
+  using ddp::cuda::Float16Type;
+  const struct { bool a_kc, b_kc; } layouts[] = {{true, true}, {true, false}, {false, false}};
+  const struct {
+    int m, n, k;
+  } shapes[] = {{kMaxDim, 16, 16}, {16, kMaxDim, 16}, {16, 16, kMaxDim}, {100, 100, 100}};
+  for (Float16Type type : {Float16Type::Bf16, Float16Type::Fp16}) {
+    for (const auto& layout : layouts) {
+      for (const auto& shape : shapes) {
+        for (bool vec : {false, true}) {
+          ddp::cuda::Gemm16Args p;
+          p.m = shape.m;
+          p.n = shape.n;
+          p.k = shape.k;
+          ddp::cuda::launch_gemm16(type, p, layout.a_kc, layout.b_kc, vec, nullptr);
+        }
+      }
+    }
+    ddp::cuda::launch_column_sums16(type, nullptr, kMaxDim, kMaxDim, false, nullptr, nullptr);
   }
 }
 
@@ -132,6 +157,7 @@ void launch_every_cast() {
 std::vector<AuditedLaunch> audit_everything() {
   ddp_emu::AuditLaunches audit;
   launch_every_gemm();
+  launch_every_gemm16();
   launch_every_reduction();
   launch_every_elementwise();
   launch_every_cast();
@@ -188,10 +214,11 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
   // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
   // 7 cross-entropy row kernels and its reduction, the norm's two passes, 6 elementwise ops x 2,
   // the scale by a device factor x 2, count_nonfinite, the 16-bit casts (2 types x 2
-  // directions x 2).
+  // directions x 2); the 16-bit GEMM (2 formats x 3 layouts x 16-byte loads or not) and its
+  // column sums (2 formats).
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 53);
+  CHECK(kernels.size() == 67);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);
@@ -348,8 +375,9 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
       if (next) CHECK(r[1].str() == name);
     }
   }
-  // The GEMM's two tiles, column sums, the cross-entropy total's three, the norm's two passes.
-  CHECK(arrays == 8);
+  // The GEMM's two tiles, column sums, the cross-entropy total's three, the norm's two passes,
+  // the 16-bit GEMM's three tiles.
+  CHECK(arrays == 11);
 }
 
 TEST_CASE("a GEMM with more tiles than a grid holds is refused with a clear error",

@@ -9,6 +9,7 @@
 
 #include "kernels/backend_checks.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_mixed_linear.h"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/float16_casts.cuh"
 #include "kernels/cuda/gemm.cuh"
@@ -35,6 +36,10 @@ int as_int(int64_t v, const char* what) {
 CudaBackend::CudaBackend(int device) : device_(device) {
   cuda_set_device(device);
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  DDP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&compute_major_, cudaDevAttrComputeCapabilityMajor, device));
+  DDP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&compute_minor_, cudaDevAttrComputeCapabilityMinor, device));
   // A blocking stream: the default stream (synchronous copies of results) is ordered after it.
   DDP_CUDA_CHECK(cudaStreamCreate(&stream_));
   xent_totals_ = DeviceArray<XentTotals>(1);
@@ -65,6 +70,17 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::synchronize() { DDP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+MixedLinear* CudaBackend::mixed_linear(Half format) {
+  // The bf16 kernels of older architectures are traps (gemm16.cuh): refused here, before any.
+  DDP_CHECK(format != Half::Bf16 || compute_major_ >= 8,
+            "training.precision: bf16 needs a GPU of compute capability 8.0 or newer; device "
+                << device_ << " is " << compute_major_ << "." << compute_minor_
+                << " (use fp16 or fp32 there)");
+  std::unique_ptr<MixedLinear>& k = mixed_[format == Half::Bf16 ? 0 : 1];
+  if (!k) k = make_mixed_linear(format, *this);
+  return k.get();
+}
 
 void CudaBackend::force_gemm_plan(const GemmPlan* plan) {
   plan_forced_ = plan != nullptr;

@@ -50,6 +50,10 @@ class CudaBackend final : public Backend {
   void scale(Tensor& t, float factor) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void synchronize() override;
+  /// bf16 and fp16 on the tensor cores (cuda_mixed_linear.h). bf16 needs compute capability
+  /// 8.0 or newer: on an older device the request throws ddp::Error naming training.precision
+  /// and the device (fp16 runs there).
+  MixedLinear* mixed_linear(Half format) override;
 
   /// Gradient compression's casts, queued on `stream` (this backend's or another stream of its
   /// device, such as a communicator's): out[i] = in[i] rounded to `type` (core/float16.h), and
@@ -78,6 +82,8 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int sm_count_ = 1;
+  int compute_major_ = 0, compute_minor_ = 0;
+  std::unique_ptr<MixedLinear> mixed_[2];  // bf16, fp16: made on first use
   cudaStream_t stream_ = nullptr;
   bool plan_forced_ = false;
   GemmPlan forced_plan_;

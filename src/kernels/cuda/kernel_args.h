@@ -27,6 +27,26 @@ struct GemmArgs {
   int k_per_split = 0;          ///< K range of one slice (a multiple of every tile's BK)
 };
 
+/// The mixed-precision GEMM (gemm16.cuh): A and B are 16-bit (one format, bit patterns), laid
+/// out as GemmArgs's; C is float32 (c32) or the format (c16), exactly one of them set, with
+/// leading dim ldc. C = epilogue(A·B): + bias[n] (float32), ReLU, then for c16 the mask (C =
+/// mask > 0 ? C : 0, mask [m, n] 16-bit with leading dim ldc) and the rounding; for c32 with
+/// accumulate, C += the result.
+struct Gemm16Args {
+  int m = 0, n = 0, k = 0;
+  const uint16_t* a = nullptr;
+  int64_t lda = 0;
+  const uint16_t* b = nullptr;
+  int64_t ldb = 0;
+  float* c32 = nullptr;
+  uint16_t* c16 = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;
+  const uint16_t* mask = nullptr;
+  bool relu = false;
+  bool accumulate = false;
+};
+
 /// What the per-row pass leaves for the total: loss of the row (double, as the CPU backend
 /// sums), and 1 / 0 for correct, or -1 for a label outside [0, classes).
 struct XentRowOut {
