@@ -258,13 +258,11 @@ bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
   const StepResult& rec = s.result;
   const bool skip_nonfinite = cfg_.training.nan_policy == NanPolicy::SkipStep;
   if (bad == 0) return true;
-  // Collective: which rank's loss went non-finite, for the message.
-  double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
-  comm_.allreduce(&first_bad, 1, ReduceOp::Min);
+  const int first_bad = nonfinite_loss_rank(s);
   std::ostringstream msg;
   msg << s.where() << bad << " non-finite gradient value(s) after the allreduce";
-  if (first_bad < comm_.size()) {
-    msg << " (the loss was non-finite on rank " << static_cast<int>(first_bad) << ")";
+  if (first_bad >= 0) {
+    msg << " (the loss was non-finite on rank " << first_bad << ")";
   } else {
     msg << " (every rank's loss was finite)";
   }
@@ -281,11 +279,28 @@ bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
   return false;
 }
 
+// Collective: the lowest rank whose loss of step `s` is non-finite, or -1.
+int StepPipeline::nonfinite_loss_rank(InFlight& s) {
+  double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
+  comm_.allreduce(&first_bad, 1, ReduceOp::Min);
+  return first_bad < comm_.size() ? static_cast<int>(first_bad) : -1;
+}
+
 // Loss scaling: an overflow of the averaged gradient (`bad` non-finite values, the same on every
 // rank) is the scaler's, not nan_policy's: the step is skipped (no update, the optimizer's state
 // untouched, the lr schedule goes on, as with torch's scaler.step) and the scale backs off.
-// nan_policy still judges a non-finite loss when the step is read.
+// A non-finite loss is still nan_policy's: with abort every rank stops here naming the rank
+// (collective; only on overflow steps), with skip_step the scaler skips the step.
 bool StepPipeline::scaler_step(int64_t bad, InFlight& s) {
+  if (bad > 0 && cfg_.training.nan_policy == NanPolicy::Abort) {
+    const int first_bad = nonfinite_loss_rank(s);
+    if (first_bad >= 0) {
+      throw CollectiveError(s.where() + "the loss was non-finite on rank " +
+                            std::to_string(first_bad) +
+                            " (lower optimizer.lr? training.nan_policy: skip_step skips such "
+                            "steps)");
+    }
+  }
   s.result.scaler_skipped = bad > 0;
   try {
     scaler_.update(bad > 0);

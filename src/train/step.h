@@ -102,6 +102,7 @@ class StepPipeline {
   void apply_totals(const std::vector<double>& all, bool norm, InFlight& s);
   bool gradients_usable(int64_t nonfinite, InFlight& s);
   bool scaler_step(int64_t nonfinite, InFlight& s);
+  int nonfinite_loss_rank(InFlight& s);
 
   const TrainConfig& cfg_;
   DeviceContext& ctx_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/mpi/mpi_communicator.h"
+#include "ddp/errors.h"
 #include "ddp/trainer.h"
 #include "io/training_checkpoint.h"
 #include "mpi_test_helpers.h"
@@ -273,4 +274,36 @@ TEST_CASE("loss scaling with the sharded optimizer: bitwise the replicated run",
       REQUIRE(bitwise_equal(shard, whole));
     }
   }
+}
+
+// A non-finite loss is nan_policy's whatever the scaler does: abort stops every rank naming the
+// rank; skip_step lets the scaler skip the step (and halve the scale), not counted as its own.
+TEST_CASE("loss scaling: a non-finite loss is still nan_policy's", "[mpi][loss_scale][nan]") {
+  const int n = world_size();
+  const std::string dir = shared_scratch("nan");
+  const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, 16 * n, 5);
+  ddp::TrainConfig cfg = ddp_test::overflow_config(data, dir);  // sample 5: step 1, rank 5 % n
+  cfg.training.loss_scaling = ddp::LossScaling::On;
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  std::string message = "(no error)";
+  try {
+    ddp::Trainer trainer(cfg, *comm, nullptr);
+    trainer.run();
+  } catch (const ddp::CollectiveError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  const int64_t bad_step = (5 / n) / 4 + 1;
+  CHECK_THAT(message,
+             Catch::Contains("epoch 1 step " + std::to_string(bad_step) + ": ") &&
+                 Catch::Contains("the loss was non-finite on rank " + std::to_string(5 % n)));
+  cfg.training.nan_policy = ddp::NanPolicy::SkipStep;
+  ddp::TrainSummary summary;
+  const auto w = train(cfg, MPI_COMM_WORLD, &summary);
+  CHECK(summary.scaler_skipped_steps == 2);  // the step with sample 5, once per epoch
+  CHECK(summary.skipped_steps == 0);
+  CHECK(summary.loss_scale == 65536.0 / 4);
+  require_identical_replicas(w);
+  for (const auto& t : w)
+    for (float v : t.data) REQUIRE(std::isfinite(v));
 }
