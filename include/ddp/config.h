@@ -30,6 +30,8 @@ enum class Compression { None, Bf16, Fp16 };
 enum class Hierarchy { Auto, On, Off };
 /// `training.precision`: the operand type of every Linear's GEMMs (float32 accumulation).
 enum class Precision { Fp32, Bf16, Fp16 };
+/// `training.loss_scaling`: dynamic loss scaling (torch.cuda.amp.GradScaler); auto: with fp16.
+enum class LossScaling { Auto, On, Off };
 /// `optimizer.name`.
 enum class OptimizerName { Sgd, Adam, AdamW };
 /// `scheduler.name`.
@@ -84,6 +86,12 @@ struct EnumNames<Precision> {
 };
 
 template <>
+struct EnumNames<LossScaling> {
+  static constexpr std::array<std::pair<LossScaling, const char*>, 3> table{
+      {{LossScaling::Auto, "auto"}, {LossScaling::On, "on"}, {LossScaling::Off, "off"}}};
+};
+
+template <>
 struct EnumNames<OptimizerName> {
   static constexpr std::array<std::pair<OptimizerName, const char*>, 3> table{
       {{OptimizerName::Sgd, "sgd"},
@@ -109,6 +117,7 @@ const char* to_string(NcclAlgo v);
 const char* to_string(Compression v);
 const char* to_string(Hierarchy v);
 const char* to_string(Precision v);
+const char* to_string(LossScaling v);
 const char* to_string(OptimizerName v);
 const char* to_string(SchedulerName v);
 
@@ -211,6 +220,18 @@ struct TrainingConfig {
   /// fp32, or 16-bit GEMM operands with float32 accumulation (torch.autocast): bf16, or fp16
   /// (GPUs only). Master weights, optimizer state, gradients and checkpoints stay float32.
   Precision precision = Precision::Fp32;
+  /// Dynamic loss scaling as torch.cuda.amp.GradScaler does it: the loss gradient times the
+  /// scale, the averaged gradient times 1/scale before the non-finite check, clipping and the
+  /// update; a step with a non-finite gradient is skipped and halves the scale, and
+  /// loss_scale_growth_interval clean steps in a row double it. auto: on with fp16.
+  LossScaling loss_scaling = LossScaling::Auto;
+  double loss_scale_init = 65536.0;           ///< the first scale (GradScaler's init_scale)
+  int64_t loss_scale_growth_interval = 2000;  ///< clean steps before the scale doubles
+  /// Whether loss scaling is on: on, or auto with fp16 (the gradient path resolves it).
+  bool scales_loss() const {
+    return loss_scaling == LossScaling::On ||
+           (loss_scaling == LossScaling::Auto && precision == Precision::Fp16);
+  }
 };
 
 struct DistributedConfig {

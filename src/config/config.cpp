@@ -1033,6 +1033,7 @@ const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
 const char* to_string(Compression v) { return enum_name(v); }
 const char* to_string(Precision v) { return enum_name(v); }
+const char* to_string(LossScaling v) { return enum_name(v); }
 const char* to_string(Hierarchy v) { return enum_name(v); }
 const char* to_string(OptimizerName v) { return enum_name(v); }
 const char* to_string(SchedulerName v) { return enum_name(v); }

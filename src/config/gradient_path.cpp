@@ -1,6 +1,8 @@
 // The gradient path's rules (gradient_path.h): what is refused, what is chosen, what is said.
 #include "config/gradient_path.h"
 
+#include <sstream>
+
 #include "core/check.h"
 
 namespace ddp {
@@ -100,16 +102,29 @@ std::string describe_update(const TrainConfig& c, const GradientPath& p, bool gp
            "(distributed.overlap_optimizer)";
   if (!c.distributed.overlap_optimizer) return "";
   std::string why = "on GPUs";
-  if (!gpu)
-    why = c.training.clip_grad_norm > 0 ? "with training.clip_grad_norm (the global norm first)"
-                                        : "with training.nan_policy: skip_step (it decides first)";
+  if (!gpu && c.training.clip_grad_norm > 0)
+    why = "with training.clip_grad_norm (the global norm first)";
+  else if (!gpu && p.loss_scaling)
+    why = "with training.loss_scaling (an overflow skips the step: it decides first)";
+  else if (!gpu)
+    why = "with training.nan_policy: skip_step (it decides first)";
   return "optimizer: updates after backward: distributed.overlap_optimizer does not apply " + why;
+}
+
+// GradScaler's schedule, with the values of this run.
+std::string describe_scaling(const TrainingConfig& t) {
+  std::ostringstream line;
+  line << "loss scaling: dynamic (training.loss_scaling " << to_string(t.loss_scaling) << "), from "
+       << t.loss_scale_init << ", x2 after " << t.loss_scale_growth_interval
+       << " steps without overflow, x0.5 and the step skipped on an overflow";
+  return line.str();
 }
 
 void describe(const TrainConfig& c, const Facts& f, GradientPath& p) {
   for (const std::string& line :
        {describe_compression(c.distributed, f),
-        p.wire.hierarchical ? describe_hierarchy(*f.layout) : "", describe_update(c, p, f.gpu)}) {
+        p.wire.hierarchical ? describe_hierarchy(*f.layout) : "", describe_update(c, p, f.gpu),
+        p.loss_scaling ? describe_scaling(c.training) : ""}) {
     if (!line.empty()) p.description.push_back(line);
   }
 }
@@ -131,10 +146,13 @@ GradientPath resolve_gradient_path(const TrainConfig& cfg, Device device, Backen
   const TrainingConfig& t = cfg.training;
   const bool skip = t.nan_policy == NanPolicy::SkipStep;
   GradientPath p;
+  p.loss_scaling = t.scales_loss();
+  // The update waits for the whole gradient's totals where they may skip or clip it.
+  const bool decides = t.clip_grad_norm > 0 || skip || p.loss_scaling;
   p.sharded = d.shard_optimizer;
-  p.fused_update = p.sharded && d.overlap_optimizer && !f.gpu && t.clip_grad_norm <= 0 && !skip;
-  p.totals_first = p.sharded && (t.clip_grad_norm > 0 || skip || f.gpu);
-  p.scans_gradients = !f.gpu || skip;
+  p.fused_update = p.sharded && d.overlap_optimizer && !f.gpu && !decides;
+  p.totals_first = p.sharded && (decides || f.gpu);
+  p.scans_gradients = !f.gpu || skip || p.loss_scaling;
   p.equal_parts = p.sharded && f.gpu;
   p.wire = BucketWire{d.compression, d.compression_on_node, hierarchical(d, f), d.shared_memory};
   describe(cfg, f, p);

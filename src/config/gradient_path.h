@@ -1,9 +1,9 @@
 // The gradient path of a job: every decision about how gradients go from backward to the
 // update — allreduce or reduce-scatter with a parameter allgather, the update fused into the
 // reduce-scatters, the norm and non-finite totals first or riding on the allgather, a
-// hierarchy across nodes, 16-bit buckets on the wire — resolved once from the config, the
-// rank's device and backend and where the ranks are, with its lines for the startup log and
-// every refusal. The config's loader refuses what it can know before placement
+// hierarchy across nodes, 16-bit buckets on the wire, dynamic loss scaling — resolved once from the
+// config, the rank's device and backend and where the ranks are, with its lines for the startup log
+// and every refusal. The config's loader refuses what it can know before placement
 // (gradient_path_refusal); the trainer resolves the rest (resolve_gradient_path). Nothing
 // downstream decides any of it again.
 #pragma once
@@ -52,6 +52,9 @@ struct GradientPath {
   /// Each step counts the non-finite values of the averaged gradient (on a GPU a host sync,
   /// so only where such steps are skipped).
   bool scans_gradients = true;
+  /// training.loss_scaling resolved: the loss gradient is scaled and the averaged gradient
+  /// unscaled, checked and skipped on overflow (so the path scans it, totals first).
+  bool loss_scaling = false;
   /// Buckets padded to equal parts per rank (NCCL's reduce-scatter and allgather).
   bool equal_parts = false;
   BucketWire wire;

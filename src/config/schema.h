@@ -35,6 +35,8 @@ constexpr double kTimeoutS = 1e9;           ///< 1e18 ns: a deadline on the stea
 constexpr double kBucketMiB = 1e9;          ///< 2^50 bytes: the cap in bytes fits size_t
 constexpr double kByteMiB = 1.0 / 1048576;  ///< one byte: a smaller cap would be 0 bytes
 constexpr double kFloat32 = FLT_MAX;        ///< numbers the kernels read as float32
+constexpr double kMinScale = FLT_MIN;       ///< 2^-126: a loss scale whose inverse is normal
+constexpr double kMaxScale = 0x1p126;       ///< 2^126: a loss scale whose inverse is normal
 }  // namespace bounds
 
 /// What the schema says of a key besides its name, member and type; the default is the
@@ -285,6 +287,18 @@ void visit_training(TrainingConfig& t, V& v) {
               .doc("clip the averaged gradient to this global L2 norm; 0: off"));
   v.field("precision", t.precision,
           Key().doc("GEMM operands: fp32, bf16, or fp16 (GPUs); float32 accumulation"));
+  v.field("loss_scaling", t.loss_scaling,
+          Key().doc("dynamic loss scaling (GradScaler); auto: on with fp16"));
+  v.field("loss_scale_init", t.loss_scale_init,
+          Key()
+              .not_below(bounds::kMinScale, "2^-126")
+              .at_most(bounds::kMaxScale)
+              .doc("the first loss scale; it and its inverse normal float32"));
+  v.field("loss_scale_growth_interval", t.loss_scale_growth_interval,
+          Key()
+              .at_least(1)
+              .at_most(bounds::kSteps)
+              .doc("steps without overflow before the loss scale doubles"));
 }
 
 template <typename V>

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +35,8 @@ constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kOldStepsKey = "ddp.sgd_steps";
 constexpr const char* kScheduleKey = "ddp.schedule_steps";
 constexpr const char* kRunKey = "ddp.run";
+constexpr const char* kScalerKeys[] = {"ddp.scaler_skipped_steps", "ddp.loss_scale",
+                                       "ddp.loss_scale_growth_tracker"};
 constexpr const char* kFilePrefix = "step-";
 // Counters above 2^53 are not exact as doubles (a resumed position is broadcast as doubles) and
 // no run takes that many steps: a larger one is corruption or a crafted file.
@@ -140,14 +143,27 @@ class MetadataReader {
   const std::string& where_;
 };
 
+// A loss scale is 0 (none) or what the scaler's can be: a float32 value in [2^-126, 2^126].
+void check_loss_scale(const TrainingState& s, const std::string& where) {
+  const double v = s.loss_scale;
+  const bool scale =
+      v >= FLT_MIN && v <= 0x1p126 && static_cast<double>(static_cast<float>(v)) == v;
+  DDP_CHECK(v == 0 || scale, where << ": metadata 'ddp.loss_scale' is " << v
+                                   << ", not 0 or a float32 value in [2^-126, 2^126]");
+}
+
 TrainingState decode_state(Metadata m, const std::string& where) {
   const std::string steps_key = "ddp.optimizer_steps";
   if (m.count(steps_key) == 0 && m.count(kOldStepsKey) != 0) m[steps_key] = m[kOldStepsKey];
   if (m.count(kScheduleKey) == 0) m[kScheduleKey] = "0";  // written before schedules
   if (m.count(kRunKey) == 0) m[kRunKey] = "";             // written before runs were named
+  for (const char* key : kScalerKeys) {
+    if (m.count(key) == 0) m[key] = "0";  // written before loss scaling: none
+  }
   MetadataReader r(m, where);
   TrainingState s;
-  visit_training_state(s, [&](const char* name, auto& value) { r.read(std::string("ddp.") + name, value); });
+  visit_training_state(
+      s, [&](const char* name, auto& value) { r.read(std::string("ddp.") + name, value); });
   DDP_CHECK(s.run.size() <= 64 && s.run.find_first_not_of("0123456789abcdef") == std::string::npos,
             where << ": metadata '" << kRunKey << "' is not a run name (hex digits)");
   DDP_CHECK(s.world_size >= 1, where << ": metadata 'ddp.world_size' is 0");
@@ -156,11 +172,12 @@ TrainingState decode_state(Metadata m, const std::string& where) {
   DDP_CHECK(s.epoch_position < s.train_samples,
             where << ": metadata 'ddp.epoch_position' " << s.epoch_position
                   << " is not inside the training set of " << s.train_samples << " samples");
-  DDP_CHECK(
-      s.step_in_epoch <= s.global_step && s.optimizer_steps + s.skipped_steps <= s.global_step,
-      where << ": step counters disagree (global " << s.global_step << ", in epoch "
-            << s.step_in_epoch << ", applied " << s.optimizer_steps << ", skipped "
-            << s.skipped_steps << ")");
+  const int64_t skipped = s.skipped_steps + s.scaler_skipped_steps;
+  DDP_CHECK(s.step_in_epoch <= s.global_step && s.optimizer_steps + skipped <= s.global_step,
+            where << ": step counters disagree (global " << s.global_step << ", in epoch "
+                  << s.step_in_epoch << ", applied " << s.optimizer_steps << ", skipped " << skipped
+                  << ")");
+  check_loss_scale(s, where);
   return s;
 }
 

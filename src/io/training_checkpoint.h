@@ -17,18 +17,23 @@ namespace ddp {
 
 /// Where training stands at an optimizer-step boundary.
 struct TrainingState {
-  int64_t epoch = 0;           ///< the epoch to continue (0-based)
-  int64_t step_in_epoch = 0;   ///< optimizer steps already taken in it
-  int64_t epoch_position = 0;  ///< positions of the epoch's global sample order consumed
-  int64_t global_step = 0;     ///< optimizer steps taken in total (skipped ones included)
+  int64_t epoch = 0;            ///< the epoch to continue (0-based)
+  int64_t step_in_epoch = 0;    ///< optimizer steps already taken in it
+  int64_t epoch_position = 0;   ///< positions of the epoch's global sample order consumed
+  int64_t global_step = 0;      ///< optimizer steps taken in total (skipped ones included)
   int64_t optimizer_steps = 0;  ///< updates the optimizer applied (> 0: its state is in use)
-  int64_t skipped_steps = 0;   ///< steps skipped for non-finite gradients (nan_policy skip_step)
+  int64_t skipped_steps = 0;    ///< steps skipped for non-finite gradients (nan_policy skip_step)
+  int64_t scaler_skipped_steps = 0;  ///< steps skipped by loss scaling (the gradient overflowed)
+  /// Loss scaling's scale (a float32 value) and growth tracker after the last step; 0 where the
+  /// run had none, or the checkpoint predates it: a resumed run starts at loss_scale_init.
+  double loss_scale = 0.0;
+  int64_t loss_scale_growth_tracker = 0;
   /// The length of the run's lr schedule (scheduler.total_steps as resolved when the run
   /// started): a resumed run keeps it. 0 in checkpoints written before schedules existed.
   int64_t schedule_steps = 0;
-  int64_t world_size = 0;      ///< ranks of the run that wrote it
-  int64_t global_batch = 0;    ///< samples per optimizer step over all ranks
-  int64_t train_samples = 0;   ///< size of the training set epoch_position refers to
+  int64_t world_size = 0;     ///< ranks of the run that wrote it
+  int64_t global_batch = 0;   ///< samples per optimizer step over all ranks
+  int64_t train_samples = 0;  ///< size of the training set epoch_position refers to
   /// The epoch so far, summed over all ranks (so a resumed epoch reports the whole epoch).
   double epoch_loss_sum = 0.0, epoch_correct = 0.0, epoch_count = 0.0;
   /// The run that wrote it: random hex, made when a run starts fresh and kept by the runs that
@@ -52,6 +57,9 @@ void visit_training_state(State& s, Visit&& visit) {
   visit("global_step", s.global_step);
   visit("optimizer_steps", s.optimizer_steps);
   visit("skipped_steps", s.skipped_steps);
+  visit("scaler_skipped_steps", s.scaler_skipped_steps);
+  visit("loss_scale", s.loss_scale);
+  visit("loss_scale_growth_tracker", s.loss_scale_growth_tracker);
   visit("schedule_steps", s.schedule_steps);
   visit("world_size", s.world_size);
   visit("global_batch", s.global_batch);

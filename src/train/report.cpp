@@ -11,10 +11,10 @@
 #include <ostream>
 #include <sstream>
 
+#include "comm/agreement.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/clock.h"
-#include "comm/agreement.h"
 #include "train/device_context.h"
 #include "train/run_directory.h"
 
@@ -124,6 +124,9 @@ void Reporter::summary(const TrainSummary& sum, double overlap, const std::strin
        << percent(overlap) << " hidden behind backward; data wait " << sum.data_wait_seconds
        << " s";
   if (sum.skipped_steps > 0) line << "; " << sum.skipped_steps << " step(s) skipped (non-finite)";
+  if (sum.loss_scale > 0)
+    line << "; loss scale " << std::defaultfloat << std::setprecision(9) << sum.loss_scale << ", "
+         << sum.scaler_skipped_steps << " step(s) skipped on overflow";
   say(line.str());
   const nlohmann::json none;
   record({{"type", "summary"},
@@ -141,6 +144,8 @@ void Reporter::summary(const TrainSummary& sum, double overlap, const std::strin
           {"allreduce_wait_seconds", sum.wait_seconds},
           {"data_wait_seconds", sum.data_wait_seconds},
           {"skipped_steps", sum.skipped_steps},
+          {"scaler_skipped_steps", sum.scaler_skipped_steps},
+          {"loss_scale", sum.loss_scale > 0 ? nlohmann::json(sum.loss_scale) : none},
           {"resumed", sum.resumed},
           {"interrupted", sum.interrupted}});
 }

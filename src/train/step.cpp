@@ -20,15 +20,19 @@ StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& 
       replica_(replica),
       comm_(comm),
       report_(report),
-      trace_(ctx, report, replica.model(), to_string(cfg.optimizer.name)) {}
+      trace_(ctx, report, replica.model(), to_string(cfg.optimizer.name)),
+      scaler_(replica.path().loss_scaling, cfg.training.loss_scale_init,
+              cfg.training.loss_scale_growth_interval) {}
 
 std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& in) {
   InFlight& s = queue(in);
   trace_.begin_step(in.traced);
   // The gradient is a mean over every sample of the optimizer step: all micro-batches and,
   // because the Reducer sums over ranks, all ranks (DDP's 1/world pre-scale, folded in here).
-  // So the step means what one process would do with the global batch.
-  const float loss_scale = 1.0f / static_cast<float>(in.rows * comm_.size());
+  // So the step means what one process would do with the global batch. With loss scaling the
+  // coefficient is scale / samples, as torch's (loss * scale).backward() rounds it.
+  const float loss_coef = scaler_.loss_coefficient(in.rows * comm_.size());
+  s.result.loss_scale = scaler_.scale();
   if (replica_.fused()) replica_.fused_update().begin_step(in.lr, in.log);
   Sequential& model = replica_.model();
   Reducer& reducer = replica_.reducer();
@@ -40,7 +44,7 @@ std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& 
     const Tensor& logits = model.forward(be_, batch.x);
     // The loss: dlogits now; its totals stay on the device until the step is read.
     Tensor dlogits = replica_.dlogits(batch.rows);
-    be_.softmax_xent_deferred(logits, batch.labels, loss_scale, &dlogits, s.slot);
+    be_.softmax_xent_deferred(logits, batch.labels, loss_coef, &dlogits, s.slot);
     // Backward: each gradient is announced the moment it is final and the Reducer launches every
     // bucket then full. Only the last micro-batch communicates (sync); its finalize waits for
     // every bucket: the gradients are averaged over ranks.
@@ -143,6 +147,7 @@ const XentResult& StepPipeline::totals(InFlight& s) {
 void StepPipeline::update_replica(InFlight& s) {
   StepResult& r = s.result;
   Tensor grads = replica_.gradients();
+  unscale(grads);
   if (replica_.path().scans_gradients) r.skipped = !gradients_usable(be_.count_nonfinite(grads), s);
   if (r.skipped) return;
   const double clip = cfg_.training.clip_grad_norm;
@@ -168,6 +173,7 @@ void StepPipeline::update_shard(InFlight& s) {
   const bool check = replica_.path().scans_gradients, norm = clip > 0 || rec.log;
   const bool decide_first = replica_.path().totals_first;
   const bool totals = check || norm;
+  if (!replica_.fused()) unscale(replica_.gradients());  // with loss scaling never fused
   std::vector<double> mine = totals ? shard_totals(norm) : std::vector<double>{};
   if (totals && decide_first) {
     std::vector<double> all(mine.size() * static_cast<size_t>(comm_.size()));
@@ -204,6 +210,20 @@ Tensor StepPipeline::part(const Tensor& arena, const Span& s) {
   return Tensor{arena.data + s.offset, 1, static_cast<int64_t>(s.numel), arena.device};
 }
 
+// Loss scaling: the averaged gradient (sharded: this rank's parts of it) times 1/scale, as
+// GradScaler.unscale_ does before clipping (the norm is the unscaled gradient's) and the update.
+// The non-finite count comes after it: torch counts the values before the multiply, the same
+// count unless the scale is below 1 and the product overflows, which this way is caught too.
+void StepPipeline::unscale(Tensor grads) {
+  if (!scaler_.enabled()) return;
+  const float inv = scaler_.inv_scale();
+  if (!replica_.sharded()) return be_.scale(grads, inv);
+  for (const Span& sp : replica_.shards().owned) {
+    Tensor g = part(grads, sp);
+    be_.scale(g, inv);
+  }
+}
+
 // This rank's parts: {the squared L2 norm (when `norm`), the non-finite count}.
 std::vector<double> StepPipeline::shard_totals(bool norm) {
   std::vector<double> mine = {0.0, 0.0};
@@ -234,16 +254,15 @@ void StepPipeline::apply_totals(const std::vector<double>& all, bool norm, InFli
 // `bad` non-finite values in the averaged gradient: the same count on every rank, so all decide
 // alike: false when the step must be skipped (nan_policy skip_step); with abort, throws.
 bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
+  if (scaler_.enabled()) return scaler_step(bad, s);
   const StepResult& rec = s.result;
   const bool skip_nonfinite = cfg_.training.nan_policy == NanPolicy::SkipStep;
   if (bad == 0) return true;
-  // Collective: which rank's loss went non-finite, for the message.
-  double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
-  comm_.allreduce(&first_bad, 1, ReduceOp::Min);
+  const int first_bad = nonfinite_loss_rank(s);
   std::ostringstream msg;
   msg << s.where() << bad << " non-finite gradient value(s) after the allreduce";
-  if (first_bad < comm_.size()) {
-    msg << " (the loss was non-finite on rank " << static_cast<int>(first_bad) << ")";
+  if (first_bad >= 0) {
+    msg << " (the loss was non-finite on rank " << first_bad << ")";
   } else {
     msg << " (every rank's loss was finite)";
   }
@@ -258,6 +277,37 @@ bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
                   {"global_step", rec.global_step},
                   {"nonfinite_values", bad}});
   return false;
+}
+
+// Collective: the lowest rank whose loss of step `s` is non-finite, or -1.
+int StepPipeline::nonfinite_loss_rank(InFlight& s) {
+  double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
+  comm_.allreduce(&first_bad, 1, ReduceOp::Min);
+  return first_bad < comm_.size() ? static_cast<int>(first_bad) : -1;
+}
+
+// Loss scaling: an overflow of the averaged gradient (`bad` non-finite values, the same on every
+// rank) is the scaler's, not nan_policy's: the step is skipped (no update, the optimizer's state
+// untouched, the lr schedule goes on, as with torch's scaler.step) and the scale backs off.
+// A non-finite loss is still nan_policy's: with abort every rank stops here naming the rank
+// (collective; only on overflow steps), with skip_step the scaler skips the step.
+bool StepPipeline::scaler_step(int64_t bad, InFlight& s) {
+  if (bad > 0 && cfg_.training.nan_policy == NanPolicy::Abort) {
+    const int first_bad = nonfinite_loss_rank(s);
+    if (first_bad >= 0) {
+      throw CollectiveError(s.where() + "the loss was non-finite on rank " +
+                            std::to_string(first_bad) +
+                            " (lower optimizer.lr? training.nan_policy: skip_step skips such "
+                            "steps)");
+    }
+  }
+  s.result.scaler_skipped = bad > 0;
+  try {
+    scaler_.update(bad > 0);
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(s.where() + e.what());
+  }
+  return bad == 0;
 }
 
 }  // namespace ddp

@@ -6,7 +6,9 @@
 // step later on a GPU) is its StepResult. The averaged gradient's norm is computed when
 // training.clip_grad_norm clips it, and on logged steps for the progress line. With a sharded
 // optimizer (ZeRO-1) each rank checks, clips and updates its parts of the buckets, and the
-// allgather brings the others' parts.
+// allgather brings the others' parts. With training.loss_scaling the loss gradient carries the
+// LossScaler's scale and the averaged gradient is unscaled before all of that; an overflow skips
+// the step and backs the scale off.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,7 @@
 #include "ddp/config.h"
 #include "kernels/backend.h"
 #include "train/device_context.h"
+#include "train/loss_scaler.h"
 #include "train/replica.h"
 #include "train/report.h"
 #include "train/step_trace.h"
@@ -47,7 +50,9 @@ struct StepResult {
   double lr = 0.0;
   bool log = false;
   XentResult totals;            ///< the step's loss totals (non-finite only with skip_step)
-  bool skipped = false;         ///< non-finite gradients: no update (nan_policy skip_step)
+  bool skipped = false;         ///< non-finite gradients: no update (skip_step, or scaler_skipped)
+  bool scaler_skipped = false;  ///< loss scaling: the gradient overflowed (skipped is set too)
+  float loss_scale = 1.0f;      ///< the loss scale the step ran with (1: no loss scaling)
   bool has_norm = false;        ///< the gradient norm was computed (clipping, or a logged step)
   double grad_norm = 0.0;       ///< the averaged gradient's L2 norm before clipping
   double wait_seconds = 0.0;    ///< the training thread's wait for the buckets in finalize
@@ -67,6 +72,9 @@ class StepPipeline {
   std::optional<StepResult> step(BatchFeed& feed, const StepInputs& in);
   /// Reads every step still queued, oldest first (at the end of an epoch, before a checkpoint).
   std::vector<StepResult> drain();
+  /// The loss scale and its schedule after the last queued step (decided when it is queued:
+  /// what a checkpoint records, and where a resumed run restores it).
+  LossScaler& scaler() { return scaler_; }
 
  private:
   /// A queued step: its result so far and what reading it needs.
@@ -89,9 +97,12 @@ class StepPipeline {
   void update_replica(InFlight& s);
   void update_shard(InFlight& s);
   static Tensor part(const Tensor& arena, const Span& s);
+  void unscale(Tensor grads);
   std::vector<double> shard_totals(bool norm);
   void apply_totals(const std::vector<double>& all, bool norm, InFlight& s);
   bool gradients_usable(int64_t nonfinite, InFlight& s);
+  bool scaler_step(int64_t nonfinite, InFlight& s);
+  int nonfinite_loss_rank(InFlight& s);
 
   const TrainConfig& cfg_;
   DeviceContext& ctx_;
@@ -100,6 +111,7 @@ class StepPipeline {
   ProcessGroup& comm_;
   Reporter& report_;
   StepTrace trace_;
+  LossScaler scaler_;
   std::deque<InFlight> queue_;  ///< oldest first
 };
 

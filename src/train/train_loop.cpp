@@ -31,6 +31,12 @@ TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool res
   sum_.resumed = resumed;
   sum_.steps = start.global_step;
   sum_.skipped_steps = start.skipped_steps;
+  sum_.scaler_skipped_steps = start.scaler_skipped_steps;
+  // A checkpoint's loss scale continues (one without: loss_scale_init).
+  if (start.loss_scale > 0)
+    pipeline_.scaler().restore(static_cast<float>(start.loss_scale),
+                               start.loss_scale_growth_tracker);
+  note_scaler();
   first_step_ = sum_.steps;
   const int64_t max_steps = parts.cfg.training.max_steps;
   stop_ = max_steps > 0 && sum_.steps >= max_steps;
@@ -117,6 +123,7 @@ bool TrainLoop::after_step(Epoch& e, int64_t rows, const std::optional<StepResul
   at_.epoch_position = e.position;
   at_.global_step = sum_.steps;
   at_.schedule_steps = schedule_.total_steps();
+  note_scaler();
   if (read) read_step(*read);
   if (limit) {
     stop_ = true;
@@ -148,7 +155,9 @@ bool TrainLoop::end_epoch(Epoch& e) {
     at_.epoch = e.index + 1;
     at_.global_step = sum_.steps;
     at_.skipped_steps = sum_.skipped_steps;
+    at_.scaler_skipped_steps = sum_.scaler_skipped_steps;
     at_.schedule_steps = schedule_.total_steps();
+    note_scaler();
   }
   if (sum_.interrupted) {
     // Preempted: the checkpoint first (the grace period is short), no evaluation.
@@ -180,13 +189,19 @@ void TrainLoop::report_epoch(const Epoch& e, const Tally& train, double seconds,
        << std::setprecision(seconds < 1 ? 4 : 2) << seconds << " s: train loss "
        << std::setprecision(4) << train.loss() << " acc " << percent(train.accuracy()) << ", "
        << format_rate(rate);
-  const nlohmann::json record = {{"type", "epoch"},
-                                 {"epoch", e.index + 1},
-                                 {"global_step", sum_.steps},
-                                 {"train_loss", train.loss()},
-                                 {"train_accuracy", train.accuracy()},
-                                 {"seconds", seconds},
-                                 {"samples_per_sec", rate}};
+  nlohmann::json record = {{"type", "epoch"},
+                           {"epoch", e.index + 1},
+                           {"global_step", sum_.steps},
+                           {"train_loss", train.loss()},
+                           {"train_accuracy", train.accuracy()},
+                           {"seconds", seconds},
+                           {"samples_per_sec", rate}};
+  if (pipeline_.scaler().enabled()) {
+    line << ", loss scale " << std::defaultfloat << std::setprecision(9) << sum_.loss_scale << " ("
+         << sum_.scaler_skipped_steps << " step(s) skipped on overflow)";
+    record["loss_scale"] = sum_.loss_scale;
+    record["scaler_skipped_steps"] = sum_.scaler_skipped_steps;
+  }
   if (p_.data.has_test) {
     const Tally t = evaluate();
     sum_.evaluated = true;
@@ -247,12 +262,24 @@ void TrainLoop::read_step(const StepResult& r) {
   sum_.wait_seconds += r.wait_seconds;
   sum_.comm_seconds += r.comm_seconds;
   sum_.hidden_seconds += r.hidden_seconds;
-  if (r.skipped) at_.skipped_steps = ++sum_.skipped_steps;
+  if (r.scaler_skipped) {
+    at_.scaler_skipped_steps = ++sum_.scaler_skipped_steps;
+  } else if (r.skipped) {
+    at_.skipped_steps = ++sum_.skipped_steps;
+  }
   if (std::isfinite(r.totals.loss_sum)) {
     epoch_tally_.add(r.totals, r.rows);
     log_tally_.add(r.totals, r.rows);
   }
   if (r.log) progress_line(r);
+}
+
+// The loss scale and its tracker after the last queued step (decided as it was queued), for
+// checkpoints and the summary; 0 without loss scaling.
+void TrainLoop::note_scaler() {
+  const LossScaler& scaler = pipeline_.scaler();
+  at_.loss_scale = sum_.loss_scale = scaler.enabled() ? scaler.scale() : 0.0;
+  at_.loss_scale_growth_tracker = scaler.growth_tracker();
 }
 
 // Every step still queued (at the end of an epoch, before a checkpoint).
@@ -272,6 +299,8 @@ void TrainLoop::progress_line(const StepResult& rec) {
        << std::scientific << std::setprecision(2) << rec.lr;
   if (rec.has_norm)
     line << " grad norm " << std::defaultfloat << std::setprecision(3) << rec.grad_norm;
+  const bool scaling = pipeline_.scaler().enabled();
+  if (scaling) line << " scale " << std::defaultfloat << std::setprecision(9) << rec.loss_scale;
   line << " " << format_rate(rate);
   p_.report.say(line.str());
   nlohmann::json record = {{"type", "train"},           {"epoch", rec.epoch + 1},
@@ -280,6 +309,10 @@ void TrainLoop::progress_line(const StepResult& rec) {
                            {"samples", g.count},        {"samples_per_sec", rate},
                            {"time", now - run_start_},  {"lr", rec.lr}};
   if (rec.has_norm) record["grad_norm"] = rec.grad_norm;
+  if (scaling) {  // the scale the step ran with; the overflow skips so far
+    record["loss_scale"] = rec.loss_scale;
+    record["scaler_skipped_steps"] = sum_.scaler_skipped_steps;
+  }
   p_.report.record(record);
   if (p_.report.tracer().enabled()) p_.report.tracer().counter("samples/s (all ranks)", now, rate);
   log_tally_ = Tally{};

@@ -63,6 +63,7 @@ class TrainLoop {
   Tally evaluate();
   TrainSummary finish();
 
+  void note_scaler();
   void read_step(const StepResult& r);
   void read_all_steps();
   void progress_line(const StepResult& rec);

@@ -457,10 +457,10 @@ TEST_CASE("GPU training in training.precision bf16 follows CPU training in bf16"
 }
 
 TEST_CASE("GPU training in training.precision fp16 trains, close to float32", "[gpu][precision]") {
-  // fp16 without loss scaling (another change adds it): a small learning rate and one short
-  // epoch, where no gradient is small enough to vanish below fp16's subnormals. fp16 keeps 10
-  // fraction bits: the weights stay within 4 units of 2^-11 of how far float32 training moved
-  // them, and the loss is finite.
+  // fp16 with loss scaling on (training.loss_scaling auto) at its first scale, 2^16, which
+  // this model's gradients never overflow: a small learning rate and one short epoch. fp16
+  // keeps 10 fraction bits: the weights stay within 4 units of 2^-11 of how far float32
+  // training moved them, and the loss is finite.
   auto short_run = [](ddp::TrainConfig cfg) {
     cfg.optimizer.lr = 0.01;
     return cfg;
@@ -482,6 +482,46 @@ TEST_CASE("GPU training in training.precision fp16 trains, close to float32", "[
   const double off = ddp_test::max_abs_diff(w, reference);
   INFO("max |fp16 - fp32| = " << off << ", trained by up to " << moved);
   CHECK(off <= 4 * std::ldexp(1.0, -11) * moved);
+}
+
+TEST_CASE("GPU training in fp16: an overflowing loss scale backs off, and a resume is bitwise",
+          "[gpu][precision][resume]") {
+  // A first scale of 2^24 times a gradient of the loss up to 1/8 (batch 8) is past fp16's
+  // 65504 where the gradient of the loss is rounded to fp16: the first steps overflow in the
+  // 16-bit backward pass itself, every rank skips them alike and the scale halves until it
+  // fits; growth every 5 clean steps overflows again now and then. The scale and its growth
+  // count are in the checkpoint: stopped anywhere and resumed, the run is bitwise the whole.
+  ddp::TrainConfig cfg = mixed_config("fp16_scaling", ddp::DeviceChoice::Cuda, ddp::Precision::Fp16);
+  cfg.training.epochs = 3;
+  cfg.training.loss_scale_init = 0x1p24;
+  cfg.training.loss_scale_growth_interval = 5;
+  ddp::TrainSummary whole_summary;
+  const Weights whole = train(cfg, MPI_COMM_WORLD, &whole_summary);
+  require_identical_replicas(whole);
+  CHECK(whole_summary.scaler_skipped_steps >= 3);  // 2^24, 2^23, 2^22 overflow at least
+  CHECK(whole_summary.scaler_skipped_steps < whole_summary.steps / 2);
+  CHECK(whole_summary.skipped_steps == 0);
+  CHECK(whole_summary.loss_scale < 0x1p24);
+  CHECK(std::isfinite(whole_summary.train_loss));
+  for (const auto& t : whole)
+    for (float v : t.data) REQUIRE(std::isfinite(v));
+  ddp::TrainConfig first = cfg;
+  first.output.dir = scratch_dir("fp16_scaling_first");
+  first.training.max_steps = whole_summary.steps / 2 + 1;
+  first.checkpoint.every_steps = 1000;  // the last step is checkpointed at the end
+  ddp::TrainSummary first_summary;
+  train(first, MPI_COMM_WORLD, &first_summary);
+  REQUIRE(first_summary.steps == first.training.max_steps);
+  ddp::TrainConfig rest = first;
+  rest.training.max_steps = 0;
+  rest.training.resume = "auto";
+  ddp::TrainSummary rest_summary;
+  const Weights resumed = train(rest, MPI_COMM_WORLD, &rest_summary);
+  REQUIRE(rest_summary.resumed);
+  CHECK(rest_summary.scaler_skipped_steps == whole_summary.scaler_skipped_steps);
+  CHECK(rest_summary.loss_scale == whole_summary.loss_scale);
+  require_identical_replicas(resumed);
+  REQUIRE(ddp_test::bitwise_equal(resumed, whole));
 }
 
 #if defined(DDP_CUDA_EMULATION)

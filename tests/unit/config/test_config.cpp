@@ -259,7 +259,8 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
       "--set training.bach_size: unknown key, did you mean 'batch_size'? (known keys in "
       "training: epochs, "
       "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, start_over, "
-      "nan_policy, clip_grad_norm, precision)");
+      "nan_policy, clip_grad_norm, precision, loss_scaling, loss_scale_init, "
+      "loss_scale_growth_interval)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "scheduler, training, "
@@ -287,7 +288,8 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
         "training: "
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
         "start_over, "
-        "nan_policy, clip_grad_norm, precision)");
+        "nan_policy, clip_grad_norm, precision, loss_scaling, loss_scale_init, "
+        "loss_scale_growth_interval)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, features, labels, path, samples)");
@@ -494,6 +496,32 @@ TEST_CASE("config: optimizer keys: ranges, and a key of one optimizer set for an
   });
 }
 
+TEST_CASE("config: loss scaling keys are read; auto scales the loss exactly with fp16",
+          "[config][loss_scale]") {
+  const TrainConfig c = parse(kMinimal +
+                              "training: {loss_scaling: on, loss_scale_init: 1024, "
+                              "loss_scale_growth_interval: 7}\n");
+  CHECK(c.training.loss_scaling == ddp::LossScaling::On);
+  CHECK(c.training.loss_scale_init == 1024);
+  CHECK(c.training.loss_scale_growth_interval == 7);
+  CHECK(c.training.scales_loss());
+  const TrainConfig d = parse(kMinimal);
+  CHECK(d.training.loss_scaling == ddp::LossScaling::Auto);
+  CHECK(d.training.loss_scale_init == 65536);
+  CHECK(d.training.loss_scale_growth_interval == 2000);
+  ddp::TrainingConfig t;
+  for (const ddp::Precision p :
+       {ddp::Precision::Fp32, ddp::Precision::Bf16, ddp::Precision::Fp16}) {
+    t.precision = p;
+    t.loss_scaling = ddp::LossScaling::Auto;
+    CHECK(t.scales_loss() == (p == ddp::Precision::Fp16));
+    t.loss_scaling = ddp::LossScaling::On;
+    CHECK(t.scales_loss());
+    t.loss_scaling = ddp::LossScaling::Off;
+    CHECK_FALSE(t.scales_loss());
+  }
+}
+
 TEST_CASE("config: scheduler keys are read, and each one's misuse is refused by name",
           "[config][schedule]") {
   const TrainConfig c = parse(
@@ -553,6 +581,12 @@ TEST_CASE("config: scheduler keys are read, and each one's misuse is refused by 
        "scheduler.warmup_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.training.clip_grad_norm = -1.0; },
        "training.clip_grad_norm: must be >= 0, got -1.0"},
+      {[](TrainConfig& c) { c.training.loss_scale_init = 0; },
+       "training.loss_scale_init: must be >= 1.1754943508222875e-38 (2^-126), got 0.0"},
+      {[](TrainConfig& c) { c.training.loss_scale_init = 1e-39; },
+       "training.loss_scale_init: must be >= 1.1754943508222875e-38 (2^-126), got 1e-39"},
+      {[](TrainConfig& c) { c.training.loss_scale_growth_interval = 0; },
+       "training.loss_scale_growth_interval: must be >= 1, got 0"},
   });
 }
 
@@ -595,6 +629,8 @@ TEST_CASE("config: enumerated keys take only their names, read once", "[config]"
        "distributed.hierarchical: must be one of auto, on, off; got 'yes'"},
       {"distributed: {compression: int8}\n",
        "distributed.compression: must be one of none, bf16, fp16; got 'int8'"},
+      {"training: {loss_scaling: dynamic}\n",
+       "training.loss_scaling: must be one of auto, on, off; got 'dynamic'"},
       {"optimizer: {name: lion}\n", "optimizer.name: must be one of sgd, adam, adamw; got 'lion'"},
       {"optimizer: {name: adam, betas: [0.9]}\n",
        "optimizer.betas: expected a list of 2 numbers, got 1 entry"},
@@ -726,6 +762,10 @@ TEST_CASE("config: every numeric key has an upper bound, and a value above it na
        "--set training.max_steps: must be <= 1000000000000, got 9223372036854775807"},
       {"training.clip_grad_norm=1e300",
        "--set training.clip_grad_norm: must be <= 3.4028234663852886e+38, got 1e+300"},
+      {"training.loss_scale_init=1e38",
+       "--set training.loss_scale_init: must be <= 8.507059173023462e+37, got 1e+38"},
+      {"training.loss_scale_growth_interval=1000000000001",
+       "--set training.loss_scale_growth_interval: must be <= 1000000000000, got 1000000000001"},
       {"distributed.bucket_cap_mb=1e300",
        "--set distributed.bucket_cap_mb: must be <= 1e+09, got 1e+300"},
       {"distributed.first_bucket_mb=1.000001e9",
@@ -776,6 +816,8 @@ TEST_CASE("config: the bounds themselves are allowed", "[config][bounds]") {
   c.training.accumulate_steps = 1000000;
   c.training.log_every = c.training.max_steps = 1000000000000;
   c.training.clip_grad_norm = FLT_MAX;
+  c.training.loss_scale_init = 0x1p126;
+  c.training.loss_scale_growth_interval = 1000000000000;
   c.distributed.bucket_cap_mb = 1e9;
   c.distributed.first_bucket_mb = 1.0 / 1048576;
   c.distributed.gpus = {65535};

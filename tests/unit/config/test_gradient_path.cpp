@@ -102,6 +102,34 @@ TEST_CASE("gradient path: the sharded update fused only where nothing must be kn
         "optimizer: updates after backward: distributed.overlap_optimizer does not apply on GPUs");
 }
 
+TEST_CASE("gradient path: loss scaling scans the gradient, its totals first, never fused",
+          "[config][gradient_path][loss_scale]") {
+  TrainConfig cfg = sharded();
+  CHECK_FALSE(cpu_path(cfg).loss_scaling);
+  cfg.training.loss_scaling = ddp::LossScaling::On;
+  GradientPath p = cpu_path(cfg);
+  CHECK(p.loss_scaling);
+  CHECK(p.scans_gradients);
+  CHECK(p.totals_first);
+  CHECK_FALSE(p.fused_update);
+  CHECK(p.description ==
+        std::vector<std::string>{
+            "optimizer: updates after backward: distributed.overlap_optimizer does not apply "
+            "with training.loss_scaling (an overflow skips the step: it decides first)",
+            "loss scaling: dynamic (training.loss_scaling on), from 65536, x2 after 2000 steps "
+            "without overflow, x0.5 and the step skipped on an overflow"});
+  // auto: with fp16, which GPUs run; there the gradient is scanned (a host sync) for it.
+  TrainConfig fp16;
+  fp16.training.precision = ddp::Precision::Fp16;
+  p = ddp::resolve_gradient_path(fp16, Device::CUDA, BackendChoice::Nccl, nodes(1, 2));
+  CHECK(p.loss_scaling);
+  CHECK(p.scans_gradients);
+  fp16.training.loss_scaling = ddp::LossScaling::Off;
+  p = ddp::resolve_gradient_path(fp16, Device::CUDA, BackendChoice::Nccl, nodes(1, 2));
+  CHECK_FALSE(p.loss_scaling);
+  CHECK_FALSE(p.scans_gradients);
+}
+
 TEST_CASE("gradient path: hierarchical on auto across equal nodes of several ranks only",
           "[config][gradient_path][hierarchy]") {
   const TrainConfig cfg;                                      // hierarchical: auto

@@ -100,7 +100,9 @@ TEST_CASE("checkpoint round trip is exact", "[checkpoint]") {
   const std::vector<std::vector<std::string>> optimizers = {
       {"momentum"}, {}, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}};
   for (const auto& state : optimizers) {
-    const TrainingCheckpoint c = sample_checkpoint(state);
+    TrainingCheckpoint c = sample_checkpoint(state);
+    c.state.loss_scale = 1048576.0;  // loss scaling's state: 2^20, 17 clean steps
+    c.state.loss_scale_growth_tracker = 17;
     const std::string path = ddp::checkpoint_path(dir.path().string(), c.state.global_step);
     CHECK(path == dir.path().string() + "/step-000000031.safetensors");
     ddp::write_checkpoint(path, c);
@@ -113,6 +115,9 @@ TEST_CASE("checkpoint round trip is exact", "[checkpoint]") {
     CHECK(r.state.global_step == 31);
     CHECK(r.state.optimizer_steps == 30);
     CHECK(r.state.skipped_steps == 1);
+    CHECK(r.state.scaler_skipped_steps == 0);
+    CHECK(r.state.loss_scale == 1048576.0);
+    CHECK(r.state.loss_scale_growth_tracker == 17);
     CHECK(r.state.world_size == 4);
     CHECK(r.state.global_batch == 8);
     CHECK(r.state.train_samples == 100);
@@ -185,6 +190,18 @@ TEST_CASE("checkpoint: a model file and malformed state are refused", "[checkpoi
   c.state.optimizer_steps = 40;
   ddp::write_checkpoint(path, c);
   CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }), Contains("step counters disagree"));
+  c = sample_checkpoint();
+  c.state.scaler_skipped_steps = 1;  // 30 applied + 1 + 1 skipped > 31
+  ddp::write_checkpoint(path, c);
+  CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }), Contains("step counters disagree"));
+  for (const double scale : {1e38, 3.3, -2.0, 1e-39}) {  // beyond 2^126, not float32, ...
+    c = sample_checkpoint();
+    c.state.loss_scale = scale;
+    ddp::write_checkpoint(path, c);
+    CHECK_THAT(error_of([&] { ddp::read_checkpoint(path); }),
+               Contains("metadata 'ddp.loss_scale' is") &&
+                   Contains("not 0 or a float32 value in [2^-126, 2^126]"));
+  }
   c = sample_checkpoint();
   c.optimizer[0].tensors[1].shape = {1, 3};
   ddp::write_checkpoint(path, c);
