@@ -466,6 +466,35 @@ const char* product_key(Product p) {
   }
 }
 
+/// A Linear layer's operands on the host (the 16-bit rows: their values widened to float).
+struct HostOperands {
+  const std::vector<float>& x;  ///< [batch, in]
+  const std::vector<float>& w;  ///< [out, in]
+  const std::vector<float>& bias;
+  const std::vector<float>& dy;  ///< [batch, out]
+};
+
+/// Element (r, c) of product `p`'s row-major output, summed in fp64: the reference both the
+/// float32 and the 16-bit rows check against.
+double reference_element(Product p, const LinearShape& s, const HostOperands& h, int64_t r,
+                         int64_t c) {
+  auto at = [](const std::vector<float>& v, int64_t i) {
+    return static_cast<double>(v[static_cast<size_t>(i)]);
+  };
+  double sum = 0.0;
+  switch (p) {
+    case Product::Forward:
+      for (int64_t k = 0; k < s.in; ++k) sum += at(h.x, r * s.in + k) * at(h.w, c * s.in + k);
+      return sum + at(h.bias, c);
+    case Product::BackwardInput:
+      for (int64_t k = 0; k < s.out; ++k) sum += at(h.dy, r * s.out + k) * at(h.w, k * s.in + c);
+      return sum;
+    default:
+      for (int64_t k = 0; k < s.batch; ++k) sum += at(h.dy, k * s.out + r) * at(h.x, k * s.in + c);
+      return sum;
+  }
+}
+
 std::string plan_string(const GemmPlan& plan) {
   static const char* const kTiles[3] = {"128x128", "64x64", "32x32"};
   std::string s = kTiles[plan.tile >= 0 && plan.tile < 3 ? plan.tile : 2];
@@ -644,22 +673,7 @@ class LinearBench {
 
   /// Element (r, c) of the product's row-major output, summed in fp64.
   double reference(Product p, int64_t r, int64_t c) const {
-    const int64_t in = s_.in, out = s_.out;
-    double sum = 0.0;
-    switch (p) {
-      case Product::Forward:
-        for (int64_t k = 0; k < in; ++k)
-          sum += static_cast<double>(hx_[n(r * in + k)]) * hw_[n(c * in + k)];
-        return sum + hbias_[n(c)];
-      case Product::BackwardInput:
-        for (int64_t k = 0; k < out; ++k)
-          sum += static_cast<double>(hdy_[n(r * out + k)]) * hw_[n(k * in + c)];
-        return sum;
-      default:
-        for (int64_t k = 0; k < s_.batch; ++k)
-          sum += static_cast<double>(hdy_[n(k * out + r)]) * hx_[n(k * in + c)];
-        return sum;
-    }
+    return reference_element(p, s_, {hx_, hw_, hbias_, hdy_}, r, c);
   }
 
   LinearShape s_;
@@ -913,22 +927,7 @@ class Linear16Bench {
     BENCH_CUDA_CHECK(cudaMemset(dx_ref_.data(), 0xff, dx_ref_.size() * sizeof(uint16_t)));
   }
   double reference(Product p, int64_t r, int64_t c) const {
-    const int64_t in = s_.in, out = s_.out;
-    double sum = 0.0;
-    switch (p) {
-      case Product::Forward:
-        for (int64_t k = 0; k < in; ++k)
-          sum += static_cast<double>(hx_[n(r * in + k)]) * hw_[n(c * in + k)];
-        return sum + hbias_[n(c)];
-      case Product::BackwardInput:
-        for (int64_t k = 0; k < out; ++k)
-          sum += static_cast<double>(hdy_[n(r * out + k)]) * hw_[n(k * in + c)];
-        return sum;
-      default:
-        for (int64_t k = 0; k < s_.batch; ++k)
-          sum += static_cast<double>(hdy_[n(k * out + r)]) * hx_[n(k * in + c)];
-        return sum;
-    }
+    return reference_element(p, s_, {hx_, hw_, hbias_, hdy_}, r, c);
   }
 
   LinearShape s_;
