@@ -197,10 +197,12 @@ build() {
   if [[ ! -f $BUILD/CMakeCache.txt ]] && command -v ninja >/dev/null; then
     gen=(-G Ninja)
   fi
-  echo "pack_runtime.sh: configuring $BUILD (CUDA architectures $ARCH, no -march=native)"
+  echo "pack_runtime.sh: configuring $BUILD (CUDA architectures $ARCH, no -march=native, no oneDNN)"
+  # Without oneDNN: its library alone (40 MB) would not fit DDP_PACK_MAX_MB, and the GPU runs do
+  # not use it (the CPU ranks there run Eigen's GEMMs, bf16 over widened operands).
   cmake -S "$REPO" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDDP_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DDDP_NATIVE_ARCH=OFF -DDDP_KERNELS_ONLY=OFF \
-    -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=ON >"$BUILD.configure.log" 2>&1 ||
+    -DDDP_ONEDNN=OFF -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=ON >"$BUILD.configure.log" 2>&1 ||
     { tail -n 30 "$BUILD.configure.log" >&2; die "configure failed ($BUILD.configure.log)"; }
   echo "pack_runtime.sh: building ${PROGRAMS[*]##*/} with $JOBS jobs (minutes)"
   local targets=()
