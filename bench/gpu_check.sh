@@ -2,9 +2,10 @@
 # gpu_check.sh: the one command to run on a GPU machine. With a packed runtime in .gpu-deps
 # (made here by --pack) it runs the prebuilt programs: an MPI smoke run of ddp-train, the CUDA
 # kernel tests, the GPU trainer tests on 1 and 2 ranks, the kernel benchmark and the training
-# benchmark against PyTorch (bench/gpu_train_bench.sh). Without one it builds the kernel library
-# (DDP_KERNELS_ONLY) there and runs its tests and benchmark. Every stage has a time limit, the
-# whole run a budget; it ends with a short summary table.
+# benchmark against PyTorch in fp32, bf16 and fp16 (bench/gpu_train_bench.sh; its table is the
+# end of the summary). Without one it builds the kernel library (DDP_KERNELS_ONLY) there and
+# runs its tests and benchmark. Every stage has a time limit, the whole run a budget; it ends
+# with a short summary table.
 #
 # usage: bench/gpu_check.sh [--quick|--full]   on the GPU machine (--quick / --full: the kernel
 #                                              benchmark's length; kit default --quick, build

@@ -5,8 +5,10 @@ On CPU (the default): gloo, one thread per rank, Fashion-MNIST from its IDX file
 Debian's /usr/bin/python3 (the one that has python3-torch).
 On a GPU (--device cuda): NCCL, rank r on GPU r % device_count, fp32 with TF32 off, CUDA
 synchronised around the timed loop; usually with --synthetic N (random data made on the GPU).
---autocast bf16: forward and loss under torch.autocast(device, dtype=torch.bfloat16) (bf16 GEMMs,
-float32 master weights and optimizer), the peer of ddp-train's training.precision: bf16.
+--autocast bf16|fp16: forward and loss under torch.autocast(device, dtype=torch.bfloat16|float16)
+(16-bit GEMMs, float32 master weights and optimizer), the peer of ddp-train's training.precision;
+fp16 (cuda only, as ddp-train refuses it on CPUs) adds a GradScaler with its defaults, as
+ddp-train's fp16 turns on loss scaling with the same defaults.
 
     /usr/bin/python3 bench/torch_ddp.py --world-size 2 --steps 3000
     python3 bench/torch_ddp.py --device cuda --synthetic 60000 --layers 784,4096,4096,10 \
@@ -63,13 +65,17 @@ def parse_args(argv):
                    help="do not pin rank r to core r (ddp-run pins ranks to cores)")
     p.add_argument("--plain", action="store_true",
                    help="1 process without DistributedDataParallel: what DDP costs on top of the model")
-    p.add_argument("--autocast", choices=("off", "bf16"), default="off",
-                   help="bf16: forward and loss under torch.autocast in bfloat16 (default off: fp32)")
+    p.add_argument("--autocast", choices=("off", "bf16", "fp16"), default="off",
+                   help="bf16 | fp16: forward and loss under torch.autocast in bfloat16 | float16, "
+                        "fp16 with a GradScaler (cuda only); default off: fp32")
     p.add_argument("--openblas-core", action="store_true",
                    help="print the kernel family OpenBLAS picks on this machine and exit")
     args = p.parse_args(argv)
     if args.world_size < 1 or args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
         p.error("--world-size, --steps and --batch-size must be >= 1 and --warmup >= 0")
+    if args.autocast == "fp16" and args.device == "cpu":
+        p.error("--autocast fp16 needs --device cuda: ddp-train refuses training.precision fp16 "
+                "on CPUs, so there is no CPU run to compare with (use bf16 on the CPU)")
     if args.autocast == "bf16" and args.device == "cpu" and not cpu_bf16_autocast():
         p.error("--autocast bf16: this torch has no CPU autocast (torch.autocast needs 1.10 or later)")
     if args.plain and args.world_size != 1:
@@ -191,11 +197,31 @@ def cpu_bf16_autocast():
     return hasattr(torch, "autocast")
 
 
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def autocast_context(args):
-    """forward and loss in bf16 under torch.autocast with --autocast bf16, else nothing."""
+    """forward and loss under torch.autocast in --autocast's 16-bit type, else nothing."""
     if args.autocast == "off":
         return contextlib.nullcontext()
-    return torch.autocast(args.device, dtype=torch.bfloat16)
+    return torch.autocast(args.device, dtype=AUTOCAST_DTYPES[args.autocast])
+
+
+def make_grad_scaler(args):
+    """A GradScaler with its defaults for --autocast fp16 (whose small exponent range needs it),
+    else None. torch.amp.GradScaler("cuda") where it exists: newer PyTorch deprecates the
+    torch.cuda.amp spelling, older PyTorch has only that one."""
+    if args.autocast != "fp16":
+        return None
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda")
+    return torch.cuda.amp.GradScaler()
+
+
+def precision_name(args):
+    """The arithmetic of the run, in words, for the JSON line."""
+    return {"off": "fp32", "bf16": "bf16 autocast",
+            "fp16": "fp16 autocast + GradScaler"}[args.autocast]
 
 
 def disable_tf32():
@@ -256,6 +282,7 @@ def train(rank, args, port, results):
                                         device_ids=[device.index] if cuda else None)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    scaler = make_grad_scaler(args)
     sampler = None
     if not args.synthetic:
         sampler = DistributedSampler(range(x_all.shape[0]), num_replicas=args.world_size,
@@ -289,8 +316,13 @@ def train(rank, args, port, results):
             opt.zero_grad(set_to_none=True)
             with autocast_context(args):
                 loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
             step += 1
             if t0 is not None:
                 samples += idx.numel()
@@ -310,8 +342,9 @@ def train(rank, args, port, results):
             "torch": torch.__version__, "blas": loaded_blas(), "openblas_core": openblas_core(),
             "threads_per_rank": torch.get_num_threads(), "bound_to_cores": not args.no_bind,
             "device": args.device, "layers": args.layers, "warmup": args.warmup,
-            "precision": "bf16 autocast" if args.autocast == "bf16" else "fp32",
+            "precision": precision_name(args),
             "autocast": None if args.autocast == "off" else args.autocast,
+            "loss_scale": None if scaler is None else float(scaler.get_scale()),
             "lr": args.lr, "momentum": args.momentum,
             "data": f"synthetic {args.synthetic} on {args.device}" if args.synthetic else "fashion-mnist",
         }
