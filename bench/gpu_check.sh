@@ -36,7 +36,7 @@
 #                    found in PyTorch's nvidia-* wheels, the CUDA toolkit, ldconfig)
 #   OUT              if set, the logs go there, else to <build dir>-logs: gpu_check.log,
 #                    summary.md, bench.md, bench.csv, and in kit mode train_bench.md,
-#                    train_bench.csv and details.tar.gz (every stage's own log and outputs); in
+#                    train_bench.csv and details.tar.gz (every stage's own log and outputs, the kit's KIT and RESOURCES); in
 #                    build mode build.log and tests.log
 # Exit status: 0 all passed, 1 a test failed or a result was wrong or a stage timed out,
 # 2 configure, build or packed runtime failed, 77 nothing failed but there is no GPU (GPU tests
@@ -269,6 +269,7 @@ add_python_bin_to_path() {
 # The GPUs nvidia-smi lists (queries only); sets GPU (words for the summary) and HAVE_GPU.
 probe_gpu() {
   GPU="no nvidia-smi"
+  GPU_MODE=""
   HAVE_GPU=0
   if command -v nvidia-smi >/dev/null 2>&1; then
     timeout 20 nvidia-smi -L || true
@@ -276,6 +277,9 @@ probe_gpu() {
     GPU=$(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
     if [[ -n $GPU ]]; then
       HAVE_GPU=1
+      # Exclusive_Process admits one process per GPU: two ranks on one GPU cannot start there.
+      GPU_MODE=$(timeout 20 nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -n 1)
+      GPU="$GPU, compute mode ${GPU_MODE:-?}"
     else
       GPU="nvidia-smi found no GPU"
     fi
@@ -518,9 +522,28 @@ stage_kit() {
     return 1
   fi
   local nccl=$DDP_KIT_NCCL cublas=$DDP_KIT_CUBLAS
+  # The version NCCL's file carries (libnccl.so.2.X.Y) is the one the programs load.
+  [[ $nccl == none* ]] || nccl="$(basename "$(readlink -f "$nccl")") ($nccl)"
   [[ $nccl == none* ]] && nccl="stub (none on this machine)"
   [[ $cublas == none* ]] && cublas="stub (none on this machine)"
   note "packed runtime" "ok: $(sed -n 's/^size: //p' "$DEPS/runtime/KIT"), NCCL ${nccl}, cuBLAS ${cublas}, libstdc++ ${DDP_KIT_CXXRT%%:*}" 0
+  kit_matches_tree
+}
+
+# The kit's programs were built from this tree's sources, or every result below is of other code:
+# said loudly, in the summary, and the run cannot pass (it still runs: the machine's time is
+# short, and the numbers are of the commit the kit names).
+kit_matches_tree() {
+  local packed here
+  packed=$(sed -n 's/^sources: //p' "$DEPS/runtime/KIT")
+  here=$(ddp_source_digest "$REPO")
+  if [[ ${packed%% *} == "$here" ]]; then
+    note "kit matches the tree" "yes: sources $packed" 0
+    return 0
+  fi
+  echo "gpu_check.sh: WARNING: the kit was packed from other sources (${packed:-not stamped}) than this tree's ($here): re-pack it (bench/gpu_check.sh --pack)" >&2
+  note "kit matches the tree" "**NO**: packed from ${packed:-unstamped sources}, the tree is $here; results are of the kit's code" 0
+  worsen 1
 }
 
 # ddp-train on 2 CPU ranks from the kit: proves Open MPI, yaml-cpp and the rest start.
@@ -547,6 +570,10 @@ stage_gpu_tests() {  # ranks
   : >"$log"
   local flags=()
   ((n > 1)) && flags=(--oversubscribe)
+  if ((n > 1)) && [[ $GPU_MODE == Exclusive_Process ]] && (($(nvidia-smi -L 2>/dev/null | wc -l) < n)); then
+    note "mpirun -n $n ddp_gpu_tests" "skipped: compute mode Exclusive_Process admits one process per GPU, and there are fewer GPUs than $n ranks" 0
+    return 0
+  fi
   run_stage "mpirun -n $n ddp_gpu_tests" 100 "$log" mpirun -n "$n" "${flags[@]}" "$exe" -r console
   note_test "mpirun -n $n ddp_gpu_tests" "$log"
 }
@@ -656,6 +683,7 @@ main_kit() {
   fi
   print_summary
   cp "$LOGDIR/summary.md" "$WORK/" 2>/dev/null
+  cp "$DEPS/runtime/KIT" "$DEPS/runtime/RESOURCES" "$WORK/" 2>/dev/null
   # Run outputs without the model files (the trained weights are not wanted back).
   tar -czf "$LOGDIR/details.tar.gz" -C "$WORK" --exclude='*.safetensors' . 2>/dev/null ||
     echo "gpu_check.sh: could not write $LOGDIR/details.tar.gz"

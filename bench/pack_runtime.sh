@@ -25,7 +25,9 @@
 #   ompi/       Open MPI's mpirun, orted, ompi_info, plugins, help texts and MCA parameters;
 #               plugins that need UCX, libfabric, verbs, PSM or OpenSHMEM are left out
 #   pmix/       PMIx's plugins and help texts (Open MPI 4.1 starts ranks through PMIx)
-#   KIT         what was packed, from where, and what was left out
+#   KIT         what was packed, from where, and what was left out; the sources' digest
+#               (ddp_source_digest) that bench/gpu_check.sh matches with the tree it runs in
+#   RESOURCES   ptxas's registers, stack frame and spills of every kernel per architecture
 set -u -o pipefail
 
 # --------------------------------------------------------------------------------------------
@@ -138,7 +140,26 @@ ddp_kit_env() {
   if [[ $(id -u) == 0 ]]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   fi
+  # One machine, often a container or VM: PMIx's shared-memory data store, Open MPI's transports
+  # other than shared memory and self, the kernel-assisted copies (CMA, blocked there) and NCCL's
+  # probing of network interfaces all fail in some of them. A user's own setting wins.
+  export PMIX_MCA_gds=${PMIX_MCA_gds:-hash} OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
+  export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+  export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
   export DDP_KIT_ACTIVE="$kit"
+}
+
+# ddp_source_digest REPO: a digest of every file the packed programs are built from (C++, CUDA
+# and CMake under src, include, emu, cmake, tests, bench, and the top CMakeLists.txt), by path
+# and content, so a kit can be matched with a tree without git (a copied tree has none).
+ddp_source_digest() {
+  (
+    cd "${1:?ddp_source_digest needs the repository}" || exit 1
+    find CMakeLists.txt src include emu cmake tests bench -type f \( -name '*.cpp' -o -name '*.h' \
+      -o -name '*.cu' -o -name '*.cuh' -o -name '*.hpp' -o -name '*.cmake' -o -name '*.in' \
+      -o -name CMakeLists.txt \) -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 sha256sum |
+      sha256sum | cut -c1-16
+  )
 }
 
 # Sourced: the functions above are all that is wanted.
@@ -345,6 +366,23 @@ pack_pmix() {
   echo "PMIx from $prefix: plugins $(cd "$TMP/pmix/lib/pmix" && echo *.so)" >>"$TMP/KIT"
 }
 
+# kernel_resources: ptxas's report of every kernel on every architecture the kit was built for
+# (registers, shared memory, stack frame, spill stores and loads; cmake/nvcc_resource_report.sh
+# keeps it beside each object), kernels that touch local memory first, for gpu_check.sh's
+# details archive (the GPU machine has no CUDA toolkit to ask).
+kernel_resources() {
+  local reports=()
+  mapfile -t reports < <(find "$BUILD/CMakeFiles/ddp_kernels.dir" -name '*.resources' | sort)
+  ((${#reports[@]})) || { echo "no ptxas reports in $BUILD: resources not recorded"; return 0; }
+  echo "# stack bytes, spill stores, spill loads, registers, arch, kernel (ptxas -v, ${#reports[@]} objects)"
+  cat "${reports[@]}" | awk '
+    /Compiling entry function/ { fn = $7; arch = $9; gsub(/\047/, "", fn); gsub(/\047/, "", arch); stack = st = ld = 0 }
+    /bytes stack frame/ { stack = $1; st = $5; ld = $9 }
+    /Used [0-9]+ registers/ { print stack + 0, st + 0, ld + 0, $5, arch, fn }' |
+    sort -k2,2nr -k1,1nr -k6 | demangle
+}
+demangle() { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
+
 pack() {
   mkdir -p "$DEST" || die "cannot create $DEST"
   DEST=$(cd "$DEST" && pwd)
@@ -364,6 +402,8 @@ pack() {
     echo "build: $BUILD, Release, CUDA ${cuda_version:-?} for architectures $ARCH, DDP_NATIVE_ARCH=OFF"
     echo "system: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(ldd --version 2>/dev/null | head -n 1)"
     echo "NCCL linked at build time: ${nccl:-NONE (distributed.backend nccl unavailable)}; at run time the machine's"
+    echo "sources: $(ddp_source_digest "$REPO") (commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(
+      git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo ', with uncommitted changes'))"
   } >"$TMP/KIT"
   [[ -n $nccl ]] || echo "pack_runtime.sh: warning: the build found no NCCL; ddp-train has no nccl backend" >&2
   local p
@@ -374,6 +414,7 @@ pack() {
   done
   cudart=${COPIED[libcudart.so.13]:-}
   echo "programs: ${PROGRAMS[*]##*/}" >>"$TMP/KIT"
+  kernel_resources >"$TMP/RESOURCES"
   pack_ompi
   pack_pmix
   echo "pack_runtime.sh: stubs for machines without NCCL / cuBLAS"
