@@ -43,7 +43,8 @@
 //     that forgot to wait reads what the memory held before (cudaMalloc memory is NaN).
 //   * cudaEventQuery on an event whose record has not run runs it and returns cudaErrorNotReady
 //     that once (a polling loop sees "not ready" and still finishes; like older CUDA versions it
-//     is also the thread's last error, which callers clear); cudaEventElapsedTime on it returns
+//     is also the thread's last error, which callers clear; while another thread runs that
+//     stream, it returns cudaErrorNotReady at once); cudaEventElapsedTime on it returns
 //     cudaErrorNotReady. Event times are the host time the record RAN at.
 //   * cudaMemcpyAsync from pageable host memory to the device reads the source at call time (the
 //     driver stages it), from pinned memory (cudaMallocHost, cudaHostRegister) when it runs; a
@@ -474,6 +475,12 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags);
+/// Priorities as on a device: least 0, greatest -5 (lower is more urgent); a priority outside
+/// that range is clamped to it, and either pointer of the range may be NULL. The emulation
+/// records a stream's priority (cudaStreamGetPriority) but schedules every stream alike.
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority);
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);

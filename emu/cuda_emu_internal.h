@@ -38,6 +38,7 @@ struct CUstream_st {
   CUstream_st(unsigned f, uint64_t s) : flags(f), serial(s) {}
   unsigned flags;
   uint64_t serial;  // tells this stream from a later one that got the same address
+  int priority = 0;
   // Deferred mode, all guarded by the registry mutex: the operations not started yet (next
   // first), the sequence numbers of the last one queued and of the last one finished, and
   // whether a thread is running the one after `completed` now.

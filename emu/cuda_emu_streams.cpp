@@ -199,6 +199,34 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
+namespace {
+constexpr int kLeastStreamPriority = 0, kGreatestStreamPriority = -5;
+}  // namespace
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  if (leastPriority) *leastPriority = kLeastStreamPriority;
+  if (greatestPriority) *greatestPriority = kGreatestStreamPriority;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  const cudaError_t rc = cudaStreamCreateWithFlags(stream, flags);
+  if (rc != cudaSuccess) return rc;
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  (*stream)->priority = std::min(kLeastStreamPriority, std::max(kGreatestStreamPriority, priority));
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!priority) return record(cudaErrorInvalidValue);
+  if (!ddp_emu::stream_valid_locked(r, stream)) return record(cudaErrorInvalidResourceHandle);
+  *priority = stream ? stream->priority : kLeastStreamPriority;
+  return cudaSuccess;
+}
+
 // Runs what is queued first, as CUDA lets a destroyed stream's work finish.
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   ddp_emu::Registry& r = registry();
@@ -341,6 +369,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     std::lock_guard<std::mutex> lk(r.mu);
     if (r.events.count(event) == 0) return record(cudaErrorInvalidResourceHandle);
     p = ddp_emu::pending_record_locked(r, event);
+    // A query never waits for the device: a thread running the stream stands for it, busy.
+    if (p.stream != nullptr && p.stream->running) return record(cudaErrorNotReady);
   }
   if (p.stream == nullptr) return cudaSuccess;
   ddp_emu::run_until(p.stream, p.serial, p.target);

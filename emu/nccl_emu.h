@@ -230,6 +230,9 @@ namespace ddp_nccl_emu {
 /// passed argument checks, whatever
 /// their outcome (injected failures and count 0 included).
 int64_t collective_count();
+/// Collectives of this process running now (staging, waiting for their peers or combining),
+/// whether at call time or from a stream's queue.
+int64_t running_collectives();
 /// Communicators of this process created and not yet destroyed or aborted.
 int64_t live_communicators();
 /// The prefix of every shared-memory name the emulation creates ("ddp_nccl_emu_"), followed by

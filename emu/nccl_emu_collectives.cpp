@@ -14,6 +14,7 @@
 namespace {
 
 std::atomic<int64_t> g_collectives{0};
+std::atomic<int64_t> g_running{0};
 
 const char* kind_name(int32_t kind) {
   switch (kind) {
@@ -142,7 +143,10 @@ ncclResult_t perform(ncclComm* c, const Call& call) {
                      call.datatype,
                      reduces(call.kind) ? static_cast<int32_t>(call.op) : -1,
                      call.root};
-  return run(c, d, call.send, call.recv);
+  g_running.fetch_add(1);
+  const ncclResult_t rc = run(c, d, call.send, call.recv);
+  g_running.fetch_sub(1);
+  return rc;
 }
 
 // Queues the collective on the stream (the CUDA emulation's deferred mode) and returns
@@ -313,5 +317,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 namespace ddp_nccl_emu {
 
 int64_t collective_count() { return g_collectives.load(); }
+
+int64_t running_collectives() { return g_running.load(); }
 
 }  // namespace ddp_nccl_emu

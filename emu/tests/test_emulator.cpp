@@ -9,6 +9,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -538,6 +540,52 @@ TEST_CASE("cudaMemcpy and cudaMemset move bytes and reject wrong directions", "[
   CHECK(cudaMemsetAsync(nullptr, 0, 0, stream) == cudaErrorInvalidResourceHandle);
   CHECK_THROWS_AS(ddp_emu::launch(empty_kernel, dim3(1), dim3(1), stream), ddp_emu::KernelFault);
   CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+}
+
+// CUDA's stream priorities: least 0, greatest negative (more urgent), clamped into that range.
+TEST_CASE("stream priorities: the range, clamping, and the priority a stream keeps", "[emu]") {
+  int least = 1, greatest = 1;
+  REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
+  CHECK(least == 0);
+  CHECK(greatest < 0);
+  int only = 1;
+  CHECK(cudaDeviceGetStreamPriorityRange(nullptr, &only) == cudaSuccess);
+  CHECK(only == greatest);
+  CHECK(cudaDeviceGetStreamPriorityRange(&only, nullptr) == cudaSuccess);
+  CHECK(only == least);
+
+  const std::pair<int, int> asked_got[] = {{greatest, greatest},
+                                           {least, least},
+                                           {greatest - 7, greatest},
+                                           {least + 3, least},
+                                           {greatest + 1, greatest + 1},
+                                           {INT_MIN, greatest},
+                                           {INT_MAX, least}};
+  for (const auto& [asked, want] : asked_got) {
+    INFO("priority " << asked);
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, asked) == cudaSuccess);
+    int got = 99;
+    CHECK(cudaStreamGetPriority(s, &got) == cudaSuccess);
+    CHECK(got == want);
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+    CHECK(cudaStreamGetPriority(s, &got) == cudaErrorInvalidResourceHandle);
+  }
+  cudaStream_t plain = nullptr;
+  REQUIRE(cudaStreamCreate(&plain) == cudaSuccess);
+  int got = 99;
+  CHECK(cudaStreamGetPriority(plain, &got) == cudaSuccess);
+  CHECK(got == least);
+  CHECK(cudaStreamGetPriority(nullptr, &got) == cudaSuccess);  // the legacy stream
+  CHECK(got == least);
+  CHECK(cudaStreamGetPriority(plain, nullptr) == cudaErrorInvalidValue);
+  REQUIRE(cudaStreamDestroy(plain) == cudaSuccess);
+  CHECK(cudaStreamCreateWithPriority(nullptr, cudaStreamDefault, greatest) ==
+        cudaErrorInvalidValue);
+  cudaStream_t bad = nullptr;
+  CHECK(cudaStreamCreateWithPriority(&bad, 0x8, greatest) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 TEST_CASE("events measure host time between records", "[emu]") {
@@ -1113,6 +1161,35 @@ TEST_CASE("deferred mode: event query, synchronize and elapsed time", "[emu][def
   CHECK(cudaGetLastError() == cudaSuccess);
 
   for (cudaEvent_t e : {start, stop, late, never}) REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+// A device never makes the host wait in a query: while one thread runs a stream (here, host
+// work that blocks until released, as a collective waiting for its peers does), a query of a
+// record behind it answers "not ready" at once instead of waiting for that thread.
+TEST_CASE("deferred mode: an event query does not wait while another thread runs its stream",
+          "[emu][deferred]") {
+  DeferredStreams deferred;
+  cudaStream_t s = make_stream(cudaStreamNonBlocking);
+  cudaEvent_t after = make_event();
+  std::atomic<bool> started{false}, release{false};
+  REQUIRE(ddp_emu::enqueue_host_work(s, [&] {
+    started = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }));
+  REQUIRE(cudaEventRecord(after, s) == cudaSuccess);
+  std::thread runner([s] { (void)cudaStreamSynchronize(s); });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    CHECK(cudaEventQuery(after) == cudaErrorNotReady);
+    CHECK(cudaGetLastError() == cudaErrorNotReady);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  release = true;
+  runner.join();
+  CHECK(cudaEventQuery(after) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(after) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
 }
 

@@ -263,7 +263,7 @@ struct DistributedConfig {
   Hierarchy hierarchical = Hierarchy::Auto;
   /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
   std::vector<int64_t> gpus;
-  NcclAlgo nccl_algo = NcclAlgo::Ring;  ///< ring | auto (NCCL's own choice); sets NCCL_ALGO
+  NcclAlgo nccl_algo = NcclAlgo::Auto;  ///< auto (NCCL's own choice) | ring (sets NCCL_ALGO)
   /// Seconds any collective may take before the job is stopped (a dead or stalled peer).
   double timeout_s = 600.0;
 };

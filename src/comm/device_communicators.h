@@ -22,9 +22,9 @@ bool nccl_built();
 std::string nccl_version();
 
 struct NcclOptions {
-  /// Ring: NCCL_ALGO=Ring unless the user set NCCL_ALGO (the design's ring allreduce);
-  /// Auto: NCCL chooses.
-  NcclAlgo algo = NcclAlgo::Ring;
+  /// Auto: NCCL chooses (NVLS or tree where they are faster); Ring: NCCL_ALGO=Ring unless the
+  /// user set NCCL_ALGO, one algorithm whatever the message size and machine.
+  NcclAlgo algo = NcclAlgo::Auto;
   double timeout_s = 600.0;
 };
 

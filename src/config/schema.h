@@ -329,7 +329,7 @@ void visit_distributed(DistributedConfig& d, V& v) {
   v.field(
       "gpus", d.gpus,
       Key().at_least(0).at_most(bounds::kGpu).doc("GPU of each local rank; []: local rank % GPUs"));
-  v.field("nccl_algo", d.nccl_algo, Key().doc("ring sets NCCL_ALGO=Ring; auto: NCCL's choice"));
+  v.field("nccl_algo", d.nccl_algo, Key().doc("auto: NCCL's choice; ring sets NCCL_ALGO=Ring"));
   v.field("timeout_s", d.timeout_s,
           Key().positive().at_most(bounds::kTimeoutS).doc("seconds any collective may take"));
 }

@@ -3,7 +3,8 @@
 // it, records a start event, runs ncclAllReduce, records an end event. Work::wait makes the
 // compute stream wait on the end event (no host synchronisation inside a step);
 // Work::synchronize polls the end event and NCCL's asynchronous error under the timeout,
-// aborting the communicator on failure so no rank is left waiting. With
+// aborting the communicator on failure so no rank is left waiting; so does the destructor. The
+// comm stream has the device's greatest priority, ahead of backward's kernels. With
 // distributed.compression, the comm stream casts the bucket to 16 bits before the collective
 // and back after it (PyTorch's bf16/fp16 compress hooks), on one node as across nodes.
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/device_communicators.h"
 #include "comm/shard_plan.h"
@@ -94,7 +96,11 @@ class NcclCommunicator final : public ShardedCommunicator {
     ncclUniqueId id{};
     if (group.rank() == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
     group.broadcast(&id, sizeof(id), 0);
-    DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The greatest priority, so that a bucket's allreduce kernels are scheduled ahead of the
+    // backward kernels queued on the compute stream meanwhile (overlap, not a queue behind them).
+    int least = 0, greatest = 0;
+    DDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     // Non-blocking, so that a peer that never arrives is a timeout and not a hang.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -102,13 +108,15 @@ class NcclCommunicator final : public ShardedCommunicator {
     settle(rc, "ncclCommInitRank (" + std::to_string(group.size()) + " ranks)");
   }
 
+  // On an error path a collective may still wait on the stream for a peer that never posts
+  // it: every wait here is bounded, and what does not finish in time is aborted (which also
+  // releases the stream), so no rank hangs in a destructor.
   ~NcclCommunicator() override {
     if (comm_ != nullptr && !aborted_) {
-      // A non-blocking communicator finalises asynchronously: wait for it (bounded), then free
-      // it; if it does not finish, abort rather than hang in a destructor.
-      (void)cudaStreamSynchronize(stream_);
-      ncclResult_t state = ncclCommFinalize(comm_);
       const double deadline = seconds_now() + std::min(timeout_s_, 30.0);
+      ncclResult_t state =
+          stream_drained_by(deadline) ? ncclCommFinalize(comm_) : ncclInternalError;
+      // A non-blocking communicator finalises asynchronously: wait for it too, then free it.
       while (state == ncclInProgress && seconds_now() < deadline) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
@@ -174,15 +182,23 @@ class NcclCommunicator final : public ShardedCommunicator {
     });
   }
 
+  // Every bucket's allgather in one NCCL group, so NCCL launches them as one operation.
   std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) override {
+    std::vector<size_t> parts;
+    for (const Span& b : buckets) parts.push_back(equal_part(b.numel, "allgather"));
     return on_stream("NCCL allgather of the parameters", [&] {
-      for (const Span& b : buckets) {
-        const size_t part = equal_part(b.numel, "allgather");
-        float* bucket = arena + b.offset;
-        settle(ncclAllGather(bucket + static_cast<size_t>(rank_) * part, bucket, part, ncclFloat,
-                             comm_, stream_),
-               "ncclAllGather");
+      DDP_NCCL_CHECK(ncclGroupStart());
+      ncclResult_t rc = ncclSuccess;
+      for (size_t i = 0; i < buckets.size() && (rc == ncclSuccess || rc == ncclInProgress); ++i) {
+        float* bucket = arena + buckets[i].offset;
+        rc = ncclAllGather(bucket + static_cast<size_t>(rank_) * parts[i], bucket, parts[i],
+                           ncclFloat, comm_, stream_);
       }
+      // The group is closed whatever failed inside it.
+      const ncclResult_t end = ncclGroupEnd();
+      const bool failed = rc != ncclSuccess && rc != ncclInProgress;
+      settle(failed ? rc : end,
+             "ncclAllGather of " + std::to_string(buckets.size()) + " buckets (one group)");
     });
   }
 
@@ -337,6 +353,29 @@ class NcclCommunicator final : public ShardedCommunicator {
   void abort() {
     if (!aborted_ && comm_ != nullptr) (void)ncclCommAbort(comm_);
     aborted_ = true;
+  }
+
+  // Whether everything queued on the NCCL stream finished by `deadline`: an event after it,
+  // polled (cudaStreamSynchronize would wait for ever on a collective whose peer never posts).
+  bool stream_drained_by(double deadline) {
+    cudaEvent_t drained = nullptr;
+    if (cudaEventCreateWithFlags(&drained, cudaEventDisableTiming) != cudaSuccess) return false;
+    bool done = false;
+    if (cudaEventRecord(drained, stream_) == cudaSuccess) {
+      for (;;) {
+        const cudaError_t state = cudaEventQuery(drained);
+        if (state != cudaErrorNotReady) {
+          done = state == cudaSuccess;
+          break;
+        }
+        (void)cudaGetLastError();  // not ready is not an error
+        if (seconds_now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    // An event still pending is released by the runtime once the stream passes it.
+    (void)cudaEventDestroy(drained);
+    return done;
   }
 
   cuda::CudaBackend* backend_ = nullptr;
