@@ -1,10 +1,15 @@
 // The per-architecture limits, the ptxas report reader and the launch check of launch_limits.h.
 #include "launch_limits.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
+#include <sstream>
 
 namespace ddp_emu {
 
@@ -23,6 +28,13 @@ ArchLimits arch(int sm, size_t optin_kib, size_t per_sm_kib, size_t reserved, un
 }
 
 size_t ceil_to(size_t v, size_t unit) { return (v + unit - 1) / unit * unit; }
+
+std::string demangle(const std::string& symbol) {
+  int status = 0;
+  const std::unique_ptr<char, void (*)(void*)> name(
+      abi::__cxa_demangle(symbol.c_str(), nullptr, nullptr, &status), std::free);
+  return status == 0 && name ? std::string(name.get()) : symbol;
+}
 
 }  // namespace
 
@@ -44,7 +56,8 @@ const ArchLimits* find_arch(int sm) {
 
 size_t parse_ptxas_report(std::istream& in, UsageTable& table) {
   static const std::regex entry(R"(Compiling entry function '([^']+)' for 'sm_([0-9]+)a?')");
-  static const std::regex frame(R"(([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores)");
+  static const std::regex frame(
+      R"(([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads)");
   static const std::regex used(R"(Used ([0-9]+) registers)");
   static const std::regex smem(R"(([0-9]+) bytes smem)");
   size_t entries = 0;
@@ -65,6 +78,7 @@ size_t parse_ptxas_report(std::istream& in, UsageTable& table) {
     } else if (current != nullptr && std::regex_search(line, m, frame)) {
       current->stack = std::stoul(m[1].str());
       current->spill = std::stoul(m[2].str());
+      current->spill_loads = std::stoul(m[3].str());
     } else if (current != nullptr && std::regex_search(line, m, used)) {
       current->registers = static_cast<unsigned>(std::stoul(m[1].str()));
       if (std::regex_search(line, m, smem)) current->static_smem = std::stoul(m[1].str());
@@ -85,6 +99,19 @@ UsageTable load_usage_reports(const std::string& dir) {
     }
   }
   return table;
+}
+
+std::string spill_report(const UsageTable& table) {
+  std::ostringstream os;
+  for (const auto& [symbol, per_arch] : table) {
+    for (const KernelUsage& u : per_arch) {
+      if (u.spill == 0 && u.spill_loads == 0) continue;
+      os << demangle(symbol) << " on sm_" << u.sm << ": " << u.spill << " bytes spill stores, "
+         << u.spill_loads << " bytes spill loads (" << u.registers << " registers, " << u.stack
+         << " bytes stack frame)\n";
+    }
+  }
+  return os.str();
 }
 
 unsigned block_registers(const ArchLimits& arch, const KernelUsage& usage, unsigned threads) {

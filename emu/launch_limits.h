@@ -45,6 +45,7 @@ struct KernelUsage {
   size_t static_smem = 0;  ///< bytes of __shared__ arrays
   size_t stack = 0;        ///< bytes of stack frame per thread
   size_t spill = 0;        ///< bytes of spill stores per thread
+  size_t spill_loads = 0;  ///< bytes of spill loads per thread
 };
 
 /// Usage per architecture, by mangled kernel name.
@@ -57,6 +58,11 @@ size_t parse_ptxas_report(std::istream& in, UsageTable& table);
 
 /// Reads every *.resources file under `dir` (recursively) into a table.
 UsageTable load_usage_reports(const std::string& dir);
+
+/// One line per kernel and architecture whose registers spill to local memory, naming the
+/// kernel (demangled), the architecture and the bytes; "" when none does. A stack frame
+/// without spills (a local array) is not one.
+std::string spill_report(const UsageTable& table);
 
 /// "" when one block of `threads` threads (with `dynamic_smem` bytes of dynamic shared
 /// memory, opted in with cudaFuncAttributeMaxDynamicSharedMemorySize when `smem_opt_in`) of a

@@ -236,6 +236,10 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
       for (const KernelUsage& u : per_arch) archs.insert(u.sm);
       CHECK(archs == kTargetSms);
     }
+    // A spill is local-memory traffic in the inner loop: the kernels are sized to keep their
+    // working set in registers on every target.
+    const std::string spills = ddp_emu::spill_report(ddp_emu::kernel_usage());
+    if (!spills.empty()) FAIL_CHECK("kernels spill registers to local memory:\n" << spills);
     WARN("kernels and their resources per architecture:\n" << usage_table(launches));
   } else {
     WARN(
@@ -343,9 +347,40 @@ TEST_CASE("ptxas report: entries per kernel and architecture", "[emu][audit]") {
   CHECK(u[0].static_smem == 256);
   CHECK(u[0].stack == 16);
   CHECK(u[0].spill == 8);
+  CHECK(u[0].spill_loads == 8);
   CHECK(u[1].sm == 90);
   CHECK(u[1].registers == 12);
   CHECK(u[1].static_smem == 0);
+}
+
+TEST_CASE(
+    "ptxas report: a spill is reported by kernel, architecture and bytes; a stack frame "
+    "alone is not",
+    "[emu][audit]") {
+  std::istringstream report(
+      "ptxas info    : Compiling entry function "
+      "'_ZN3ddp4cuda11gemm_kernelILi128ELi128ELi8ELi8ELi8ELb0ELb0ELb1EEEvNS0_8GemmArgsE' for "
+      "'sm_90'\n"
+      "ptxas info    : Function properties for "
+      "_ZN3ddp4cuda11gemm_kernelILi128ELi128ELi8ELi8ELi8ELb0ELb0ELb1EEEvNS0_8GemmArgsE\n"
+      "    32 bytes stack frame, 48 bytes spill stores, 52 bytes spill loads\n"
+      "ptxas info    : Used 128 registers, used 1 barriers, 16896 bytes smem, 400 bytes cmem[0]\n"
+      "ptxas info    : Compiling entry function "
+      "'_ZN3ddp4cuda18elementwise_kernelINS0_6AdamOpELb0EEEvT_l' for 'sm_90'\n"
+      "ptxas info    : Function properties for "
+      "_ZN3ddp4cuda18elementwise_kernelINS0_6AdamOpELb0EEEvT_l\n"
+      "    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 22 registers, used 0 barriers, 8 bytes cumulative stack size\n");
+  ddp_emu::UsageTable table;
+  REQUIRE(ddp_emu::parse_ptxas_report(report, table) == 2);
+  const std::string spills = ddp_emu::spill_report(table);
+  CHECK(spills ==
+        "void ddp::cuda::gemm_kernel<128, 128, 8, 8, 8, false, false, true>(ddp::cuda::GemmArgs) "
+        "on sm_90: 48 bytes spill stores, 52 bytes spill loads (128 registers, 32 bytes stack "
+        "frame)\n");
+  table.erase(table.find(
+      "_ZN3ddp4cuda11gemm_kernelILi128ELi128ELi8ELi8ELi8ELb0ELb0ELb1EEEvNS0_8GemmArgsE"));
+  CHECK(ddp_emu::spill_report(table).empty());
 }
 
 TEST_CASE("every shared array of the kernels is poisoned between blocks in the emulation",

@@ -35,86 +35,117 @@ struct TileIo {
   static_assert((ROWS * BK) % (THREADS * (VEC ? 4 : 1)) == 0, "tile does not split evenly");
   static_assert(kElems % (VEC ? 4 : 1) == 0, "tile does not split evenly");
 
-  // Global → registers. r0: first row of the tile; rows: the operand's row count; [k0, kend):
-  // the K range of this tile's slice. Out-of-range elements read as 0.
-  __device__ __forceinline__ static void load(const float* __restrict__ x, int64_t ld, int64_t r0,
-                                              int64_t rows, int k0, int kend, int tid, float* reg) {
+  // A thread's loads l = 0, 1, ... sit at i = tid + l·THREADS; THREADS is a multiple of the
+  // tile's extent along the contiguous dimension, so load l is load 0 moved by l·kStep along
+  // the other one (rows for a k-contiguous operand, k's otherwise). A pointer advanced per K
+  // tile and one row count then carry a thread across the slice: no 64-bit offset is
+  // recomputed per load, and little stays live beside the accumulators.
+  static constexpr int kPerLine = K_CONTIGUOUS ? (VEC ? BK / 4 : BK) : (VEC ? ROWS / 4 : ROWS);
+  static_assert(THREADS % kPerLine == 0, "a thread's loads do not keep one offset");
+  static constexpr int kStep = THREADS / kPerLine;
+
+  /// Where this thread's load 0 of the current K tile is. rows_left is 32-bit: rows <= 2^31 - 1
+  /// and r0 < rows, so it lies in (-ROWS, rows].
+  struct Cursor {
+    const float* at;  ///< element (row r0 + r, k k0 + k) of load 0; formed, read only in range
+    int rows_left;    ///< rows - (r0 + r): load l is in range while its row offset is below it
+  };
+
+  // The cursor of the tile at rows [r0, r0 + ROWS), k's [k0, k0 + BK), for x with leading
+  // dimension ld. r0 < rows.
+  __device__ __forceinline__ static Cursor start(const float* x, int64_t ld, int r0, int rows,
+                                                 int k0, int tid) {
+    int r, k;
+    position(tid, r, k);
+    Cursor c;
+    c.at = K_CONTIGUOUS ? x + (static_cast<int64_t>(r0) + r) * ld + (k0 + k)
+                        : x + static_cast<int64_t>(k0 + k) * ld + (r0 + r);
+    c.rows_left = (rows - r0) - r;
+    return c;
+  }
+
+  // The same thread's cursor one K tile on.
+  __device__ __forceinline__ static void advance(Cursor& c, int64_t ld) {
+    c.at += K_CONTIGUOUS ? static_cast<int64_t>(BK) : BK * ld;
+  }
+
+  // Global → registers, for the tile whose slice has k_rest k's left from its first. The K
+  // count is the caller's, one for both operands (a count per operand spilled on sm_90).
+  // Out-of-range elements read as 0.
+  __device__ __forceinline__ static void load(const Cursor& c, int64_t ld, int k_rest, int tid,
+                                              float* reg) {
+    int r, k;
+    position(tid, r, k);
     if (VEC) {
       DDP_UNROLL
       for (int l = 0; l < kElems / 4; ++l) {
-        const int i = tid + l * THREADS;
-        int r, k;
-        vec_position(i, r, k);
-        const int64_t gr = r0 + r;
-        const int gk = k0 + k;
+        const int dr = K_CONTIGUOUS ? l * kStep : 0;
+        const int dk = K_CONTIGUOUS ? 0 : l * kStep;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         // With VEC the contiguous extent is a multiple of 4: a float4 is all in or all out.
-        if (gr < rows && gk < kend) {
-          const float* src =
-              K_CONTIGUOUS ? x + gr * ld + gk : x + static_cast<int64_t>(gk) * ld + gr;
-          v = *reinterpret_cast<const float4*>(src);
-        }
+        if (dr < c.rows_left && k + dk < k_rest)
+          v = *reinterpret_cast<const float4*>(c.at + static_cast<int64_t>(dr + dk) * ld);
         reg[4 * l + 0] = v.x;
         reg[4 * l + 1] = v.y;
         reg[4 * l + 2] = v.z;
         reg[4 * l + 3] = v.w;
       }
     } else {
+      // Stepped, not l·step: ptxas kept the products l·step live across the K loop and spilled.
+      const float* x = c.at;
+      const int64_t step = kStep * ld;
       DDP_UNROLL
       for (int l = 0; l < kElems; ++l) {
-        const int i = tid + l * THREADS;
-        // Consecutive threads read consecutive addresses along the contiguous dimension.
-        const int r = K_CONTIGUOUS ? i / BK : i % ROWS;
-        const int k = K_CONTIGUOUS ? i % BK : i / ROWS;
-        const int64_t gr = r0 + r;
-        const int gk = k0 + k;
+        const int dr = K_CONTIGUOUS ? l * kStep : 0;
+        const int dk = K_CONTIGUOUS ? 0 : l * kStep;
         float v = 0.0f;
-        if (gr < rows && gk < kend)
-          v = K_CONTIGUOUS ? x[gr * ld + gk] : x[static_cast<int64_t>(gk) * ld + gr];
+        if (dr < c.rows_left && k + dk < k_rest) v = *x;
         reg[l] = v;
+        x += step;
       }
     }
   }
 
   // Registers → shared memory tile s[BK][ROWS + 4].
   __device__ __forceinline__ static void store(float (*s)[ROWS + 4], int tid, const float* reg) {
+    int r, k;
+    position(tid, r, k);
     if (VEC) {
       DDP_UNROLL
       for (int l = 0; l < kElems / 4; ++l) {
-        const int i = tid + l * THREADS;
-        int r, k;
-        vec_position(i, r, k);
+        const int rl = K_CONTIGUOUS ? r + l * kStep : r;
+        const int kl = K_CONTIGUOUS ? k : k + l * kStep;
         if (K_CONTIGUOUS) {
           // Four k's of one row: a transposed store.
-          s[k + 0][r] = reg[4 * l + 0];
-          s[k + 1][r] = reg[4 * l + 1];
-          s[k + 2][r] = reg[4 * l + 2];
-          s[k + 3][r] = reg[4 * l + 3];
+          s[kl + 0][rl] = reg[4 * l + 0];
+          s[kl + 1][rl] = reg[4 * l + 1];
+          s[kl + 2][rl] = reg[4 * l + 2];
+          s[kl + 3][rl] = reg[4 * l + 3];
         } else {
-          *reinterpret_cast<float4*>(&s[k][r]) =
+          *reinterpret_cast<float4*>(&s[kl][rl]) =
               make_float4(reg[4 * l + 0], reg[4 * l + 1], reg[4 * l + 2], reg[4 * l + 3]);
         }
       }
     } else {
       DDP_UNROLL
       for (int l = 0; l < kElems; ++l) {
-        const int i = tid + l * THREADS;
-        const int r = K_CONTIGUOUS ? i / BK : i % ROWS;
-        const int k = K_CONTIGUOUS ? i % BK : i / ROWS;
-        s[k][r] = reg[l];
+        const int rl = K_CONTIGUOUS ? r + l * kStep : r;
+        const int kl = K_CONTIGUOUS ? k : k + l * kStep;
+        s[kl][rl] = reg[l];
       }
     }
   }
 
-  // The tile position of the i-th float4: four k's of one row (k-contiguous operand) or four
-  // rows of one k.
-  __device__ __forceinline__ static void vec_position(int i, int& r, int& k) {
+  // The tile position of a thread's load 0: consecutive threads take consecutive addresses
+  // along the contiguous dimension; with VEC a load is four k's of one row (k-contiguous
+  // operand) or four rows of one k.
+  __device__ __forceinline__ static void position(int tid, int& r, int& k) {
     if (K_CONTIGUOUS) {
-      r = i / (BK / 4);
-      k = (i % (BK / 4)) * 4;
+      r = tid / kPerLine;
+      k = (tid % kPerLine) * (VEC ? 4 : 1);
     } else {
-      k = i / (ROWS / 4);
-      r = (i % (ROWS / 4)) * 4;
+      k = tid / kPerLine;
+      r = (tid % kPerLine) * (VEC ? 4 : 1);
     }
   }
 };
@@ -145,12 +176,14 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), BM >= 128 ? 2 : 1)
   const int tid = static_cast<int>(threadIdx.x);
   const int tx = tid % kThreadsX;
   const int ty = tid / kThreadsX;
-  const int64_t tiles_n = (p.n + BN - 1) / BN;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_n * BM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) % tiles_n * BN;
+  // 32-bit tile indices: m, n and K are at most 2^31 - 1, and a tile's first row or column is
+  // below m or n.
+  const unsigned tiles_n = (static_cast<unsigned>(p.n) + BN - 1) / BN;
+  const int m0 = static_cast<int>(blockIdx.x / tiles_n) * BM;
+  const int n0 = static_cast<int>(blockIdx.x % tiles_n) * BN;
   const int kbegin = static_cast<int>(blockIdx.z) * p.k_per_split;
-  const int kend = p.k < kbegin + p.k_per_split ? p.k : kbegin + p.k_per_split;
-  const int tiles = kend > kbegin ? (kend - kbegin + BK - 1) / BK : 0;
+  // kbegin < K, so K - kbegin cannot overflow where kbegin + k_per_split could.
+  const int kend = p.k - kbegin < p.k_per_split ? p.k : kbegin + p.k_per_split;
 
   float acc[TM][TN];
   DDP_UNROLL
@@ -161,22 +194,32 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN), BM >= 128 ? 2 : 1)
 
   float a_reg[LoadA::kElems];
   float b_reg[LoadB::kElems];
-  if (tiles > 0) {
-    LoadA::load(p.a, p.lda, m0, p.m, kbegin, kend, tid, a_reg);
-    LoadB::load(p.b, p.ldb, n0, p.n, kbegin, kend, tid, b_reg);
+  typename LoadA::Cursor a_at = LoadA::start(p.a, p.lda, m0, p.m, kbegin, tid);
+  typename LoadB::Cursor b_at = LoadB::start(p.b, p.ldb, n0, p.n, kbegin, tid);
+  int k_rest = kend > kbegin ? kend - kbegin : 0;  // k's of the slice from the current tile on
+  if (k_rest > 0) {
+    LoadA::load(a_at, p.lda, k_rest, tid, a_reg);
+    LoadB::load(b_at, p.ldb, k_rest, tid, b_reg);
     LoadA::store(a_tile[0], tid, a_reg);
     LoadB::store(b_tile[0], tid, b_reg);
   }
   __syncthreads();
 
-  for (int t = 0; t < tiles; ++t) {
-    const int cur = t & 1;
-    const bool more = t + 1 < tiles;
+  // Two K tiles per pass make the buffer index a constant in each, so the shared-memory
+  // addresses are immediates; looped once per tile, sm_90 spilled 4 bytes (both operands
+  // k-contiguous and vectorised).
+#if defined(__CUDACC__)
+#pragma unroll 2
+#endif
+  for (int cur = 0; k_rest > 0; cur ^= 1) {
+    const bool more = k_rest > BK;
+    k_rest -= BK;
     // The next tile's global loads are in flight while this tile is multiplied.
     if (more) {
-      const int k0 = kbegin + (t + 1) * BK;
-      LoadA::load(p.a, p.lda, m0, p.m, k0, kend, tid, a_reg);
-      LoadB::load(p.b, p.ldb, n0, p.n, k0, kend, tid, b_reg);
+      LoadA::advance(a_at, p.lda);
+      LoadB::advance(b_at, p.ldb);
+      LoadA::load(a_at, p.lda, k_rest, tid, a_reg);
+      LoadB::load(b_at, p.ldb, k_rest, tid, b_reg);
     }
     DDP_UNROLL
     for (int kk = 0; kk < BK; ++kk) {
