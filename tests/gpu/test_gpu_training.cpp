@@ -147,6 +147,25 @@ long compression_errors(ddp::Compression format, int rank, int n, const std::vec
   return errors;
 }
 
+// Trains `reference` and `candidate` from the same initial weights: the reference must move
+// them by more than `min_moved`, and the candidate's weights (identical on every rank) stay
+// within 4 units of 2^-`bits` of how far the reference moved them — a rounding to a `bits`-bit
+// fraction now and then, each step moving a weight by a fraction of that distance.
+void require_within_rounding(const ddp::TrainConfig& reference, const ddp::TrainConfig& candidate,
+                             int bits, double min_moved, ddp::TrainSummary* summary = nullptr) {
+  auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const Weights start = ddp::Trainer(reference, *mpi, nullptr).weights();
+  const Weights want = train(reference, MPI_COMM_WORLD);
+  const double moved = ddp_test::max_abs_diff(want, start);
+  REQUIRE(moved > min_moved);
+  INFO(ddp::to_string(candidate.distributed.backend));
+  const Weights got = train(candidate, MPI_COMM_WORLD, summary);
+  require_identical_replicas(got);
+  const double off = ddp_test::max_abs_diff(got, want);
+  INFO("max |candidate - reference| = " << off << ", trained by up to " << moved);
+  CHECK(off <= 4 * std::ldexp(1.0, -bits) * moved);
+}
+
 }  // namespace
 
 TEST_CASE("GPU training with host-staged MPI matches CPU training", "[gpu][staged]") {
@@ -288,19 +307,9 @@ TEST_CASE("GPU training in bf16 stays within the rounding's reach of CPU trainin
     return cfg;
   };
   const ddp::TrainConfig cpu = compressed(small_config("bf16_cpu", ddp::DeviceChoice::Cpu));
-  auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  const Weights start = ddp::Trainer(cpu, *mpi, nullptr).weights();
-  const Weights reference = train(cpu, MPI_COMM_WORLD);
-  const double moved = ddp_test::max_abs_diff(reference, start);
-  REQUIRE(moved > 0.01);
   ddp::TrainConfig gpu = compressed(small_config("bf16_gpu", ddp::DeviceChoice::Cuda));
   gpu.distributed.backend = gpu_per_rank() ? ddp::BackendChoice::Nccl : ddp::BackendChoice::Mpi;
-  INFO(ddp::to_string(gpu.distributed.backend));
-  const Weights w = train(gpu, MPI_COMM_WORLD);
-  require_identical_replicas(w);
-  const double off = ddp_test::max_abs_diff(w, reference);
-  INFO("max |GPU - CPU| = " << off << ", trained by up to " << moved);
-  CHECK(off <= 4 * std::ldexp(1.0, -8) * moved);
+  require_within_rounding(cpu, gpu, 8, 0.01);
 }
 
 TEST_CASE("GPU training with NCCL: N ranks equal 1 rank on the global batch", "[gpu][nccl]") {
@@ -441,19 +450,9 @@ TEST_CASE("GPU training in training.precision bf16 follows CPU training in bf16"
   // 4 units of 2^-8 of how far training moved them, as for float32 against bf16 compression.
   const ddp::TrainConfig cpu =
       mixed_config("bf16_train_cpu", ddp::DeviceChoice::Cpu, ddp::Precision::Bf16);
-  auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  const Weights start = ddp::Trainer(cpu, *mpi, nullptr).weights();
-  const Weights reference = train(cpu, MPI_COMM_WORLD);
-  const double moved = ddp_test::max_abs_diff(reference, start);
-  REQUIRE(moved > 0.01);
   const ddp::TrainConfig gpu =
       mixed_config("bf16_train_gpu", ddp::DeviceChoice::Cuda, ddp::Precision::Bf16);
-  INFO(ddp::to_string(gpu.distributed.backend));
-  const Weights w = train(gpu, MPI_COMM_WORLD);
-  require_identical_replicas(w);
-  const double off = ddp_test::max_abs_diff(w, reference);
-  INFO("max |GPU - CPU| = " << off << ", trained by up to " << moved);
-  CHECK(off <= 4 * std::ldexp(1.0, -8) * moved);
+  require_within_rounding(cpu, gpu, 8, 0.01);
 }
 
 TEST_CASE("GPU training in training.precision fp16 trains, close to float32", "[gpu][precision]") {
@@ -467,21 +466,13 @@ TEST_CASE("GPU training in training.precision fp16 trains, close to float32", "[
   };
   const ddp::TrainConfig fp32 =
       short_run(mixed_config("fp16_train_fp32", ddp::DeviceChoice::Cuda, ddp::Precision::Fp32));
-  auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  const Weights start = ddp::Trainer(fp32, *mpi, nullptr).weights();
-  const Weights reference = train(fp32, MPI_COMM_WORLD);
-  const double moved = ddp_test::max_abs_diff(reference, start);
-  REQUIRE(moved > 0.001);
   const ddp::TrainConfig fp16 =
       short_run(mixed_config("fp16_train_fp16", ddp::DeviceChoice::Cuda, ddp::Precision::Fp16));
   ddp::TrainSummary summary;
-  const Weights w = train(fp16, MPI_COMM_WORLD, &summary);
-  require_identical_replicas(w);
+  require_within_rounding(fp32, fp16, 11, 0.001, &summary);
   CHECK(std::isfinite(summary.train_loss));
   CHECK(summary.steps > 0);
-  const double off = ddp_test::max_abs_diff(w, reference);
-  INFO("max |fp16 - fp32| = " << off << ", trained by up to " << moved);
-  CHECK(off <= 4 * std::ldexp(1.0, -11) * moved);
+  CHECK(summary.scaler_skipped_steps == 0);  // 2^16 never overflows here
 }
 
 TEST_CASE("GPU training in fp16: an overflowing loss scale backs off, and a resume is bitwise",
