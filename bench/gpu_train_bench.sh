@@ -36,9 +36,9 @@
 # Method: both sides run W untimed warm-up steps, then N timed steps, on 1 rank, with SGD lr 0.01
 # momentum 0.9 in fp32 (PyTorch with TF32 off) or with the row's 16-bit GEMMs, synthetic data
 # (--samples per epoch, the last partial batch dropped). ddp-train runs with
-# training.log_every = W and max_steps = W + N: its rate is the samples of the progress records
-# after the first in metrics.jsonl over the time between the first and the last record, i.e.
-# exactly the N timed steps (start-up, CUDA context and the warm-up are outside). PyTorch
+# training.log_every = W and max_steps = W + N: its rate is the N timed steps' samples over the
+# time between the progress records of steps W and W + N in metrics.jsonl (start-up, CUDA
+# context and the warm-up are outside). PyTorch
 # (bench/torch_ddp.py --synthetic) times its loop between torch.cuda.synchronize() calls; its
 # data is made and indexed on the GPU, while ddp-train's loader assembles batches on the host
 # and uploads them inside the timed steps. The table's "÷ fp32" columns are each side's own
@@ -235,7 +235,11 @@ summary = [r for r in recs if r.get("type") == "summary"][-1]
 if len(train) < 2 or train[0]["global_step"] != warmup or train[-1]["global_step"] != warmup + steps:
     sys.exit(f"{path}: expected progress records at steps {warmup} and {warmup + steps}, "
              f"got {[r['global_step'] for r in train]}")
-samples = sum(r["samples"] for r in train[1:])
+# A progress record's "samples" counts from the later of the previous record and the epoch's
+# start, so summing them drops the steps between an epoch's last record and its end: the rate
+# is the timed steps' samples (every step has the same, drop_last) over their time.
+per_step = summary["samples"] / summary["steps"]
+samples = per_step * (train[-1]["global_step"] - train[0]["global_step"])
 seconds = train[-1]["time"] - train[0]["time"]
 print(json.dumps({"case": case, "impl": impl, "precision": prec, "steps": steps, "warmup": warmup,
                   "samples": samples, "seconds": seconds, "samples_per_sec": samples / seconds,
@@ -372,8 +376,8 @@ def header():
          "- data: random samples in memory on both sides; ddp-train's loader thread assembles each "
          "batch, PyTorch indexes its tensors"),
         "- timing: warm-up steps untimed. ddp-train: training.log_every = warm-up steps; the rate is "
-        "the samples of the progress records after the first over the time between the first and the "
-        "last record (metrics.jsonl), i.e. exactly the timed steps. PyTorch: the timed loop between "
+        "the timed steps' samples over the time between the progress records at the end of the warm-up "
+        "and at the last step (metrics.jsonl). PyTorch: the timed loop between "
         + ("torch.cuda.synchronize() calls" if dev == "cuda" else "barriers"),
     ]
     head += precision_lines()

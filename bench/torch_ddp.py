@@ -154,16 +154,33 @@ def loaded_blas():
     return sorted(libs)
 
 
+OPENBLAS_CORENAME_SYMBOLS = ("openblas_get_corename", "openblas_get_corename64_",
+                             "scipy_openblas_get_corename", "scipy_openblas_get_corename64_")
+
+
 def openblas_core():
     """The kernel family OpenBLAS chose for this CPU (e.g. 'SkylakeX'; 'Prescott' is its SSE3
     fallback for CPUs it does not know), or None when torch did not load OpenBLAS."""
     torch.ones(2, 2) @ torch.ones(2, 2)  # make sure the BLAS is loaded
     for path in loaded_blas():
         if "openblas" in os.path.basename(path):
-            lib = ctypes.CDLL(path)
-            lib.openblas_get_corename.restype = ctypes.c_char_p
-            return lib.openblas_get_corename().decode()
+            return openblas_corename(path)
     return None
+
+
+def openblas_corename(path):
+    """What the OpenBLAS library at `path` says its kernel family is. Builds that rename their
+    symbols (numpy's scipy-openblas: a prefix and a 64_ suffix) export the query under another
+    name, and a build may export none: then 'unknown (...)', never an exception."""
+    lib = ctypes.CDLL(path)
+    for name in OPENBLAS_CORENAME_SYMBOLS:
+        try:
+            query = getattr(lib, name)
+        except AttributeError:
+            continue
+        query.restype = ctypes.c_char_p
+        return query().decode()
+    return f"unknown ({os.path.basename(path)} exports no corename query)"
 
 
 def batches(sampler, batch_size):
