@@ -146,6 +146,9 @@ ddp_kit_env() {
   export PMIX_MCA_gds=${PMIX_MCA_gds:-hash} OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
   export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
   export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+  # PMIx's zlib plugin may be missing or belong to another PMIx there: it then warns on every
+  # start that it cannot compress (only large start-up messages would be).
+  export PMIX_MCA_pcompress_base_silence_warning=${PMIX_MCA_pcompress_base_silence_warning:-1}
   export DDP_KIT_ACTIVE="$kit"
 }
 
