@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/float16.h"
+#include "kernels/column_sum_order.h"
 #include "cuda_test_support.h"
 #if defined(DDP_CUDA_EMULATION)
 #include "cuda_emu.h"
@@ -234,6 +235,26 @@ Expected expected_dw(const Operands& o, bool accumulate) {
       });
 }
 
+// db as kernels/column_sum_order.h defines it: the batch cut into kColumnSumChunks chunks of
+// column_sum_chunk_rows(batch) rows, each summed in batch order onto 0 in float32, the chunks'
+// sums added in order onto 0, the total added to db0 with accumulate.
+std::vector<float> chunked_column_sums(const Operands& o, const LinearShape& s, bool accumulate) {
+  const int64_t per = ddp::column_sum_chunk_rows(s.batch);
+  std::vector<float> db(static_cast<size_t>(s.out));
+  for (int64_t c = 0; c < s.out; ++c) {
+    float total = 0.0f;
+    for (int64_t chunk = 0; chunk < ddp::kColumnSumChunks; ++chunk) {
+      float sum = 0.0f;
+      for (int64_t b = chunk * per; b < std::min(s.batch, (chunk + 1) * per); ++b)
+        sum += static_cast<float>(o.at(o.dy, b * s.out + c));
+      total += sum;
+    }
+    const float db0 = o.db0[static_cast<size_t>(c)];
+    db[static_cast<size_t>(c)] = accumulate ? db0 + total : total;
+  }
+  return db;
+}
+
 // The same operations on the CPU backend's bf16 kernels, over the same bits.
 struct CpuResults {
   std::vector<uint16_t> hidden, dx;
@@ -316,12 +337,8 @@ void check_layer(ddp::Backend& be, Half f, const LinearShape& s, bool misaligned
       "backward_input_relu");
   const std::vector<float> got_dw = Memory::read(dw), got_db = Memory::read(db);
   require_floats(got_dw, grad, "backward_params: dw");
-  // db: each column's rows added in batch order onto 0 or db0, in float32.
-  std::vector<float> want_db = accumulate ? o.db0 : std::vector<float>(o.db0.size(), 0.0f);
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t c = 0; c < s.out; ++c)
-      want_db[static_cast<size_t>(c)] += static_cast<float>(o.at(o.dy, b * s.out + c));
-  ddp_kernel_test::require_bitwise_equal(got_db, want_db, "backward_params: db");
+  ddp_kernel_test::require_bitwise_equal(got_db, chunked_column_sums(o, s, accumulate),
+                                         "backward_params: db");
 
   if (f == Half::Bf16) {
     const CpuResults cpu = run_on_cpu(o, accumulate);

@@ -3,6 +3,7 @@
 // the products (every product of two bf16 values is exact in float32).
 #include "kernels/cpu/cpu_mixed_linear.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "core/float16.h"
 #include "kernels/cpu/eigen_core.h"  // first: see there
 #include "kernels/cpu/onednn_matmul.h"
+#include "kernels/column_sum_order.h"
 
 namespace ddp::cpu {
 
@@ -65,15 +67,30 @@ void mask_by_positive(const Tensor16& relu_output, Tensor16& dx) {
   }
 }
 
-// db (+)= column sums of dy, added row by row in batch order (alignment-independent bits).
-void add_column_sums(const Tensor16& dy, bool accumulate, Tensor& db, std::vector<float>& row) {
+// db (+)= column sums of dy in kernels/column_sum_order.h's order (the CUDA backend's bits):
+// the rows in chunks, each chunk summed in batch order, the chunks' sums added in order.
+void add_column_sums(const Tensor16& dy, bool accumulate, Tensor& db, std::vector<float>& work) {
+  const auto cols = static_cast<size_t>(dy.cols);
+  work.assign(3 * cols, 0.0f);  // the row widened, the chunk's sum, the total
+  float* widened = work.data();
+  RowVectorMap row(widened, dy.cols), chunk(widened + cols, dy.cols),
+      total(widened + 2 * cols, dy.cols);
+  const int64_t per = column_sum_chunk_rows(dy.rows);
+  for (int64_t c = 0; c < kColumnSumChunks; ++c) {
+    chunk.setZero();
+    const int64_t end = std::min(dy.rows, (c + 1) * per);
+    for (int64_t r = c * per; r < end; ++r) {
+      const uint16_t* in = dy.data + r * dy.cols;
+      for (size_t j = 0; j < cols; ++j) widened[j] = bf16_to_float(in[j]);
+      chunk += row;
+    }
+    total += chunk;
+  }
   RowVectorMap sums(db.data, db.cols);
-  if (!accumulate) sums.setZero();
-  row.resize(static_cast<size_t>(dy.cols));
-  for (int64_t r = 0; r < dy.rows; ++r) {
-    for (int64_t j = 0; j < dy.cols; ++j)
-      row[static_cast<size_t>(j)] = bf16_to_float(dy.data[r * dy.cols + j]);
-    sums += ConstRowVectorMap(row.data(), dy.cols);
+  if (accumulate) {
+    sums += total;
+  } else {
+    sums = total;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "core/float16.h"
+#include "kernels/column_sum_order.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/wmma_api.h"
@@ -196,16 +197,29 @@ __global__ void __launch_bounds__(kGemm16Threads) gemm16_kernel(Gemm16Args p) {
 #endif
 }
 
-/// db[c] (+)= sum of dy[r, c] over r, one thread per column adding the rows in order: the CPU
-/// backend's order, so the same bits.
+/// db[c] (+)= sum of dy[r, c] over r in kernels/column_sum_order.h's order (the CPU backend's
+/// bits): a block of 32 x kColumnSumChunks threads owns 32 columns; thread (x, y) adds chunk y's
+/// rows of column x in order (`per` rows a chunk), then row y = 0 adds the chunks' sums in order.
 template <class F>
 __global__ void column_sums16_kernel(const uint16_t* __restrict__ dy, int64_t rows, int64_t cols,
-                                     bool accumulate, float* __restrict__ out) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
-  float sum = accumulate ? out[col] : 0.0f;
-  for (int64_t r = 0; r < rows; ++r) sum += F::decode(dy[r * cols + col]);
-  out[col] = sum;
+                                     int64_t per, bool accumulate, float* __restrict__ out) {
+  __shared__ float chunk_sums[kColumnSumChunks][33];
+  DDP_EMU_SHARED(chunk_sums);
+  const int tx = static_cast<int>(threadIdx.x);
+  const int ty = static_cast<int>(threadIdx.y);
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  float sum = 0.0f;
+  if (col < cols) {
+    const int64_t first = ty * per;
+    const int64_t end = first + per < rows ? first + per : rows;
+    for (int64_t r = first; r < end; ++r) sum += F::decode(dy[r * cols + col]);
+  }
+  chunk_sums[ty][tx] = sum;
+  __syncthreads();
+  if (ty != 0 || col >= cols) return;
+  float total = 0.0f;
+  for (int c = 0; c < kColumnSumChunks; ++c) total += chunk_sums[c][tx];
+  out[col] = accumulate ? out[col] + total : total;
 }
 
 /// Whether every operand of `p` allows 16-byte loads (its contiguous extent and leading
@@ -265,13 +279,15 @@ inline void launch_gemm16(Float16Type type, const Gemm16Args& p, bool a_k_contig
 inline void launch_column_sums16(Float16Type type, const uint16_t* dy, int64_t rows, int64_t cols,
                                  bool accumulate, float* out, cudaStream_t stream) {
   if (cols == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 256)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)));
+  const dim3 block(32, kColumnSumChunks);
+  const int64_t per = column_sum_chunk_rows(rows);
   if (type == Float16Type::Bf16) {
-    DDP_LAUNCH(column_sums16_kernel<Bf16Gemm>, grid, dim3(256), stream, dy, rows, cols, accumulate,
-               out);
+    DDP_LAUNCH(column_sums16_kernel<Bf16Gemm>, grid, block, stream, dy, rows, cols, per,
+               accumulate, out);
   } else {
-    DDP_LAUNCH(column_sums16_kernel<Fp16Gemm>, grid, dim3(256), stream, dy, rows, cols, accumulate,
-               out);
+    DDP_LAUNCH(column_sums16_kernel<Fp16Gemm>, grid, block, stream, dy, rows, cols, per,
+               accumulate, out);
   }
 }
 
