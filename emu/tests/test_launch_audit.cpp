@@ -101,8 +101,11 @@ void launch_every_gemm16() {
 }
 
 void launch_every_reduction() {
-  ddp::cuda::launch_column_sums(nullptr, kMaxDim, kMaxDim, false, nullptr, nullptr);
-  ddp::cuda::launch_column_sums(nullptr, 1, 1, true, nullptr, nullptr);
+  // Column sums in one pass, and over the most row chunks (grid.y) with the finishing pass.
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, kMaxDim, false, nullptr, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, 1, 1, true, nullptr, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, 1, true, nullptr, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, 159 * 32, false, nullptr, nullptr, nullptr);
   // Each row kernel the class count selects: values per lane 1, 2, 4, 8, 16, 32, and more.
   for (int classes : {1, 33, 65, 129, 257, 513, 1025, kMaxDim}) {
     ddp::cuda::launch_softmax_xent(nullptr, nullptr, kMaxDim, classes, 1.0f, nullptr,
@@ -211,14 +214,15 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
   } catch (const ddp_emu::KernelFault& e) {
     FAIL("a device would refuse a launch the backend can make: " << e.what());
   }
-  // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
+  // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums
+  // and their finishing pass,
   // 7 cross-entropy row kernels and its reduction, the norm's two passes, 6 elementwise ops x 2,
   // the scale by a device factor x 2, count_nonfinite, the 16-bit casts (2 types x 2
   // directions x 2); the 16-bit GEMM (2 formats x 3 layouts x 16-byte loads or not) and its
   // column sums (2 formats).
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 67);
+  CHECK(kernels.size() == 68);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);

@@ -24,6 +24,7 @@
 #include "core/float16.h"
 #include "cuda_test_support.h"
 #include "kernel_conformance.h"
+#include "kernels/cuda/reduction_plan.h"
 
 namespace {
 
@@ -444,6 +445,67 @@ TEST_CASE("cuda GEMMs and reductions are bitwise reproducible", DDP_CUDA_TAGS) {
     run_twice();
     const Reference ref = ref_forward(d, true);
     require_accurate(cuda_forward(*be, d, true), ref.value, ref.cond, "split linear_forward");
+  }
+}
+
+// ---- bias gradient: column sums over row chunks ------------------------------------------
+
+// db as the kernels add it (reduction_plan.h), in float: per chunk of rows, 8 sums of every 8th
+// row, those 8 in order; the chunks' sums in chunk order; then added to db0 with accumulate.
+std::vector<float> column_sums_in_kernel_order(const std::vector<float>& dy, int64_t rows,
+                                               int64_t cols, const std::vector<float>* db0) {
+  const ddp::cuda::ColumnSumChunks plan = ddp::cuda::column_sum_chunks(rows, cols);
+  std::vector<float> db(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (int64_t chunk = 0; chunk < plan.chunks; ++chunk) {
+      const int64_t first = chunk * plan.chunk_rows;
+      const int64_t end = std::min(rows, first + plan.chunk_rows);
+      float chunk_total = 0.0f;
+      for (int64_t t = 0; t < 8; ++t) {
+        float sum = 0.0f;
+        for (int64_t r = first + t; r < end; r += 8) sum += dy[static_cast<size_t>(r * cols + c)];
+        chunk_total += sum;
+      }
+      total = plan.chunks == 1 ? chunk_total : total + chunk_total;
+    }
+    db[static_cast<size_t>(c)] = db0 != nullptr ? (*db0)[static_cast<size_t>(c)] + total : total;
+  }
+  return db;
+}
+
+TEST_CASE("cuda bias gradient: column sums over row chunks, in an order of the shape alone",
+          DDP_CUDA_TAGS) {
+  using ddp::cuda::column_sum_chunks;
+  // The rule at its edges: one pass up to 64 rows and from 160 column blocks on; the Fashion
+  // model's batch-1024 gradients fill 160 and 147 blocks.
+  CHECK(column_sum_chunks(64, 10).chunks == 1);
+  CHECK(column_sum_chunks(65, 10).chunks == 17);
+  CHECK(column_sum_chunks(1 << 20, 160 * 32).chunks == 1);
+  CHECK(column_sum_chunks(1 << 20, 159 * 32).chunks == 2);
+  CHECK(column_sum_chunks(1024, 256).chunks == 20);
+  CHECK(column_sum_chunks(1024, 10).chunks == 147);
+  // {rows, cols}: one row; one column over 17 chunks of 4 rows; one pass at the 64-row limit;
+  // ragged column blocks and a ragged last chunk; the model's last layer at batch 1024; on a
+  // device its hidden layers and longer shapes too. in = 1 keeps the weight GEMM small.
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {1, 40},  {64, 33},
+                                                     {65, 1},   {300, 70}, {1024, 10}};
+  if (!kEmulated) shapes.insert(shapes.end(), {{1024, 256}, {100000, 3}, {4099, 5000}});
+  auto be = make_cuda();
+  uint64_t seed = 5200;
+  for (const auto& [rows, cols] : shapes) {
+    const LinearData d = make_linear_data(LinearShape{rows, 1, cols}, seed += 10);
+    const ddp::cuda::ColumnSumChunks plan = column_sum_chunks(rows, cols);
+    for (bool accumulate : {false, true}) {
+      INFO("dy " << rows << " x " << cols << ": " << plan.chunks << " chunk(s) of "
+                 << plan.chunk_rows << " rows; accumulate " << accumulate);
+      const auto got = cuda_backward_params(*be, d, accumulate);
+      require_accurate(got.second, ref_backward_params(d, accumulate).second, "db");
+      require_bitwise_equal(
+          got.second,
+          column_sums_in_kernel_order(d.dy, rows, cols, accumulate ? &d.db0 : nullptr),
+          "db, added in the documented order");
+    }
   }
 }
 

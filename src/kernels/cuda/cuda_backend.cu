@@ -103,6 +103,12 @@ float* CudaBackend::gemm_workspace(int64_t floats) {
   return gemm_workspace_.data();
 }
 
+float* CudaBackend::column_sum_scratch(int64_t floats) {
+  if (static_cast<size_t>(floats) > column_sum_partials_.size())
+    column_sum_partials_ = DeviceArray<float>(static_cast<size_t>(floats));
+  return column_sum_partials_.data();
+}
+
 XentRowOut CudaBackend::xent_scratch(int64_t rows) {
   if (static_cast<size_t>(rows) > xent_loss_.size()) {
     xent_loss_ = DeviceArray<double>(static_cast<size_t>(rows));
@@ -170,7 +176,9 @@ void CudaBackend::linear_backward_params(const Tensor& dy, const Tensor& x, bool
   p.accumulate = accumulate;
   const bool vec = p.m % 4 == 0 && p.n % 4 == 0 && all_aligned16({dy.data, x.data, dw.data});
   gemm(p, false, false, vec);
-  launch_column_sums(dy.data, dy.rows, dy.cols, accumulate, db.data, stream_);
+  const int64_t scratch = column_sum_scratch_floats(dy.rows, dy.cols);
+  float* partials = scratch > 0 ? column_sum_scratch(scratch) : nullptr;
+  launch_column_sums(dy.data, dy.rows, dy.cols, accumulate, partials, db.data, stream_);
 }
 
 void CudaBackend::relu_forward(const Tensor& x, Tensor& y) {

@@ -1,5 +1,5 @@
 // Reductions without atomics, so every result is bitwise reproducible: column sums (the bias
-// gradient), fused softmax cross-entropy (one warp per row: max, argmax, sum of exp, loss, dlogits
+// gradient, rows split into chunks over the grid), fused softmax cross-entropy (one warp per row: max, argmax, sum of exp, loss, dlogits
 // in one pass over the row in registers; per-row losses summed by one block in a fixed order) and
 // the gradients' L2 norm with clip_grad_norm_'s factor. Compiled by nvcc and the CPU emulation.
 #pragma once
@@ -8,42 +8,78 @@
 
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/kernel_args.h"
+#include "kernels/cuda/reduction_plan.h"
 
 namespace ddp {
 namespace cuda {
 
 // ---------------------------------------------------------------------------------------------
-// Column sums: db[c] (+)= sum_r dy[r, c]. A block owns 32 columns; its 8 rows of threads stride
-// down the rows, then the 8 partial sums of each column are added in row-of-threads order.
+// Column sums: db[c] (+)= sum_r dy[r, c], in an order that depends on (rows, cols) alone
+// (reduction_plan.h: column_sum_chunks). A block owns 32 columns and one chunk of consecutive
+// rows; its 8 rows of threads stride down the chunk, then the 8 partial sums of each column are
+// added in row-of-threads order. One chunk: that is db. Several (grid.y): each chunk's sums go
+// to scratch, [chunk][col], and column_sums_finish_kernel adds them per column in chunk order.
 
 constexpr int kColumnSumRows = 8;
+constexpr int kColumnSumFinishThreads = 128;
 
+/// The sums of rows [blockIdx.y·chunk_rows, +chunk_rows) of 32 columns: into partials[blockIdx.y]
+/// when partials is set, else (one chunk) into out, added to it with accumulate.
 __global__ void column_sums_kernel(const float* __restrict__ dy, int64_t rows, int64_t cols,
-                                   bool accumulate, float* __restrict__ out) {
+                                   int64_t chunk_rows, bool accumulate, float* __restrict__ out,
+                                   float* __restrict__ partials) {
   __shared__ float partial[kColumnSumRows][33];
   DDP_EMU_SHARED(partial);
   const int tx = static_cast<int>(threadIdx.x);
   const int ty = static_cast<int>(threadIdx.y);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t end = rows - first < chunk_rows ? rows : first + chunk_rows;
   float sum = 0.0f;
   if (col < cols) {
-    for (int64_t r = ty; r < rows; r += kColumnSumRows) sum += dy[r * cols + col];
+    for (int64_t r = first + ty; r < end; r += kColumnSumRows) sum += dy[r * cols + col];
   }
   partial[ty][tx] = sum;
   __syncthreads();
   if (ty == 0 && col < cols) {
     float total = 0.0f;
     for (int i = 0; i < kColumnSumRows; ++i) total += partial[i][tx];
-    out[col] = accumulate ? out[col] + total : total;
+    if (partials != nullptr) {
+      partials[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+    } else {
+      out[col] = accumulate ? out[col] + total : total;
+    }
   }
 }
 
+/// One thread per column: out[col] (+)= the chunks' sums of the column, added in chunk order.
+__global__ void column_sums_finish_kernel(const float* __restrict__ partials, int64_t chunks,
+                                          int64_t cols, bool accumulate, float* __restrict__ out) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnSumFinishThreads + threadIdx.x;
+  if (col >= cols) return;
+  float total = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) total += partials[c * cols + col];
+  out[col] = accumulate ? out[col] + total : total;
+}
+
+/// Queues out[c] (+)= sum_r dy[r, c]; `partials` holds column_sum_scratch_floats(rows, cols)
+/// floats (unused, and may be null, when that is 0).
 inline void launch_column_sums(const float* dy, int64_t rows, int64_t cols, bool accumulate,
-                               float* out, cudaStream_t stream) {
+                               float* partials, float* out, cudaStream_t stream) {
   if (cols == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)));
+  const ColumnSumChunks plan = column_sum_chunks(rows, cols);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(plan.chunks));
   const dim3 block(32, kColumnSumRows);
-  DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, accumulate, out);
+  if (plan.chunks == 1) {
+    DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, rows, accumulate, out,
+               static_cast<float*>(nullptr));
+    return;
+  }
+  DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, plan.chunk_rows, false, out,
+             partials);
+  DDP_LAUNCH(column_sums_finish_kernel,
+             dim3(static_cast<unsigned>(ceil_div(cols, kColumnSumFinishThreads))),
+             dim3(kColumnSumFinishThreads), stream, partials, plan.chunks, cols, accumulate, out);
 }
 
 // ---------------------------------------------------------------------------------------------
