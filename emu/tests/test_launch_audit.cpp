@@ -106,12 +106,16 @@ void launch_every_reduction() {
   ddp::cuda::launch_column_sums(nullptr, 1, 1, true, nullptr, nullptr, nullptr);
   ddp::cuda::launch_column_sums(nullptr, kMaxDim, 1, true, nullptr, nullptr, nullptr);
   ddp::cuda::launch_column_sums(nullptr, kMaxDim, 159 * 32, false, nullptr, nullptr, nullptr);
-  // Each row kernel the class count selects: values per lane 1, 2, 4, 8, 16, 32, and more.
+  // Each row kernel the class count selects: values per lane 1, 2, 4, 8, 16, 32, and more;
+  // the totals over the most first-pass blocks with the finishing block, and in one block.
   for (int classes : {1, 33, 65, 129, 257, 513, 1025, kMaxDim}) {
     ddp::cuda::launch_softmax_xent(nullptr, nullptr, kMaxDim, classes, 1.0f, nullptr,
-                                   ddp::cuda::XentRowOut{nullptr, nullptr}, false, nullptr,
+                                   ddp::cuda::XentRowOut{nullptr, nullptr, nullptr}, false, nullptr,
                                    nullptr);
   }
+  ddp::cuda::launch_softmax_xent(nullptr, nullptr, 1024, 10, 1.0f, nullptr,
+                                 ddp::cuda::XentRowOut{nullptr, nullptr, nullptr}, true, nullptr,
+                                 nullptr);
   // The norm's first pass at its capped grid and at one block (an empty tensor too), with and
   // without the clip factor; its grid does not depend on the SM count.
   for (int64_t n : {int64_t{kMaxDim} * 64, int64_t{0}}) {
@@ -215,14 +219,13 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
     FAIL("a device would refuse a launch the backend can make: " << e.what());
   }
   // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums
-  // and their finishing pass,
-  // 7 cross-entropy row kernels and its reduction, the norm's two passes, 6 elementwise ops x 2,
-  // the scale by a device factor x 2, count_nonfinite, the 16-bit casts (2 types x 2
-  // directions x 2); the 16-bit GEMM (2 formats x 3 layouts x 16-byte loads or not) and its
-  // column sums (2 formats).
+  // and their finishing pass, 7 cross-entropy row kernels and its totals' two passes, the
+  // norm's two passes, 6 elementwise ops x 2, the scale by a device factor x 2,
+  // count_nonfinite, the 16-bit casts (2 types x 2 directions x 2); the 16-bit GEMM (2 formats
+  // x 3 layouts x 16-byte loads or not) and its column sums (2 formats).
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 68);
+  CHECK(kernels.size() == 69);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);
@@ -414,9 +417,9 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
       if (next) CHECK(r[1].str() == name);
     }
   }
-  // The GEMM's two tiles, column sums, the cross-entropy total's three, the norm's two passes,
-  // the 16-bit GEMM's three tiles.
-  CHECK(arrays == 11);
+  // The GEMM's two tiles, column sums, the cross-entropy totals' two passes (three each), the
+  // norm's two passes, the 16-bit GEMM's three tiles.
+  CHECK(arrays == 14);
 }
 
 TEST_CASE("a GEMM with more tiles than a grid holds is refused with a clear error",

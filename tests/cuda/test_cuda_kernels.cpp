@@ -488,8 +488,8 @@ TEST_CASE("cuda bias gradient: column sums over row chunks, in an order of the s
   // {rows, cols}: one row; one column over 17 chunks of 4 rows; one pass at the 64-row limit;
   // ragged column blocks and a ragged last chunk; the model's last layer at batch 1024; on a
   // device its hidden layers and longer shapes too. in = 1 keeps the weight GEMM small.
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {1, 40},  {64, 33},
-                                                     {65, 1},   {300, 70}, {1024, 10}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},  {1, 40},   {64, 33},
+                                                     {65, 1}, {300, 70}, {1024, 10}};
   if (!kEmulated) shapes.insert(shapes.end(), {{1024, 256}, {100000, 3}, {4099, 5000}});
   auto be = make_cuda();
   uint64_t seed = 5200;
@@ -502,8 +502,7 @@ TEST_CASE("cuda bias gradient: column sums over row chunks, in an order of the s
       const auto got = cuda_backward_params(*be, d, accumulate);
       require_accurate(got.second, ref_backward_params(d, accumulate).second, "db");
       require_bitwise_equal(
-          got.second,
-          column_sums_in_kernel_order(d.dy, rows, cols, accumulate ? &d.db0 : nullptr),
+          got.second, column_sums_in_kernel_order(d.dy, rows, cols, accumulate ? &d.db0 : nullptr),
           "db, added in the documented order");
     }
   }
@@ -607,6 +606,53 @@ TEST_CASE("cuda softmax_xent_deferred adds batches into slots read later", DDP_C
   CHECK(be->take_xent_totals(1).correct == 0);  // taken, even though it failed
   require_error([&] { be->take_xent_totals(2); }, "take_xent_totals: slot 2 (0 or 1)");
   require_error([&] { cpu->take_xent_totals(-1); }, "take_xent_totals: slot -1 (0 or 1)");
+}
+
+TEST_CASE("cuda softmax_xent totals over several first-pass blocks", DDP_CUDA_TAGS) {
+  // 1100 rows: two first-pass blocks of 256 threads whose rows interleave (a grid stride of
+  // 512): block 0 holds rows 0-255, 512-767 and 1024-1099, block 1 rows 256-511 and 768-1023.
+  // Up to 1024 rows one block. (Five calls: 138 row blocks each is dear in the emulation.)
+  using ddp::cuda::xent_total_blocks;
+  CHECK(xent_total_blocks(0) == 1);
+  CHECK(xent_total_blocks(1024) == 1);
+  CHECK(xent_total_blocks(1025) == 2);
+  CHECK(xent_total_blocks(int64_t{1} << 40) == 1024);
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  const int64_t rows = 1100, classes = 10;
+  const std::vector<float> logits = make_logits(rows, classes, 7300);
+  const std::vector<int32_t> good = random_labels(rows, classes, 7301);
+  DeviceTensor l(logits, rows, classes);
+  ddp::DeviceArray<int32_t> device_labels(rows);
+  auto upload = [&](const std::vector<int32_t>& labels) {
+    device_labels.upload(labels.data(), labels.size());
+  };
+  // The smallest bad row wins, though block 0 holds the other one.
+  std::vector<int32_t> labels = good;
+  labels[520] = 11;  // block 0
+  labels[300] = -2;  // block 1
+  upload(labels);
+  const std::string message = "softmax_xent: row 300 has label -2, outside [0, 10)";
+  require_error([&] { be->softmax_xent(l.view(), device_labels.data(), 1.0f, nullptr); }, message);
+  require_error(
+      [&] { cpu->softmax_xent(host_view(logits, rows, classes), labels.data(), 1.0f, nullptr); },
+      message);
+  // The count exact, the loss accurate; a second batch into the slot adds to the first.
+  upload(good);
+  const XentReference ref = ref_xent(logits, good, classes, 1.0);
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 0);
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 0);
+  const ddp::XentResult twice = be->take_xent_totals(0);
+  CHECK(twice.correct == 2 * ref.correct);
+  CHECK(std::fabs(twice.loss_sum - 2 * ref.loss_sum) <= 2 * kTol * ref.loss_cond);
+  // A bad label in the last row of a later batch of the slot is reported after a clean batch.
+  labels = good;
+  labels[rows - 1] = 12;
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 1);
+  upload(labels);
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 1);
+  require_error([&] { be->take_xent_totals(1); },
+                "softmax_xent: row 1099 has label 12, outside the model's classes");
 }
 
 // ---- gradient norm and clipping ------------------------------------------------------------

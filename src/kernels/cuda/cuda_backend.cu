@@ -43,6 +43,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // A blocking stream: the default stream (synchronous copies of results) is ordered after it.
   DDP_CUDA_CHECK(cudaStreamCreate(&stream_));
   xent_totals_ = DeviceArray<XentTotals>(1);
+  xent_partials_ = DeviceArray<XentTotals>(static_cast<size_t>(kXentMaxTotalBlocks));
   xent_totals_host_ = PinnedArray<XentTotals>(1);
   slot_totals_ = DeviceArray<XentTotals>(2);
   slot_totals_host_ = PinnedArray<XentTotals>(2);
@@ -114,7 +115,7 @@ XentRowOut CudaBackend::xent_scratch(int64_t rows) {
     xent_loss_ = DeviceArray<double>(static_cast<size_t>(rows));
     xent_status_ = DeviceArray<int>(static_cast<size_t>(rows));
   }
-  return XentRowOut{xent_loss_.data(), xent_status_.data()};
+  return XentRowOut{xent_loss_.data(), xent_status_.data(), xent_partials_.data()};
 }
 
 void CudaBackend::gemm(const GemmArgs& args, bool a_k_contiguous, bool b_k_contiguous,

@@ -93,6 +93,7 @@ class CudaBackend final : public Backend {
   DeviceArray<float> column_sum_partials_;  // the bias gradient's per-chunk column sums
   DeviceArray<double> xent_loss_;
   DeviceArray<int> xent_status_;
+  DeviceArray<XentTotals> xent_partials_;  // the totals' first-pass blocks, kXentMaxTotalBlocks
   DeviceArray<XentTotals> xent_totals_;
   PinnedArray<XentTotals> xent_totals_host_;
   // Deferred totals: per slot, the device accumulator, its host copy and the event after the

@@ -44,5 +44,18 @@ inline int64_t column_sum_scratch_floats(int64_t rows, int64_t cols) {
   return plan.chunks > 1 ? plan.chunks * cols : 0;
 }
 
+// The cross-entropy totals' first pass: a block of 256 threads per 1024 rows (4 per thread),
+// at most 1024 blocks (the finishing block's 256 threads then add 4 partials each).
+constexpr int64_t kXentRowsPerTotalBlock = 1024;
+constexpr int64_t kXentMaxTotalBlocks = 1024;
+
+/// Blocks of the totals' first pass over `rows` per-row results: ceil(rows / 1024), between 1
+/// and 1024. One block (rows <= 1024, the training batch) stores the totals itself: a
+/// finishing launch would cost more than its four rows per thread.
+inline int xent_total_blocks(int64_t rows) {
+  const int64_t want = (rows + kXentRowsPerTotalBlock - 1) / kXentRowsPerTotalBlock;
+  return static_cast<int>(want < 1 ? 1 : want > kXentMaxTotalBlocks ? kXentMaxTotalBlocks : want);
+}
+
 }  // namespace cuda
 }  // namespace ddp
