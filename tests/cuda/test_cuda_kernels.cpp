@@ -329,7 +329,7 @@ LinearShape shape_for(Product p, int64_t m, int64_t n, int64_t k) {
 }
 
 TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer",
-          DDP_CUDA_TAGS "[conformance]") {
+          DDP_CUDA_TAGS "[conformance][gemm]") {
   auto be = make_cuda();
   for (Product product : {Product::kForward, Product::kBackwardInput, Product::kBackwardParams}) {
     // K above 128, so a 3-way split really makes three K slices (a slice is a multiple of 64
@@ -384,7 +384,48 @@ TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer",
   }
 }
 
-TEST_CASE("cuda plan_gemm is a pure choice within its documented limits", DDP_CUDA_TAGS) {
+TEST_CASE("cuda the plans for the Fashion-MNIST shapes on 132 SMs compute all three products",
+          DDP_CUDA_TAGS "[gemm]") {
+  // The model 784-256-256-10 at batch 64 (the emulation: every product) and 1024 (a device;
+  // the emulation runs the one product whose plan is split there: backward_params 256->256).
+  auto be = make_cuda();
+  const int64_t layers[3][2] = {{784, 256}, {256, 256}, {256, 10}};
+  std::vector<LinearShape> shapes;
+  for (int64_t batch : {int64_t{64}, int64_t{1024}}) {
+    for (const auto& l : layers) {
+      if (batch == 64 || !kEmulated) shapes.push_back({batch, l[0], l[1]});
+    }
+  }
+  if (kEmulated) shapes.push_back({1024, 256, 256});
+  uint64_t seed = 4500;
+  for (const LinearShape& s : shapes) {
+    const LinearData d = make_linear_data(s, seed += 10);
+    for (Product product : {Product::kForward, Product::kBackwardInput, Product::kBackwardParams}) {
+      if (kEmulated && s.batch == 1024 && product != Product::kBackwardParams) continue;
+      const int64_t m = product == Product::kBackwardParams ? s.out : s.batch;
+      const int64_t n = product == Product::kForward ? s.out : s.in;
+      const int64_t k = product == Product::kForward         ? s.in
+                        : product == Product::kBackwardInput ? s.out
+                                                             : s.batch;
+      const GemmPlan plan = ddp::plan_gemm(m, n, k, 132, true);
+      INFO(product_name(product) << ", " << describe(s) << ": " << m << " x " << n << " x " << k
+                                 << ", plan tile " << plan.tile << ", splits " << plan.splits);
+      ForcedGemmPlan forced(*be, plan);
+      if (product == Product::kForward) {
+        require_accurate(cuda_forward(*be, d, true), ref_forward(d, true), "y");
+      } else if (product == Product::kBackwardInput) {
+        require_accurate(cuda_backward_input(*be, d, true), ref_backward_input(d, true), "dx");
+      } else {
+        const auto got = cuda_backward_params(*be, d, true);
+        const auto ref = ref_backward_params(d, true);
+        require_accurate(got.first, ref.first, "dw");
+        require_accurate(got.second, ref.second, "db");
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda plan_gemm is a pure choice within its documented limits", DDP_CUDA_TAGS "[gemm]") {
   SECTION("a big product takes the biggest tile, unsplit") {
     const GemmPlan plan = ddp::plan_gemm(4096, 4096, 4096, 132, true);
     CHECK(plan.tile == 0);
@@ -396,6 +437,18 @@ TEST_CASE("cuda plan_gemm is a pure choice within its documented limits", DDP_CU
     CHECK(plan.splits > 1);
     CHECK(plan.splits <= 8192 / 256);
     CHECK_FALSE(plan.vectorized);
+  }
+  SECTION("too few 32x32 tiles: the fewest K slices that fill the device, else the most") {
+    // backward_params 256->256 at batch 1024: 64 tiles; 2 slices gave 128 blocks, 3 give 192.
+    CHECK(ddp::plan_gemm(256, 256, 1024, 132, true).tile == 2);
+    CHECK(ddp::plan_gemm(256, 256, 1024, 132, true).splits == 3);
+    // backward_params 256->10: 8 tiles, at most 4 slices of 256 (32 blocks).
+    CHECK(ddp::plan_gemm(10, 256, 1024, 132, false).splits == 4);
+    // The slices launch_gemm really makes: 9 tiles need 9 slices on 80 SMs, but K 4096 asked
+    // for 9 gives 8 (slices are a multiple of 64 long: 512); 10 gives 10 (90 blocks).
+    CHECK(ddp::plan_gemm(96, 96, 4096, 80, false).splits == 10);
+    // One wave already at 32x32: no split.
+    CHECK(ddp::plan_gemm(1024, 256, 784, 132, true).splits == 1);
   }
   SECTION("every plan is valid, deterministic and splits K into slices of >= 256") {
     for (int64_t m : {1, 7, 32, 100, 257, 1000, 5000}) {
