@@ -101,14 +101,21 @@ void launch_every_gemm16() {
 }
 
 void launch_every_reduction() {
-  ddp::cuda::launch_column_sums(nullptr, kMaxDim, kMaxDim, false, nullptr, nullptr);
-  ddp::cuda::launch_column_sums(nullptr, 1, 1, true, nullptr, nullptr);
-  // Each row kernel the class count selects: values per lane 1, 2, 4, 8, 16, 32, and more.
+  // Column sums in one pass, and over the most row chunks (grid.y) with the finishing pass.
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, kMaxDim, false, nullptr, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, 1, 1, true, nullptr, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, 1, true, nullptr, nullptr, nullptr);
+  ddp::cuda::launch_column_sums(nullptr, kMaxDim, 159 * 32, false, nullptr, nullptr, nullptr);
+  // Each row kernel the class count selects: values per lane 1, 2, 4, 8, 16, 32, and more;
+  // the totals over the most first-pass blocks with the finishing block, and in one block.
   for (int classes : {1, 33, 65, 129, 257, 513, 1025, kMaxDim}) {
     ddp::cuda::launch_softmax_xent(nullptr, nullptr, kMaxDim, classes, 1.0f, nullptr,
-                                   ddp::cuda::XentRowOut{nullptr, nullptr}, false, nullptr,
+                                   ddp::cuda::XentRowOut{nullptr, nullptr, nullptr}, false, nullptr,
                                    nullptr);
   }
+  ddp::cuda::launch_softmax_xent(nullptr, nullptr, 1024, 10, 1.0f, nullptr,
+                                 ddp::cuda::XentRowOut{nullptr, nullptr, nullptr}, true, nullptr,
+                                 nullptr);
   // The norm's first pass at its capped grid and at one block (an empty tensor too), with and
   // without the clip factor; its grid does not depend on the SM count.
   for (int64_t n : {int64_t{kMaxDim} * 64, int64_t{0}}) {
@@ -201,7 +208,94 @@ std::string usage_table(const std::vector<AuditedLaunch>& launches) {
   return os.str();
 }
 
+// ---- GEMM plans at the shapes that matter ------------------------------------------------
+
+// One GEMM the trainer runs: the Fashion-MNIST MLP (784-256-256-10) at batch 64 and 1024, each
+// layer's three products, and the 4096^3 benchmark product.
+struct PlannedGemm {
+  std::string name;
+  int m, n, k;
+  bool a_kc, b_kc;  // the product's layout (cuda_backend.cu)
+};
+
+std::vector<PlannedGemm> fashion_mnist_gemms() {
+  std::vector<PlannedGemm> gemms;
+  const int layers[3][2] = {{784, 256}, {256, 256}, {256, 10}};
+  for (int batch : {64, 1024}) {
+    for (const auto& l : layers) {
+      const std::string at =
+          " b" + std::to_string(batch) + " " + std::to_string(l[0]) + "->" + std::to_string(l[1]);
+      gemms.push_back({"forward" + at, batch, l[1], l[0], true, true});
+      gemms.push_back({"backward_input" + at, batch, l[0], l[1], true, false});
+      gemms.push_back({"backward_params" + at, l[1], l[0], batch, false, false});
+    }
+  }
+  gemms.push_back({"forward 4096^3", 4096, 4096, 4096, true, true});
+  return gemms;
+}
+
+// Blocks of the GEMM kernel's grid when `plan` runs `g` (audited, not run): what the launch
+// code really makes of the plan, the split-K pass left out.
+int64_t gemm_blocks(const PlannedGemm& g, const ddp::GemmPlan& plan) {
+  ddp::cuda::GemmArgs p;
+  p.m = g.m;
+  p.n = g.n;
+  p.k = g.k;
+  ddp_emu::AuditLaunches audit;
+  ddp::cuda::launch_gemm(p, plan, g.a_kc, g.b_kc, nullptr, nullptr);
+  const std::vector<AuditedLaunch> launches = audit.launches();
+  REQUIRE(!launches.empty());
+  const dim3 grid = launches.front().grid;
+  return int64_t{grid.x} * grid.y * grid.z;
+}
+
+// The most blocks any plan within plan_gemm's limits gives (every tile; 1 to 16 K slices of at
+// least 256).
+int64_t most_gemm_blocks(const PlannedGemm& g) {
+  int64_t most = 0;
+  for (int tile = 0; tile < 3; ++tile) {
+    for (int splits = 1; splits <= 16 && (splits == 1 || splits <= g.k / 256); ++splits) {
+      ddp::GemmPlan plan;
+      plan.tile = tile;
+      plan.splits = splits;
+      most = std::max(most, gemm_blocks(g, plan));
+    }
+  }
+  return most;
+}
+
 }  // namespace
+
+TEST_CASE("launch audit: the GEMM plans fill 132 SMs wherever a plan within the limits can",
+          "[emu][audit][gemm]") {
+  // A wave: a block on every multiprocessor (blocks >= SMs). The launch bounds promise more
+  // resident blocks only for the 128x128 tile (two), so counting a block per SM is the measure
+  // every tile shares.
+  std::ostringstream table;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-30s %4s %4s %4s  %4s %6s %6s %5s", "product", "m", "n", "k",
+                "tile", "slices", "blocks", "waves");
+  table << line << "\n";
+  for (const PlannedGemm& g : fashion_mnist_gemms()) {
+    const ddp::GemmPlan plan = ddp::plan_gemm(g.m, g.n, g.k, kMaxSms, false);
+    const int64_t blocks = gemm_blocks(g, plan);
+    const int64_t most = most_gemm_blocks(g);
+    const int edge = plan.tile == 0 ? 128 : plan.tile == 1 ? 64 : 32;
+    std::snprintf(line, sizeof line, "%-30s %4d %4d %4d  %4d %6d %6lld %5.2f", g.name.c_str(), g.m,
+                  g.n, g.k, edge, plan.splits, static_cast<long long>(blocks),
+                  static_cast<double>(blocks) / kMaxSms);
+    table << line << "\n";
+    if (most < kMaxSms) {
+      table << "    cannot fill: at most " << most
+            << " blocks; m*n*k = " << int64_t{g.m} * g.n * g.k << "\n";
+    }
+    INFO(line << "; the most any plan gives: " << most);
+    CHECK((blocks >= kMaxSms || most < kMaxSms));
+    // A shape that cannot fill the device gets the most blocks a plan gives it.
+    if (most < kMaxSms) CHECK(blocks == most);
+  }
+  WARN("GEMM plans on " << kMaxSms << " SMs:\n" << table.str());
+}
 
 TEST_CASE("launch audit: every launch configuration fits every target architecture",
           "[emu][audit]") {
@@ -211,14 +305,14 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
   } catch (const ddp_emu::KernelFault& e) {
     FAIL("a device would refuse a launch the backend can make: " << e.what());
   }
-  // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums,
-  // 7 cross-entropy row kernels and its reduction, the norm's two passes, 6 elementwise ops x 2,
-  // the scale by a device factor x 2, count_nonfinite, the 16-bit casts (2 types x 2
-  // directions x 2); the 16-bit GEMM (2 formats x 3 layouts x 16-byte loads or not) and its
-  // column sums (2 formats).
+  // 18 GEMM variants (3 tiles x 3 layouts x vectorized or not), the split-K pass, column sums
+  // and their finishing pass, 7 cross-entropy row kernels and its totals' two passes, the
+  // norm's two passes, 6 elementwise ops x 2, the scale by a device factor x 2,
+  // count_nonfinite, the 16-bit casts (2 types x 2 directions x 2); the 16-bit GEMM (2 formats
+  // x 3 layouts x 16-byte loads or not) and its column sums (2 formats).
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 67);
+  CHECK(kernels.size() == 69);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);
@@ -410,9 +504,9 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
       if (next) CHECK(r[1].str() == name);
     }
   }
-  // The GEMM's two tiles, column sums, the cross-entropy total's three, the norm's two passes,
-  // the 16-bit GEMM's three tiles, the 16-bit column sums' chunk sums.
-  CHECK(arrays == 12);
+  // The GEMM's two tiles, column sums, the cross-entropy totals' two passes (three each), the
+  // norm's two passes, the 16-bit GEMM's three tiles, the 16-bit column sums' chunk sums.
+  CHECK(arrays == 15);
 }
 
 TEST_CASE("a GEMM with more tiles than a grid holds is refused with a clear error",

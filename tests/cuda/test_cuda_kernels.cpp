@@ -24,6 +24,7 @@
 #include "core/float16.h"
 #include "cuda_test_support.h"
 #include "kernel_conformance.h"
+#include "kernels/cuda/reduction_plan.h"
 
 namespace {
 
@@ -328,7 +329,7 @@ LinearShape shape_for(Product p, int64_t m, int64_t n, int64_t k) {
 }
 
 TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer",
-          DDP_CUDA_TAGS "[conformance]") {
+          DDP_CUDA_TAGS "[conformance][gemm]") {
   auto be = make_cuda();
   for (Product product : {Product::kForward, Product::kBackwardInput, Product::kBackwardParams}) {
     // K above 128, so a 3-way split really makes three K slices (a slice is a multiple of 64
@@ -383,7 +384,48 @@ TEST_CASE("cuda every GEMM plan computes all three products of a Linear layer",
   }
 }
 
-TEST_CASE("cuda plan_gemm is a pure choice within its documented limits", DDP_CUDA_TAGS) {
+TEST_CASE("cuda the plans for the Fashion-MNIST shapes on 132 SMs compute all three products",
+          DDP_CUDA_TAGS "[gemm]") {
+  // The model 784-256-256-10 at batch 64 (the emulation: every product) and 1024 (a device;
+  // the emulation runs the one product whose plan is split there: backward_params 256->256).
+  auto be = make_cuda();
+  const int64_t layers[3][2] = {{784, 256}, {256, 256}, {256, 10}};
+  std::vector<LinearShape> shapes;
+  for (int64_t batch : {int64_t{64}, int64_t{1024}}) {
+    for (const auto& l : layers) {
+      if (batch == 64 || !kEmulated) shapes.push_back({batch, l[0], l[1]});
+    }
+  }
+  if (kEmulated) shapes.push_back({1024, 256, 256});
+  uint64_t seed = 4500;
+  for (const LinearShape& s : shapes) {
+    const LinearData d = make_linear_data(s, seed += 10);
+    for (Product product : {Product::kForward, Product::kBackwardInput, Product::kBackwardParams}) {
+      if (kEmulated && s.batch == 1024 && product != Product::kBackwardParams) continue;
+      const int64_t m = product == Product::kBackwardParams ? s.out : s.batch;
+      const int64_t n = product == Product::kForward ? s.out : s.in;
+      const int64_t k = product == Product::kForward         ? s.in
+                        : product == Product::kBackwardInput ? s.out
+                                                             : s.batch;
+      const GemmPlan plan = ddp::plan_gemm(m, n, k, 132, true);
+      INFO(product_name(product) << ", " << describe(s) << ": " << m << " x " << n << " x " << k
+                                 << ", plan tile " << plan.tile << ", splits " << plan.splits);
+      ForcedGemmPlan forced(*be, plan);
+      if (product == Product::kForward) {
+        require_accurate(cuda_forward(*be, d, true), ref_forward(d, true), "y");
+      } else if (product == Product::kBackwardInput) {
+        require_accurate(cuda_backward_input(*be, d, true), ref_backward_input(d, true), "dx");
+      } else {
+        const auto got = cuda_backward_params(*be, d, true);
+        const auto ref = ref_backward_params(d, true);
+        require_accurate(got.first, ref.first, "dw");
+        require_accurate(got.second, ref.second, "db");
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda plan_gemm is a pure choice within its documented limits", DDP_CUDA_TAGS "[gemm]") {
   SECTION("a big product takes the biggest tile, unsplit") {
     const GemmPlan plan = ddp::plan_gemm(4096, 4096, 4096, 132, true);
     CHECK(plan.tile == 0);
@@ -395,6 +437,18 @@ TEST_CASE("cuda plan_gemm is a pure choice within its documented limits", DDP_CU
     CHECK(plan.splits > 1);
     CHECK(plan.splits <= 8192 / 256);
     CHECK_FALSE(plan.vectorized);
+  }
+  SECTION("too few 32x32 tiles: the fewest K slices that fill the device, else the most") {
+    // backward_params 256->256 at batch 1024: 64 tiles; 2 slices gave 128 blocks, 3 give 192.
+    CHECK(ddp::plan_gemm(256, 256, 1024, 132, true).tile == 2);
+    CHECK(ddp::plan_gemm(256, 256, 1024, 132, true).splits == 3);
+    // backward_params 256->10: 8 tiles, at most 4 slices of 256 (32 blocks).
+    CHECK(ddp::plan_gemm(10, 256, 1024, 132, false).splits == 4);
+    // The slices launch_gemm really makes: 9 tiles need 9 slices on 80 SMs, but K 4096 asked
+    // for 9 gives 8 (slices are a multiple of 64 long: 512); 10 gives 10 (90 blocks).
+    CHECK(ddp::plan_gemm(96, 96, 4096, 80, false).splits == 10);
+    // One wave already at 32x32: no split.
+    CHECK(ddp::plan_gemm(1024, 256, 784, 132, true).splits == 1);
   }
   SECTION("every plan is valid, deterministic and splits K into slices of >= 256") {
     for (int64_t m : {1, 7, 32, 100, 257, 1000, 5000}) {
@@ -444,6 +498,66 @@ TEST_CASE("cuda GEMMs and reductions are bitwise reproducible", DDP_CUDA_TAGS) {
     run_twice();
     const Reference ref = ref_forward(d, true);
     require_accurate(cuda_forward(*be, d, true), ref.value, ref.cond, "split linear_forward");
+  }
+}
+
+// ---- bias gradient: column sums over row chunks ------------------------------------------
+
+// db as the kernels add it (reduction_plan.h), in float: per chunk of rows, 8 sums of every 8th
+// row, those 8 in order; the chunks' sums in chunk order; then added to db0 with accumulate.
+std::vector<float> column_sums_in_kernel_order(const std::vector<float>& dy, int64_t rows,
+                                               int64_t cols, const std::vector<float>* db0) {
+  const ddp::cuda::ColumnSumChunks plan = ddp::cuda::column_sum_chunks(rows, cols);
+  std::vector<float> db(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (int64_t chunk = 0; chunk < plan.chunks; ++chunk) {
+      const int64_t first = chunk * plan.chunk_rows;
+      const int64_t end = std::min(rows, first + plan.chunk_rows);
+      float chunk_total = 0.0f;
+      for (int64_t t = 0; t < 8; ++t) {
+        float sum = 0.0f;
+        for (int64_t r = first + t; r < end; r += 8) sum += dy[static_cast<size_t>(r * cols + c)];
+        chunk_total += sum;
+      }
+      total = plan.chunks == 1 ? chunk_total : total + chunk_total;
+    }
+    db[static_cast<size_t>(c)] = db0 != nullptr ? (*db0)[static_cast<size_t>(c)] + total : total;
+  }
+  return db;
+}
+
+TEST_CASE("cuda bias gradient: column sums over row chunks, in an order of the shape alone",
+          DDP_CUDA_TAGS) {
+  using ddp::cuda::column_sum_chunks;
+  // The rule at its edges: one pass up to 64 rows and from 160 column blocks on; the Fashion
+  // model's batch-1024 gradients fill 160 and 147 blocks.
+  CHECK(column_sum_chunks(64, 10).chunks == 1);
+  CHECK(column_sum_chunks(65, 10).chunks == 17);
+  CHECK(column_sum_chunks(1 << 20, 160 * 32).chunks == 1);
+  CHECK(column_sum_chunks(1 << 20, 159 * 32).chunks == 2);
+  CHECK(column_sum_chunks(1024, 256).chunks == 20);
+  CHECK(column_sum_chunks(1024, 10).chunks == 147);
+  // {rows, cols}: one row; one column over 17 chunks of 4 rows; one pass at the 64-row limit;
+  // ragged column blocks and a ragged last chunk; the model's last layer at batch 1024; on a
+  // device its hidden layers and longer shapes too. in = 1 keeps the weight GEMM small.
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},  {1, 40},   {64, 33},
+                                                     {65, 1}, {300, 70}, {1024, 10}};
+  if (!kEmulated) shapes.insert(shapes.end(), {{1024, 256}, {100000, 3}, {4099, 5000}});
+  auto be = make_cuda();
+  uint64_t seed = 5200;
+  for (const auto& [rows, cols] : shapes) {
+    const LinearData d = make_linear_data(LinearShape{rows, 1, cols}, seed += 10);
+    const ddp::cuda::ColumnSumChunks plan = column_sum_chunks(rows, cols);
+    for (bool accumulate : {false, true}) {
+      INFO("dy " << rows << " x " << cols << ": " << plan.chunks << " chunk(s) of "
+                 << plan.chunk_rows << " rows; accumulate " << accumulate);
+      const auto got = cuda_backward_params(*be, d, accumulate);
+      require_accurate(got.second, ref_backward_params(d, accumulate).second, "db");
+      require_bitwise_equal(
+          got.second, column_sums_in_kernel_order(d.dy, rows, cols, accumulate ? &d.db0 : nullptr),
+          "db, added in the documented order");
+    }
   }
 }
 
@@ -545,6 +659,53 @@ TEST_CASE("cuda softmax_xent_deferred adds batches into slots read later", DDP_C
   CHECK(be->take_xent_totals(1).correct == 0);  // taken, even though it failed
   require_error([&] { be->take_xent_totals(2); }, "take_xent_totals: slot 2 (0 or 1)");
   require_error([&] { cpu->take_xent_totals(-1); }, "take_xent_totals: slot -1 (0 or 1)");
+}
+
+TEST_CASE("cuda softmax_xent totals over several first-pass blocks", DDP_CUDA_TAGS) {
+  // 1100 rows: two first-pass blocks of 256 threads whose rows interleave (a grid stride of
+  // 512): block 0 holds rows 0-255, 512-767 and 1024-1099, block 1 rows 256-511 and 768-1023.
+  // Up to 1024 rows one block. (Five calls: 138 row blocks each is dear in the emulation.)
+  using ddp::cuda::xent_total_blocks;
+  CHECK(xent_total_blocks(0) == 1);
+  CHECK(xent_total_blocks(1024) == 1);
+  CHECK(xent_total_blocks(1025) == 2);
+  CHECK(xent_total_blocks(int64_t{1} << 40) == 1024);
+  auto be = make_cuda();
+  auto cpu = ddp::make_cpu_backend();
+  const int64_t rows = 1100, classes = 10;
+  const std::vector<float> logits = make_logits(rows, classes, 7300);
+  const std::vector<int32_t> good = random_labels(rows, classes, 7301);
+  DeviceTensor l(logits, rows, classes);
+  ddp::DeviceArray<int32_t> device_labels(rows);
+  auto upload = [&](const std::vector<int32_t>& labels) {
+    device_labels.upload(labels.data(), labels.size());
+  };
+  // The smallest bad row wins, though block 0 holds the other one.
+  std::vector<int32_t> labels = good;
+  labels[520] = 11;  // block 0
+  labels[300] = -2;  // block 1
+  upload(labels);
+  const std::string message = "softmax_xent: row 300 has label -2, outside [0, 10)";
+  require_error([&] { be->softmax_xent(l.view(), device_labels.data(), 1.0f, nullptr); }, message);
+  require_error(
+      [&] { cpu->softmax_xent(host_view(logits, rows, classes), labels.data(), 1.0f, nullptr); },
+      message);
+  // The count exact, the loss accurate; a second batch into the slot adds to the first.
+  upload(good);
+  const XentReference ref = ref_xent(logits, good, classes, 1.0);
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 0);
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 0);
+  const ddp::XentResult twice = be->take_xent_totals(0);
+  CHECK(twice.correct == 2 * ref.correct);
+  CHECK(std::fabs(twice.loss_sum - 2 * ref.loss_sum) <= 2 * kTol * ref.loss_cond);
+  // A bad label in the last row of a later batch of the slot is reported after a clean batch.
+  labels = good;
+  labels[rows - 1] = 12;
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 1);
+  upload(labels);
+  be->softmax_xent_deferred(l.view(), device_labels.data(), 1.0f, nullptr, 1);
+  require_error([&] { be->take_xent_totals(1); },
+                "softmax_xent: row 1099 has label 12, outside the model's classes");
 }
 
 // ---- gradient norm and clipping ------------------------------------------------------------

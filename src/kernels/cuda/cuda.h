@@ -125,8 +125,11 @@ struct GemmPlan {
   bool vectorized = false;  ///< 16-byte loads and stores (aligned, leading dims % 4 == 0)
 };
 /// The plan the backend uses for an M x N x K product on a device with `sm_count`
-/// multiprocessors (pure: the same shape and device give the same plan). `vectorizable` says
-/// whether every operand allows 16-byte access.
+/// multiprocessors (pure: the same shape and device give the same plan): the largest tile with
+/// at least sm_count blocks; else 32x32 tiles and the fewest K slices (each >= 256 long, at
+/// most 16; `splits` is the count launch_gemm really makes) with tiles x slices >= sm_count,
+/// or the most slices where none reach it. `vectorizable` says whether every operand allows
+/// 16-byte access.
 GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, int sm_count, bool vectorizable);
 
 /// For tests and benchmarks: make every GEMM of `backend` (a CUDA backend) use `plan` instead

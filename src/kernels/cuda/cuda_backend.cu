@@ -43,6 +43,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // A blocking stream: the default stream (synchronous copies of results) is ordered after it.
   DDP_CUDA_CHECK(cudaStreamCreate(&stream_));
   xent_totals_ = DeviceArray<XentTotals>(1);
+  xent_partials_ = DeviceArray<XentTotals>(static_cast<size_t>(kXentMaxTotalBlocks));
   xent_totals_host_ = PinnedArray<XentTotals>(1);
   slot_totals_ = DeviceArray<XentTotals>(2);
   slot_totals_host_ = PinnedArray<XentTotals>(2);
@@ -103,12 +104,18 @@ float* CudaBackend::gemm_workspace(int64_t floats) {
   return gemm_workspace_.data();
 }
 
+float* CudaBackend::column_sum_scratch(int64_t floats) {
+  if (static_cast<size_t>(floats) > column_sum_partials_.size())
+    column_sum_partials_ = DeviceArray<float>(static_cast<size_t>(floats));
+  return column_sum_partials_.data();
+}
+
 XentRowOut CudaBackend::xent_scratch(int64_t rows) {
   if (static_cast<size_t>(rows) > xent_loss_.size()) {
     xent_loss_ = DeviceArray<double>(static_cast<size_t>(rows));
     xent_status_ = DeviceArray<int>(static_cast<size_t>(rows));
   }
-  return XentRowOut{xent_loss_.data(), xent_status_.data()};
+  return XentRowOut{xent_loss_.data(), xent_status_.data(), xent_partials_.data()};
 }
 
 void CudaBackend::gemm(const GemmArgs& args, bool a_k_contiguous, bool b_k_contiguous,
@@ -170,7 +177,9 @@ void CudaBackend::linear_backward_params(const Tensor& dy, const Tensor& x, bool
   p.accumulate = accumulate;
   const bool vec = p.m % 4 == 0 && p.n % 4 == 0 && all_aligned16({dy.data, x.data, dw.data});
   gemm(p, false, false, vec);
-  launch_column_sums(dy.data, dy.rows, dy.cols, accumulate, db.data, stream_);
+  const int64_t scratch = column_sum_scratch_floats(dy.rows, dy.cols);
+  float* partials = scratch > 0 ? column_sum_scratch(scratch) : nullptr;
+  launch_column_sums(dy.data, dy.rows, dy.cols, accumulate, partials, db.data, stream_);
 }
 
 void CudaBackend::relu_forward(const Tensor& x, Tensor& y) {

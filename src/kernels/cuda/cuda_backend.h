@@ -76,6 +76,7 @@ class CudaBackend final : public Backend {
   void gemm(const GemmArgs& args, bool a_k_contiguous, bool b_k_contiguous, bool vectorizable);
   // Grow-only scratch: after the first step of a given size nothing is allocated.
   float* gemm_workspace(int64_t floats);
+  float* column_sum_scratch(int64_t floats);
   XentRowOut xent_scratch(int64_t rows);
   // Checks shapes and that the labels live on the device; returns the class count.
   int check_xent(const Tensor& logits, const int32_t* labels, Tensor* dlogits);
@@ -89,8 +90,10 @@ class CudaBackend final : public Backend {
   GemmPlan forced_plan_;
   std::shared_ptr<EventClock> clock_;
   DeviceArray<float> gemm_workspace_;
+  DeviceArray<float> column_sum_partials_;  // the bias gradient's per-chunk column sums
   DeviceArray<double> xent_loss_;
   DeviceArray<int> xent_status_;
+  DeviceArray<XentTotals> xent_partials_;  // the totals' first-pass blocks, kXentMaxTotalBlocks
   DeviceArray<XentTotals> xent_totals_;
   PinnedArray<XentTotals> xent_totals_host_;
   // Deferred totals: per slot, the device accumulator, its host copy and the event after the

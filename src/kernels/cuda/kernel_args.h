@@ -47,19 +47,21 @@ struct Gemm16Args {
   bool accumulate = false;
 };
 
-/// What the per-row pass leaves for the total: loss of the row (double, as the CPU backend
-/// sums), and 1 / 0 for correct, or -1 for a label outside [0, classes).
-struct XentRowOut {
-  double* loss;
-  int* status;
-};
-
-/// The batch totals the host reads back.
+/// The batch totals the host reads back (and a first-pass block's share of them).
 struct XentTotals {
   double loss_sum;
   long long correct;
   long long first_bad_row;  ///< -1 when every label is valid
   int bad_label;
+};
+
+/// What the per-row pass leaves for the total: loss of the row (double, as the CPU backend
+/// sums), and 1 / 0 for correct, or -1 for a label outside [0, classes); and the totals' first
+/// pass's per-block partials (reduction_plan.h: xent_total_blocks).
+struct XentRowOut {
+  double* loss;
+  int* status;
+  XentTotals* partials;
 };
 
 /// What the gradient-norm pass leaves in device memory: the L2 norm, and the factor the

@@ -1,55 +1,93 @@
 // Reductions without atomics, so every result is bitwise reproducible: column sums (the bias
-// gradient), fused softmax cross-entropy (one warp per row: max, argmax, sum of exp, loss, dlogits
-// in one pass over the row in registers; per-row losses summed by one block in a fixed order) and
-// the gradients' L2 norm with clip_grad_norm_'s factor. Compiled by nvcc and the CPU emulation.
+// gradient, rows split into chunks over the grid), fused softmax cross-entropy (one warp per
+// row: max, argmax, sum of exp, loss, dlogits in one pass over the row in registers; per-row
+// losses summed in a fixed two-level order) and the gradients' L2 norm with clip_grad_norm_'s
+// factor. How the grids are sized: reduction_plan.h. Compiled by nvcc and the CPU emulation.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/kernel_args.h"
+#include "kernels/cuda/reduction_plan.h"
 
 namespace ddp {
 namespace cuda {
 
 // ---------------------------------------------------------------------------------------------
-// Column sums: db[c] (+)= sum_r dy[r, c]. A block owns 32 columns; its 8 rows of threads stride
-// down the rows, then the 8 partial sums of each column are added in row-of-threads order.
+// Column sums: db[c] (+)= sum_r dy[r, c], in an order that depends on (rows, cols) alone
+// (reduction_plan.h: column_sum_chunks). A block owns 32 columns and one chunk of consecutive
+// rows; its 8 rows of threads stride down the chunk, then the 8 partial sums of each column are
+// added in row-of-threads order. One chunk: that is db. Several (grid.y): each chunk's sums go
+// to scratch, [chunk][col], and column_sums_finish_kernel adds them per column in chunk order.
 
 constexpr int kColumnSumRows = 8;
+constexpr int kColumnSumFinishThreads = 128;
 
+/// The sums of rows [blockIdx.y·chunk_rows, +chunk_rows) of 32 columns: into partials[blockIdx.y]
+/// when partials is set, else (one chunk) into out, added to it with accumulate.
 __global__ void column_sums_kernel(const float* __restrict__ dy, int64_t rows, int64_t cols,
-                                   bool accumulate, float* __restrict__ out) {
+                                   int64_t chunk_rows, bool accumulate, float* __restrict__ out,
+                                   float* __restrict__ partials) {
   __shared__ float partial[kColumnSumRows][33];
   DDP_EMU_SHARED(partial);
   const int tx = static_cast<int>(threadIdx.x);
   const int ty = static_cast<int>(threadIdx.y);
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t end = rows - first < chunk_rows ? rows : first + chunk_rows;
   float sum = 0.0f;
   if (col < cols) {
-    for (int64_t r = ty; r < rows; r += kColumnSumRows) sum += dy[r * cols + col];
+    for (int64_t r = first + ty; r < end; r += kColumnSumRows) sum += dy[r * cols + col];
   }
   partial[ty][tx] = sum;
   __syncthreads();
   if (ty == 0 && col < cols) {
     float total = 0.0f;
     for (int i = 0; i < kColumnSumRows; ++i) total += partial[i][tx];
-    out[col] = accumulate ? out[col] + total : total;
+    if (partials != nullptr) {
+      partials[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+    } else {
+      out[col] = accumulate ? out[col] + total : total;
+    }
   }
 }
 
+/// One thread per column: out[col] (+)= the chunks' sums of the column, added in chunk order.
+__global__ void column_sums_finish_kernel(const float* __restrict__ partials, int64_t chunks,
+                                          int64_t cols, bool accumulate, float* __restrict__ out) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnSumFinishThreads + threadIdx.x;
+  if (col >= cols) return;
+  float total = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) total += partials[c * cols + col];
+  out[col] = accumulate ? out[col] + total : total;
+}
+
+/// Queues out[c] (+)= sum_r dy[r, c]; `partials` holds column_sum_scratch_floats(rows, cols)
+/// floats (unused, and may be null, when that is 0).
 inline void launch_column_sums(const float* dy, int64_t rows, int64_t cols, bool accumulate,
-                               float* out, cudaStream_t stream) {
+                               float* partials, float* out, cudaStream_t stream) {
   if (cols == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)));
+  const ColumnSumChunks plan = column_sum_chunks(rows, cols);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(plan.chunks));
   const dim3 block(32, kColumnSumRows);
-  DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, accumulate, out);
+  if (plan.chunks == 1) {
+    DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, rows, accumulate, out,
+               static_cast<float*>(nullptr));
+    return;
+  }
+  DDP_LAUNCH(column_sums_kernel, grid, block, stream, dy, rows, cols, plan.chunk_rows, false, out,
+             partials);
+  DDP_LAUNCH(column_sums_finish_kernel,
+             dim3(static_cast<unsigned>(ceil_div(cols, kColumnSumFinishThreads))),
+             dim3(kColumnSumFinishThreads), stream, partials, plan.chunks, cols, accumulate, out);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Softmax cross-entropy.
 
 constexpr int kXentWarpsPerBlock = 8;
+constexpr int kXentReduceThreads = 256;
 
 // (value, index) of the larger value; on a tie the smaller index, like torch.argmax's first
 // maximum.
@@ -68,11 +106,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /// One warp per row. VPL > 0: the row (classes <= 32·VPL) stays in registers, one read of the
-/// logits and one write of dlogits; VPL == 0: any width, reading the row three times.
+/// logits and one write of dlogits; VPL == 0: any width, reading the row three times. `logits`
+/// is not __restrict__: dlogits may alias it, and a restrict pointer that aliases another
+/// written pointer is undefined behaviour. Every read precedes the lane's writes in program
+/// order, so the row is still read once.
 template <int VPL>
-__global__ void xent_rows_kernel(const float* __restrict__ logits,
-                                 const int32_t* __restrict__ labels, int64_t rows, int classes,
-                                 float grad_scale, float* dlogits, XentRowOut out) {
+__global__ void xent_rows_kernel(const float* logits, const int32_t* __restrict__ labels,
+                                 int64_t rows, int classes, float grad_scale, float* dlogits,
+                                 XentRowOut out) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row =
       static_cast<int64_t>(blockIdx.x) * kXentWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
@@ -142,28 +183,12 @@ __global__ void xent_rows_kernel(const float* __restrict__ logits,
   }
 }
 
-constexpr int kXentReduceThreads = 256;
-
-/// One block: thread t adds rows t, t+256, ... in order, then a fixed tree over the threads.
-/// With accumulate the batch's totals are added to *totals (the first bad row is kept).
-__global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ labels, int64_t rows,
-                                   bool accumulate, XentTotals* totals) {
-  __shared__ double loss[kXentReduceThreads];
-  DDP_EMU_SHARED(loss);
-  __shared__ long long correct[kXentReduceThreads];
-  DDP_EMU_SHARED(correct);
-  __shared__ long long bad[kXentReduceThreads];
-  DDP_EMU_SHARED(bad);
+// Adds a block's per-thread (loss, correct, first bad row) in a fixed tree over the
+// kXentReduceThreads threads; thread 0 gets the block's totals. Every thread calls it.
+__device__ __forceinline__ void xent_block_tree(double my_loss, long long my_correct,
+                                                long long my_bad, double* loss, long long* correct,
+                                                long long* bad) {
   const int t = static_cast<int>(threadIdx.x);
-  double my_loss = 0.0;
-  long long my_correct = 0;
-  long long my_bad = -1;
-  for (int64_t r = t; r < rows; r += kXentReduceThreads) {
-    my_loss += in.loss[r];
-    const int s = in.status[r];
-    if (s > 0) ++my_correct;
-    if (s < 0 && my_bad < 0) my_bad = r;
-  }
   loss[t] = my_loss;
   correct[t] = my_correct;
   bad[t] = my_bad;
@@ -177,19 +202,82 @@ __global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ la
     }
     __syncthreads();
   }
-  if (t == 0) {
-    const bool keep_bad = accumulate && totals->first_bad_row >= 0;
-    totals->loss_sum = accumulate ? totals->loss_sum + loss[0] : loss[0];
-    totals->correct = accumulate ? totals->correct + correct[0] : correct[0];
-    if (!keep_bad) {
-      totals->first_bad_row = bad[0];
-      totals->bad_label = bad[0] >= 0 ? labels[bad[0]] : 0;
-    }
+}
+
+// The batch's totals into *totals, or added to them with accumulate (the first bad row kept).
+__device__ __forceinline__ void xent_store_totals(double loss, long long correct, long long bad,
+                                                  const int32_t* labels, bool accumulate,
+                                                  XentTotals* totals) {
+  const bool keep_bad = accumulate && totals->first_bad_row >= 0;
+  totals->loss_sum = accumulate ? totals->loss_sum + loss : loss;
+  totals->correct = accumulate ? totals->correct + correct : correct;
+  if (!keep_bad) {
+    totals->first_bad_row = bad;
+    totals->bad_label = bad >= 0 ? labels[bad] : 0;
   }
 }
 
-/// Queues both passes; `totals` (device memory) holds the result when the stream gets there
-/// (added to what it held, with accumulate).
+/// First pass, xent_total_blocks(rows) blocks: global thread g adds rows g, g + T, ... in order
+/// (T threads in the grid), then a fixed tree per block. One block stores the batch's totals
+/// (partials null); several leave one partial each in partials[blockIdx.x].
+__global__ void xent_reduce_kernel(XentRowOut in, const int32_t* __restrict__ labels, int64_t rows,
+                                   bool accumulate, XentTotals* totals, XentTotals* partials) {
+  __shared__ double loss[kXentReduceThreads];
+  DDP_EMU_SHARED(loss);
+  __shared__ long long correct[kXentReduceThreads];
+  DDP_EMU_SHARED(correct);
+  __shared__ long long bad[kXentReduceThreads];
+  DDP_EMU_SHARED(bad);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kXentReduceThreads;
+  double my_loss = 0.0;
+  long long my_correct = 0;
+  long long my_bad = -1;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kXentReduceThreads + threadIdx.x; r < rows;
+       r += stride) {
+    my_loss += in.loss[r];
+    const int s = in.status[r];
+    if (s > 0) ++my_correct;
+    if (s < 0 && my_bad < 0) my_bad = r;
+  }
+  xent_block_tree(my_loss, my_correct, my_bad, loss, correct, bad);
+  if (threadIdx.x != 0) return;
+  if (partials == nullptr) {
+    xent_store_totals(loss[0], correct[0], bad[0], labels, accumulate, totals);
+  } else {
+    partials[blockIdx.x] = XentTotals{loss[0], correct[0], bad[0], 0};
+  }
+}
+
+/// Second pass, one block: thread t adds partials t, t + 256, ... in order, then the fixed
+/// tree; the first bad row is the smallest of the blocks' first bad rows.
+__global__ void xent_finish_kernel(const XentTotals* __restrict__ partials, int count,
+                                   const int32_t* __restrict__ labels, bool accumulate,
+                                   XentTotals* totals) {
+  __shared__ double finish_loss[kXentReduceThreads];
+  DDP_EMU_SHARED(finish_loss);
+  __shared__ long long finish_correct[kXentReduceThreads];
+  DDP_EMU_SHARED(finish_correct);
+  __shared__ long long finish_bad[kXentReduceThreads];
+  DDP_EMU_SHARED(finish_bad);
+  double my_loss = 0.0;
+  long long my_correct = 0;
+  long long my_bad = -1;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kXentReduceThreads) {
+    my_loss += partials[i].loss_sum;
+    my_correct += partials[i].correct;
+    // The blocks' rows interleave (grid stride): the smallest bad row, not the first block's.
+    const long long b = partials[i].first_bad_row;
+    if (b >= 0 && (my_bad < 0 || b < my_bad)) my_bad = b;
+  }
+  xent_block_tree(my_loss, my_correct, my_bad, finish_loss, finish_correct, finish_bad);
+  if (threadIdx.x == 0) {
+    xent_store_totals(finish_loss[0], finish_correct[0], finish_bad[0], labels, accumulate, totals);
+  }
+}
+
+/// Queues the per-row pass and the totals' one or two; `totals` (device memory) holds the
+/// result when the stream gets there (added to what it held, with accumulate). scratch.partials
+/// holds xent_total_blocks(rows) totals.
 inline void launch_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
                                 int classes, float grad_scale, float* dlogits, XentRowOut scratch,
                                 bool accumulate, XentTotals* totals, cudaStream_t stream) {
@@ -220,8 +308,14 @@ inline void launch_softmax_xent(const float* logits, const int32_t* labels, int6
                  grad_scale, dlogits, scratch);
     }
   }
-  DDP_LAUNCH(xent_reduce_kernel, dim3(1), dim3(kXentReduceThreads), stream, scratch, labels, rows,
-             accumulate, totals);
+  const int blocks = xent_total_blocks(rows);
+  DDP_LAUNCH(xent_reduce_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kXentReduceThreads),
+             stream, scratch, labels, rows, accumulate, totals,
+             blocks > 1 ? scratch.partials : nullptr);
+  if (blocks > 1) {
+    DDP_LAUNCH(xent_finish_kernel, dim3(1), dim3(kXentReduceThreads), stream, scratch.partials,
+               blocks, labels, accumulate, totals);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
