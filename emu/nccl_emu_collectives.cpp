@@ -150,9 +150,26 @@ ncclResult_t perform(ncclComm* c, const Call& call) {
 }
 
 // Queues the collective on the stream (the CUDA emulation's deferred mode) and returns
-// ncclSuccess, or runs it now and returns its result.
+// ncclSuccess, or runs it now and returns its result. On a capturing stream it becomes a node
+// of the graph (NCCL supports capture since 2.9): it runs at every launch of the graph, with
+// the buffers of the call, on whichever rank's graph the launch replays.
 ncclResult_t issue(ncclComm* c, const Call& call, cudaStream_t stream) {
   const uint64_t serial = c->serial;
+  bool capturing = false;
+  const cudaError_t capture = ddp_emu::host_work_capture(stream, &capturing);
+  if (capture != cudaSuccess) {
+    return fail(ncclUnhandledCudaError,
+                cat(call.fn, ": rank ", c->rank, ": the stream refused it (",
+                    cudaGetErrorName(capture), ")"));
+  }
+  if (capturing) {
+    ddp_emu::enqueue_host_work(stream, [c, serial, call] {
+      if (enter_live(c, serial) == nullptr) return;  // destroyed before this launch of the graph
+      (void)perform(c, call);
+      leave_live(c);
+    });
+    return ncclSuccess;
+  }
   c->queued.fetch_add(1);
   auto queued = [c, serial, call] {
     // Destroyed or aborted before its stream got here: aborted with it, as in NCCL.
