@@ -94,8 +94,9 @@
 //     waits for the stream); a kernel that faults there is an asynchronous error, as on a
 //     device. The nodes are shared, so destroying the graph or the executable graph after a
 //     launch leaves what was launched intact.
-// - runtime_calls() counts every runtime function call served (by name), the kernel launches
-//   and the graph launches: how many host calls a training step makes, eager or as a graph.
+// - runtime_calls() counts every runtime function call served and every call of the emulated
+//   NCCL (by name), the kernel launches and the graph launches: how many host calls a training
+//   step makes, eager or as a graph.
 // - Threads of a block take turns by a schedule (ddp_emu::Schedule, DDP_EMU_SCHEDULE): PARALLEL
 //   (the default) lets them all run at once, as the operating system schedules them. FORWARD,
 //   REVERSE and RANDOM[:SEED] run ONE thread at a time: it runs alone until it stops at a sync
@@ -661,8 +662,9 @@ std::string last_deferred_fault();
 /// The runtime calls the emulation served, counted since the start or the last reset: how
 /// many host calls a piece of code makes (a training step eager, or replayed as a graph).
 struct RuntimeCalls {
-  /// Every call of a runtime function (cudaMemcpyAsync, cudaGraphLaunch...), by name, whatever
-  /// it returned; calls the emulation makes itself are not counted.
+  /// Every call of a runtime function (cudaMemcpyAsync, cudaGraphLaunch...) and of the emulated
+  /// NCCL (ncclAllReduce...), by name, whatever it returned; a function the emulation
+  /// implements through another counts once.
   std::map<std::string, int64_t> api;
   /// Kernel launches (ddp_emu::launch, what <<<...>>> is on a device), refused, queued and
   /// captured ones included; the kernels a graph launch replays are not calls.

@@ -901,6 +901,7 @@ TEST_CASE("an allreduce on a capturing stream is a graph node that runs at every
     RANK_CHECK(cudaMallocHost(&input, kCount * sizeof(float)) == cudaSuccess);
     cudaStream_t s = nullptr;
     RANK_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    ddp_emu::reset_runtime_calls();
     RANK_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
     RANK_CHECK(cudaMemcpyAsync(send.get(), input, kCount * sizeof(float), cudaMemcpyHostToDevice,
                                s) == cudaSuccess);
@@ -923,6 +924,11 @@ TEST_CASE("an allreduce on a capturing stream is a graph node that runs at every
       RANK_CHECK(cudaStreamSynchronize(s) == cudaSuccess);
       RANK_CHECK(recv.download() == want);
     }
+    // The collective was one call, at the capture; each launch is one call.
+    const ddp_emu::RuntimeCalls calls = ddp_emu::runtime_calls();
+    RANK_CHECK(calls.of("ncclAllReduce") == 1);
+    RANK_CHECK(calls.graph_launches == 2);
+    RANK_CHECK(calls.of("ncclGetErrorString") == 0);
     // On a capture a prohibited call invalidated, the collective is refused, naming why.
     RANK_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
     RANK_CHECK(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
