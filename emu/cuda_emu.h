@@ -59,6 +59,44 @@
 //     runs.
 //   Threads may queue and synchronise concurrently; a stream's operations run in order, on one
 //   thread at a time (whichever synchronises), never while the runtime's lock is held.
+// - Stream capture and graphs (cuda_emu_graphs.cpp) follow the CUDA Programming Guide ("CUDA
+//   Graphs" > "Prohibited and Unhandled Operations") and the runtime reference; where both are
+//   silent, the emulation answers what CUDA 13 answered on an H200:
+//   * Between cudaStreamBeginCapture and cudaStreamEndCapture, kernel launches,
+//     cudaMemcpyAsync, cudaMemsetAsync, NCCL collectives (enqueue_host_work) and graph launches
+//     on the stream are checked as usual and recorded as graph nodes, not run; kernel
+//     arguments are taken by value then, copies and memsets read and write through the
+//     captured pointers when the graph runs. cudaEventRecord in a capturing stream records no
+//     node: the event stands for the stream's last nodes. A stream that waits on such an event
+//     joins the capture (a fork), and every forked stream must be waited on by the origin again
+//     before cudaStreamEndCapture (else cudaErrorStreamCaptureUnjoined and no graph). Work queued
+//     before the capture began is not part of it.
+//   * Prohibited calls return their error and invalidate the capture (the origin's
+//     cudaStreamEndCapture then returns cudaErrorStreamCaptureInvalidated and a null graph;
+//     until then every operation on its streams returns it, a launch throws KernelFault):
+//     synchronising a capturing stream or the device (cudaErrorStreamCaptureUnsupported);
+//     querying or synchronising an event recorded in the capture (cudaErrorCapturedEvent);
+//     any use of the legacy stream, synchronous cudaMemcpy and cudaMemset included, while a
+//     blocking stream captures (cudaErrorStreamCaptureImplicit; not while only non-blocking
+//     streams capture); waiting on an event recorded outside the capture
+//     (cudaErrorStreamCaptureIsolation; a never-recorded event is a no-op) or in another
+//     capture (cudaErrorStreamCaptureMerge); allocating or freeing memory (cudaMalloc, cudaFree,
+//     cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister:
+//     cudaErrorStreamCaptureUnsupported) when the thread's capture interaction mode forbids it
+//     (cudaThreadExchangeStreamCaptureMode: Global during this thread's non-Relaxed captures
+//     and other threads' Global ones, ThreadLocal during this thread's own, Relaxed never).
+//     cudaStreamDestroy of a capturing stream is refused the same way (the emulation's choice).
+//   * An event last recorded in a capture that has ended answers cudaErrorInvalidValue to a
+//     query, synchronisation, wait or elapsed time until it is recorded again; a graph launch
+//     records no event.
+//   * cudaGraphLaunch replays the nodes in capture order (a topological order) on its stream:
+//     at once in immediate mode, queued node by node in deferred mode (they run when something
+//     waits for the stream); a kernel that faults there is an asynchronous error, as on a
+//     device. The nodes are shared, so destroying the graph or the executable graph after a
+//     launch leaves what was launched intact.
+// - runtime_calls() counts every runtime function call served and every call of the emulated
+//   NCCL (by name), the kernel launches and the graph launches: how many host calls a training
+//   step makes, eager or as a graph.
 // - Threads of a block take turns by a schedule (ddp_emu::Schedule, DDP_EMU_SCHEDULE): PARALLEL
 //   (the default) lets them all run at once, as the operating system schedules them. FORWARD,
 //   REVERSE and RANDOM[:SEED] run ONE thread at a time: it runs alone until it stops at a sync
@@ -89,6 +127,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -401,8 +440,18 @@ enum cudaError {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureMerge = 902,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
 };
 typedef enum cudaError cudaError_t;
 
@@ -427,8 +476,31 @@ enum cudaDeviceAttr {
 
 struct CUstream_st;
 struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
+
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+
+enum cudaGraphInstantiateFlags {
+  cudaGraphInstantiateFlagAutoFreeOnLaunch = 1,
+  cudaGraphInstantiateFlagUpload = 2,
+  cudaGraphInstantiateFlagDeviceLaunch = 4,
+  cudaGraphInstantiateFlagUseNodePriority = 8,
+};
 
 constexpr unsigned cudaStreamDefault = 0x0;
 constexpr unsigned cudaStreamNonBlocking = 0x1;
@@ -507,6 +579,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 cudaError_t cudaMemset(void* dev_ptr, int value, size_t count);
 cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t stream = 0);
 
+// Stream capture and graphs (see the top of this header for what the emulation does).
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* pCaptureStatus);
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
 // The typed overloads CUDA's C++ API adds.
 template <class T>
 cudaError_t cudaMalloc(T** dev_ptr, size_t size) {
@@ -576,6 +659,44 @@ int64_t queued_operations(cudaStream_t stream);
 /// it stays after the error was returned.
 std::string last_deferred_fault();
 
+/// The runtime calls the emulation served, counted since the start or the last reset: how
+/// many host calls a piece of code makes (a training step eager, or replayed as a graph).
+struct RuntimeCalls {
+  /// Every call of a runtime function (cudaMemcpyAsync, cudaGraphLaunch...) and of the emulated
+  /// NCCL (ncclAllReduce...), by name, whatever it returned; a function the emulation
+  /// implements through another counts once.
+  std::map<std::string, int64_t> api;
+  /// Kernel launches (ddp_emu::launch, what <<<...>>> is on a device), refused, queued and
+  /// captured ones included; the kernels a graph launch replays are not calls.
+  int64_t kernel_launches = 0;
+  /// cudaGraphLaunch calls (also in api).
+  int64_t graph_launches = 0;
+  /// The calls of one function (0 if never called).
+  int64_t of(const std::string& name) const {
+    const auto it = api.find(name);
+    return it == api.end() ? 0 : it->second;
+  }
+  /// Every host call: the runtime functions and the kernel launches.
+  int64_t total() const {
+    int64_t n = kernel_launches;
+    for (const auto& [name, calls] : api) n += calls;
+    return n;
+  }
+};
+/// A snapshot of the counts (every thread's calls).
+RuntimeCalls runtime_calls();
+/// Starts the counts over from zero.
+void reset_runtime_calls();
+
+/// One node of a captured graph, for tests of what a capture recorded.
+struct CapturedNode {
+  std::string what;          ///< "kernel NAME", "cudaMemcpyAsync", "cudaMemsetAsync", ...
+  std::vector<size_t> deps;  ///< indices of the nodes it depends on (all earlier ones)
+};
+/// The nodes of a graph from cudaStreamEndCapture, in capture order (a topological order:
+/// the order a launch runs them in). Throws std::invalid_argument for an unknown graph.
+std::vector<CapturedNode> graph_nodes(cudaGraph_t graph);
+
 /// The kernels' compiled resource usage launches are checked against (launch_limits.h): read
 /// once, at first use, from the ptxas reports (*.resources) under the directory
 /// DDP_EMU_KERNEL_RESOURCES names (the build writes one beside each CUDA object). A launch of a
@@ -615,10 +736,16 @@ class AuditLaunches {
 bool stream_exists(cudaStream_t stream);
 /// Whether the first and the last byte of [p, p + bytes) lie in cudaMalloc memory.
 bool is_device_memory(const void* p, size_t bytes);
+/// Whether host work enqueued on `stream` now would be captured into a graph (*capturing) and
+/// may be: cudaSuccess, or the error CUDA work on that stream would get now
+/// (cudaErrorStreamCaptureInvalidated; cudaErrorStreamCaptureImplicit on the legacy stream
+/// while a blocking stream captures, which invalidates that capture). Records no last error.
+cudaError_t host_work_capture(cudaStream_t stream, bool* capturing);
 /// Deferred mode on a created stream: queues `work` to run in stream order and returns true
-/// (an exception from it becomes an asynchronous error). Otherwise returns false, after running
-/// what a legacy-stream operation waits for in deferred mode; the caller then runs the work
-/// itself, at once.
+/// (an exception from it becomes an asynchronous error). A capturing stream records `work` as
+/// a graph node instead (dropped if the capture was invalidated) and returns true: it then runs
+/// once per launch of the graph. Otherwise returns false, after running what a legacy-stream
+/// operation waits for in deferred mode; the caller then runs the work itself, at once.
 bool enqueue_host_work(cudaStream_t stream, std::function<void()> work);
 
 namespace detail {

@@ -48,24 +48,28 @@ thread_local int current_device = 0;
 }  // namespace
 
 cudaError_t cudaGetDeviceCount(int* count) {
+  DDP_EMU_COUNT_CALL();
   if (!count) return record(cudaErrorInvalidValue);
   *count = emulated_devices();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
+  DDP_EMU_COUNT_CALL();
   if (!valid_device(device)) return record(cudaErrorInvalidDevice);
   current_device = device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
+  DDP_EMU_COUNT_CALL();
   if (!device) return record(cudaErrorInvalidValue);
   *device = current_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  DDP_EMU_COUNT_CALL();
   if (!prop) return record(cudaErrorInvalidValue);
   if (!valid_device(device)) return record(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof *prop);
@@ -93,6 +97,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  DDP_EMU_COUNT_CALL();
   if (!value) return record(cudaErrorInvalidValue);
   if (!valid_device(device)) return record(cudaErrorInvalidDevice);
   switch (attr) {

@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -19,6 +20,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -30,6 +32,29 @@ namespace detail {
 struct QueuedOp {
   uint64_t seq;
   std::function<void()> run;
+};
+
+// One operation of a captured graph: what it is (messages, graph_nodes), the earlier nodes it
+// depends on, and what it does (never throws: a fault becomes an asynchronous error).
+struct GraphNode {
+  std::string what;
+  std::vector<size_t> deps;
+  std::function<void()> run;
+};
+using GraphNodes = std::vector<GraphNode>;
+
+// A capture sequence (cuda_emu_graphs.cpp), guarded by the registry mutex: where and how it
+// began, whether a prohibited call invalidated it, the nodes so far, and for every stream that
+// takes part (the origin and the streams forked from it) the nodes its next operation depends
+// on.
+struct Capture {
+  uint64_t id = 0;
+  CUstream_st* origin = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  bool invalidated = false;
+  std::shared_ptr<GraphNodes> nodes = std::make_shared<GraphNodes>();
+  std::map<CUstream_st*, std::vector<size_t>> tails;
 };
 }  // namespace detail
 }  // namespace ddp_emu
@@ -46,6 +71,8 @@ struct CUstream_st {
   uint64_t enqueued = 0;
   uint64_t completed = 0;
   bool running = false;
+  // The capture this stream takes part in (null: none), guarded by the registry mutex.
+  std::shared_ptr<ddp_emu::detail::Capture> capture;
 };
 
 struct CUevent_st {
@@ -61,6 +88,22 @@ struct CUevent_st {
   uint64_t stream_serial = 0;
   uint64_t seq = 0;
   uint64_t generation = 0;
+  // Recorded in a capturing stream: that capture and the nodes the record stands for (what a
+  // stream waiting on it depends on). The eager record state above is left as it was.
+  std::shared_ptr<ddp_emu::detail::Capture> capture;
+  std::vector<size_t> captured_deps;
+  // Last recorded in a capture that has ended: unusable until recorded again (CUDA answers
+  // cudaErrorInvalidValue to a query, synchronisation, wait or elapsed time).
+  bool orphaned = false;
+};
+
+// A graph from cudaStreamEndCapture and an instantiated one: the same immutable nodes, which a
+// launch queued in deferred mode keeps alive after either is destroyed.
+struct CUgraph_st {
+  std::shared_ptr<const ddp_emu::detail::GraphNodes> nodes;
+};
+struct CUgraphExec_st {
+  std::shared_ptr<const ddp_emu::detail::GraphNodes> nodes;
 };
 
 namespace ddp_emu {
@@ -227,6 +270,9 @@ struct Registry {
   std::set<CUevent_st*> events;
   std::map<uintptr_t, size_t> registered;  // cudaHostRegister'ed ranges
   uint64_t next_serial = 1;
+  std::vector<std::shared_ptr<Capture>> captures;  // begun, not yet ended
+  std::set<CUgraph_st*> graphs;
+  std::set<CUgraphExec_st*> execs;
 };
 
 Registry& registry();
@@ -241,6 +287,60 @@ void enqueue_locked(CUstream_st* s, std::function<void()> run);
 void run_until(CUstream_st* s, uint64_t serial, uint64_t target);
 void run_streams(bool blocking_only);
 void before_legacy_op();
+// What a kernel launch queued or captured runs: the kernel, with a fault reported as an
+// asynchronous error.
+std::function<void()> launch_op(std::shared_ptr<const LaunchArgs> args, std::string name, dim3 grid,
+                                dim3 block);
+
+// ----- stream capture (cuda_emu_graphs.cpp); all with the registry mutex held
+// ---------------------
+
+// The rules of stream capture, from the CUDA Programming Guide, "CUDA Graphs" > "Prohibited and
+// Unhandled Operations" (docs.nvidia.com/cuda/cuda-c-programming-guide/#prohibited-and-
+// unhandled-operations), and the runtime reference for cudaThreadExchangeStreamCaptureMode.
+// Each returns cudaSuccess or the error of the call, having invalidated the captures involved.
+
+// Any use of the legacy stream while a blocking stream captures (it would depend on the capture
+// implicitly): cudaErrorStreamCaptureImplicit, in every capture mode. The synchronous calls
+// (cudaMemcpy, cudaMemset) are uses of the legacy stream.
+cudaError_t legacy_stream_use_locked(Registry& r);
+// A potentially unsafe call (allocating or freeing memory, which capture does not observe):
+// cudaErrorStreamCaptureUnsupported if the thread's capture interaction mode forbids it now.
+cudaError_t unsafe_call_locked(Registry& r);
+// Synchronising the device while any stream captures: cudaErrorStreamCaptureUnsupported.
+cudaError_t device_sync_locked(Registry& r);
+// Records an operation on capturing stream s as a node after s's previous ones;
+// cudaErrorStreamCaptureInvalidated (nothing recorded) if the capture was invalidated.
+cudaError_t capture_locked(CUstream_st* s, std::string what, std::function<void()> run);
+// Makes the capture fail at cudaStreamEndCapture.
+void invalidate_locked(Capture& c);
+// Synchronising or querying an event recorded in an ongoing capture (it stands for no work
+// that will run): cudaErrorCapturedEvent, in every mode.
+cudaError_t captured_event_use_locked(CUevent_st& event);
+// cudaStreamWaitEvent when the stream or the event takes part in a capture.
+cudaError_t wait_captured_locked(Registry& r, cudaStream_t stream, CUevent_st* event);
+
+// ----- runtime-call counts (cuda_emu_calls.cpp) -------------------------------------------------
+
+// One runtime function's call count: a static in that function (DDP_EMU_COUNT_CALL), listed
+// for runtime_calls() when first reached.
+class ApiCounter {
+ public:
+  explicit ApiCounter(const char* api);
+  void add() { calls_.fetch_add(1, std::memory_order_relaxed); }
+  const char* api() const { return api_; }
+  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  void reset() { calls_.store(0, std::memory_order_relaxed); }
+
+ private:
+  const char* api_;
+  std::atomic<int64_t> calls_{0};
+};
+void count_kernel_launch();
+void count_graph_launch();
+
+// The name of an error code without counting a cudaGetErrorName call.
+const char* error_name(cudaError_t e);
 
 }  // namespace detail
 
@@ -252,3 +352,8 @@ std::string check_device_guards();
 using namespace detail;
 
 }  // namespace ddp_emu
+
+// Counts a call of the runtime function it opens (ddp_emu::runtime_calls).
+#define DDP_EMU_COUNT_CALL()                                           \
+  static ::ddp_emu::detail::ApiCounter ddp_emu_api_counter_(__func__); \
+  ddp_emu_api_counter_.add()

@@ -113,10 +113,36 @@ bool audit_launch(const std::string& symbol, const std::string& kernel_name, dim
   return true;
 }
 
+// Why a stream refused a launch, for the KernelFault message.
+std::string stream_refusal(cudaError_t e) {
+  switch (e) {
+    case cudaErrorInvalidResourceHandle:
+      return "launched on a stream that does not exist";
+    case cudaErrorStreamCaptureImplicit:
+      return "launched on the legacy stream while a blocking stream captures "
+             "(cudaErrorStreamCaptureImplicit)";
+    default:
+      return "launched on a stream whose capture was invalidated by a prohibited call "
+             "(cudaErrorStreamCaptureInvalidated)";
+  }
+}
+
 }  // namespace
+
+std::function<void()> launch_op(std::shared_ptr<const LaunchArgs> args, std::string name, dim3 grid,
+                                dim3 block) {
+  return [args = std::move(args), name = std::move(name), grid, block] {
+    try {
+      execute_launch(*args, name, grid, block);
+    } catch (const std::exception& e) {
+      async_fault(cudaErrorLaunchFailure, e.what());
+    }
+  };
+}
 
 void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cudaStream_t stream,
                 std::unique_ptr<const LaunchArgs> args) {
+  count_kernel_launch();
   if (g_ctx) {
     throw KernelFault(where(*g_ctx->launch) +
                       ": launched a kernel (dynamic parallelism is not emulated)");
@@ -128,21 +154,24 @@ void run_launch(void (*kernel_id)(), const char* name, dim3 grid, dim3 block, cu
   {
     Registry& r = registry();
     std::unique_lock<std::mutex> lk(r.mu);
+    cudaError_t refused = cudaSuccess;
     if (!stream_valid_locked(r, stream)) {
-      lk.unlock();
-      record(cudaErrorInvalidResourceHandle);
-      throw KernelFault("kernel " + kernel_name + ": launched on a stream that does not exist");
-    }
-    if (stream && deferred()) {
-      std::shared_ptr<const LaunchArgs> kept(std::move(args));
-      enqueue_locked(stream, [kept, kernel_name, grid, block] {
-        try {
-          execute_launch(*kept, kernel_name, grid, block);
-        } catch (const std::exception& e) {
-          async_fault(cudaErrorLaunchFailure, e.what());
-        }
-      });
+      refused = cudaErrorInvalidResourceHandle;
+    } else if (stream == nullptr) {
+      refused = legacy_stream_use_locked(r);
+    } else if (stream->capture) {
+      // Captured: the arguments as they are now, for every launch of the graph.
+      refused = capture_locked(stream, "kernel " + kernel_name,
+                               launch_op(std::move(args), kernel_name, grid, block));
+      if (refused == cudaSuccess) return;
+    } else if (deferred()) {
+      enqueue_locked(stream, launch_op(std::move(args), kernel_name, grid, block));
       return;
+    }
+    if (refused != cudaSuccess) {
+      lk.unlock();
+      record(refused);
+      throw KernelFault("kernel " + kernel_name + ": " + stream_refusal(refused));
     }
   }
   before_legacy_op();

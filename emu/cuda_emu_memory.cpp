@@ -108,6 +108,8 @@ cudaError_t allocate(void** ptr, size_t bytes, bool device) {
   }
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
+  const cudaError_t unsafe = unsafe_call_locked(r);
+  if (unsafe != cudaSuccess) return record(unsafe);
   if (device && bytes > kTotalGlobalMem - r.device_bytes) return record(cudaErrorMemoryAllocation);
   Allocation a{bytes, device};
   void* p = nullptr;
@@ -125,8 +127,16 @@ cudaError_t allocate(void** ptr, size_t bytes, bool device) {
   return cudaSuccess;
 }
 
+// Freeing is potentially unsafe during a capture (as allocating is), even of a null pointer.
+cudaError_t unsafe_call() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return record(unsafe_call_locked(r));
+}
+
 cudaError_t release(void* ptr, bool device) {
-  if (!ptr) return cudaSuccess;
+  const cudaError_t unsafe = unsafe_call();
+  if (unsafe != cudaSuccess || !ptr) return unsafe;
   // CUDA's cudaFree and cudaFreeHost synchronise the device; queued work may use the memory.
   if (deferred()) run_streams(false);
   Registry& r = registry();
@@ -181,6 +191,7 @@ using ddp_emu::record;
 using ddp_emu::registry;
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  DDP_EMU_COUNT_CALL();
   if (!free_bytes || !total_bytes) return record(cudaErrorInvalidValue);
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
@@ -190,28 +201,42 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 
 cudaError_t cudaMalloc(void** dev_ptr, size_t size) {
+  DDP_EMU_COUNT_CALL();
   return ddp_emu::allocate(dev_ptr, size, true);
 }
 
-cudaError_t cudaFree(void* dev_ptr) { return ddp_emu::release(dev_ptr, true); }
+cudaError_t cudaFree(void* dev_ptr) {
+  DDP_EMU_COUNT_CALL();
+  return ddp_emu::release(dev_ptr, true);
+}
 
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return ddp_emu::allocate(ptr, size, false); }
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  DDP_EMU_COUNT_CALL();
+  return ddp_emu::allocate(ptr, size, false);
+}
 
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  DDP_EMU_COUNT_CALL();
   if ((flags & ~(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined)) != 0) {
     return record(cudaErrorInvalidValue);
   }
   return ddp_emu::allocate(ptr, size, false);
 }
 
-cudaError_t cudaFreeHost(void* ptr) { return ddp_emu::release(ptr, false); }
+cudaError_t cudaFreeHost(void* ptr) {
+  DDP_EMU_COUNT_CALL();
+  return ddp_emu::release(ptr, false);
+}
 
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  DDP_EMU_COUNT_CALL();
   if (ptr == nullptr || size == 0 || flags != cudaHostRegisterDefault) {
     return record(cudaErrorInvalidValue);
   }
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
+  const cudaError_t unsafe = ddp_emu::unsafe_call_locked(r);
+  if (unsafe != cudaSuccess) return record(unsafe);
   if (!r.registered.emplace(reinterpret_cast<uintptr_t>(ptr), size).second) {
     return record(cudaErrorInvalidValue);
   }
@@ -219,6 +244,9 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
 }
 
 cudaError_t cudaHostUnregister(void* ptr) {
+  DDP_EMU_COUNT_CALL();
+  const cudaError_t unsafe = ddp_emu::unsafe_call();
+  if (unsafe != cudaSuccess) return unsafe;
   // Synchronises the device in CUDA: queued copies may still use the memory.
   if (ddp_emu::deferred()) ddp_emu::run_streams(false);
   ddp_emu::Registry& r = registry();
@@ -271,11 +299,17 @@ bool copy_args_ok(const void* dst, const void* src, size_t count, cudaMemcpyKind
   return kind >= cudaMemcpyHostToHost && kind <= cudaMemcpyDefault && (count == 0 || (dst && src));
 }
 
-}  // namespace
-
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+// A copy at once: the synchronous call, or an asynchronous one that runs now. On the legacy
+// stream (the synchronous calls' stream) it is an error while a blocking stream captures.
+cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind kind, bool legacy) {
   if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
   if (count == 0) return cudaSuccess;
+  if (legacy) {
+    ddp_emu::Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    const cudaError_t e = ddp_emu::legacy_stream_use_locked(r);
+    if (e != cudaSuccess) return record(e);
+  }
   ddp_emu::before_legacy_op();
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
@@ -284,12 +318,81 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
   return cudaSuccess;
 }
 
+cudaError_t set_now(void* dev_ptr, int value, size_t count, bool legacy) {
+  if (count == 0) return cudaSuccess;
+  if (legacy) {
+    ddp_emu::Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    const cudaError_t e = ddp_emu::legacy_stream_use_locked(r);
+    if (e != cudaSuccess) return record(e);
+  }
+  ddp_emu::before_legacy_op();
+  ddp_emu::Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!dev_ptr || !ddp_emu::in_device_allocation_locked(r, dev_ptr, count)) {
+    return record(cudaErrorInvalidValue);
+  }
+  std::memset(dev_ptr, value, count);
+  return cudaSuccess;
+}
+
+// A copy node reads and writes the memory when the graph runs, through the pointers of the
+// capture; memory freed since is a fault of that launch, not a crash.
+cudaError_t capture_copy_locked(ddp_emu::Registry& r, cudaStream_t stream, void* dst,
+                                const void* src, size_t count, cudaMemcpyKind kind) {
+  if (!copy_valid_locked(r, dst, src, count, kind, nullptr)) return record(cudaErrorInvalidValue);
+  return record(ddp_emu::capture_locked(stream, "cudaMemcpyAsync", [dst, src, count, kind] {
+    ddp_emu::Registry& reg = registry();
+    std::lock_guard<std::mutex> held(reg.mu);
+    if (!copy_valid_locked(reg, dst, src, count, kind, nullptr)) {
+      ddp_emu::async_fault(cudaErrorInvalidValue,
+                           "a graph's cudaMemcpyAsync node: the memory of the capture is gone");
+      return;
+    }
+    std::memmove(dst, src, count);
+  }));
+}
+
+cudaError_t capture_set_locked(ddp_emu::Registry& r, cudaStream_t stream, void* dev_ptr, int value,
+                               size_t count) {
+  if (!dev_ptr || !ddp_emu::in_device_allocation_locked(r, dev_ptr, count)) {
+    return record(cudaErrorInvalidValue);
+  }
+  return record(ddp_emu::capture_locked(stream, "cudaMemsetAsync", [dev_ptr, value, count] {
+    ddp_emu::Registry& reg = registry();
+    std::lock_guard<std::mutex> held(reg.mu);
+    if (!ddp_emu::in_device_allocation_locked(reg, dev_ptr, count)) {
+      ddp_emu::async_fault(cudaErrorInvalidValue,
+                           "a graph's cudaMemsetAsync node: the memory of the capture is gone");
+      return;
+    }
+    std::memset(dev_ptr, value, count);
+  }));
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  DDP_EMU_COUNT_CALL();
+  return copy_now(dst, src, count, kind, true);
+}
+
 // Deferred mode on a created stream: checked now, copied when the stream runs it (see the
-// header for which host memory is read when).
+// header for which host memory is read when). A capturing stream records it.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   if (!ddp_emu::stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
-  if (!stream || !ddp_emu::deferred()) return cudaMemcpy(dst, src, count, kind);
+  if (stream) {
+    ddp_emu::Registry& r = registry();
+    std::unique_lock<std::mutex> lk(r.mu);
+    if (r.streams.count(stream) > 0 && stream->capture) {
+      if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
+      if (count == 0) return cudaSuccess;
+      return capture_copy_locked(r, stream, dst, src, count, kind);
+    }
+  }
+  if (!stream || !ddp_emu::deferred()) return copy_now(dst, src, count, kind, !stream);
   if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
   if (count == 0) return cudaSuccess;
   ddp_emu::Registry& r = registry();
@@ -320,20 +423,22 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 }
 
 cudaError_t cudaMemset(void* dev_ptr, int value, size_t count) {
-  if (count == 0) return cudaSuccess;
-  ddp_emu::before_legacy_op();
-  ddp_emu::Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
-  if (!dev_ptr || !ddp_emu::in_device_allocation_locked(r, dev_ptr, count)) {
-    return record(cudaErrorInvalidValue);
-  }
-  std::memset(dev_ptr, value, count);
-  return cudaSuccess;
+  DDP_EMU_COUNT_CALL();
+  return set_now(dev_ptr, value, count, true);
 }
 
 cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   if (!ddp_emu::stream_valid(stream)) return record(cudaErrorInvalidResourceHandle);
-  if (!stream || !ddp_emu::deferred()) return cudaMemset(dev_ptr, value, count);
+  if (stream) {
+    ddp_emu::Registry& r = registry();
+    std::unique_lock<std::mutex> lk(r.mu);
+    if (r.streams.count(stream) > 0 && stream->capture) {
+      if (count == 0) return cudaSuccess;
+      return capture_set_locked(r, stream, dev_ptr, value, count);
+    }
+  }
+  if (!stream || !ddp_emu::deferred()) return set_now(dev_ptr, value, count, !stream);
   if (count == 0) return cudaSuccess;
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);

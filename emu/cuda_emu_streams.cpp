@@ -157,21 +157,27 @@ int64_t queued_operations(cudaStream_t stream) {
 bool stream_exists(cudaStream_t stream) { return stream_valid(stream); }
 
 bool enqueue_host_work(cudaStream_t stream, std::function<void()> work) {
-  if (!deferred()) return false;
+  auto guarded = [work = std::move(work)] {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      async_fault(cudaErrorLaunchFailure, std::string("queued host work threw: ") + e.what());
+    }
+  };
   if (stream) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
-    if (r.streams.count(stream) > 0) {
-      enqueue_locked(stream, [work = std::move(work)] {
-        try {
-          work();
-        } catch (const std::exception& e) {
-          async_fault(cudaErrorLaunchFailure, std::string("queued host work threw: ") + e.what());
-        }
-      });
+    if (r.streams.count(stream) > 0 && stream->capture) {
+      // An invalidated capture drops it: cudaStreamEndCapture fails anyway.
+      (void)capture_locked(stream, "host work", std::move(guarded));
+      return true;
+    }
+    if (r.streams.count(stream) > 0 && deferred()) {
+      enqueue_locked(stream, std::move(guarded));
       return true;
     }
   }
+  if (!deferred()) return false;
   before_legacy_op();
   return false;
 }
@@ -182,11 +188,19 @@ using ddp_emu::record;
 using ddp_emu::registry;
 
 cudaError_t cudaDeviceSynchronize() {
+  DDP_EMU_COUNT_CALL();
+  {
+    ddp_emu::Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    const cudaError_t e = ddp_emu::device_sync_locked(r);
+    if (e != cudaSuccess) return record(e);
+  }
   if (ddp_emu::deferred()) ddp_emu::run_streams(false);
   return ddp_emu::take_async_error();
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+namespace {
+cudaError_t create_stream(cudaStream_t* stream, unsigned int flags) {
   if (!stream || (flags & ~cudaStreamNonBlocking) != 0) return record(cudaErrorInvalidValue);
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
@@ -194,9 +208,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
   r.streams.insert(*stream);
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  DDP_EMU_COUNT_CALL();
+  return create_stream(stream, flags);
+}
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+  DDP_EMU_COUNT_CALL();
+  return create_stream(stream, cudaStreamDefault);
 }
 
 namespace {
@@ -204,13 +225,15 @@ constexpr int kLeastStreamPriority = 0, kGreatestStreamPriority = -5;
 }  // namespace
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  DDP_EMU_COUNT_CALL();
   if (leastPriority) *leastPriority = kLeastStreamPriority;
   if (greatestPriority) *greatestPriority = kGreatestStreamPriority;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
-  const cudaError_t rc = cudaStreamCreateWithFlags(stream, flags);
+  DDP_EMU_COUNT_CALL();
+  const cudaError_t rc = create_stream(stream, flags);
   if (rc != cudaSuccess) return rc;
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
@@ -219,6 +242,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flag
 }
 
 cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   if (!priority) return record(cudaErrorInvalidValue);
@@ -227,12 +251,18 @@ cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
   return cudaSuccess;
 }
 
-// Runs what is queued first, as CUDA lets a destroyed stream's work finish.
+// Runs what is queued first, as CUDA lets a destroyed stream's work finish. A stream taking
+// part in a capture stays (the emulation's choice: its capture is invalidated instead).
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Registry& r = registry();
   std::unique_lock<std::mutex> lk(r.mu);
   for (;;) {
     if (!stream || r.streams.count(stream) == 0) return record(cudaErrorInvalidResourceHandle);
+    if (stream->capture) {
+      ddp_emu::invalidate_locked(*stream->capture);
+      return record(cudaErrorStreamCaptureUnsupported);
+    }
     if (stream->queue.empty() && !stream->running) break;
     const uint64_t serial = stream->serial, target = stream->enqueued;
     lk.unlock();
@@ -245,12 +275,22 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// A capturing stream holds nothing to wait for: synchronising it is prohibited.
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   uint64_t serial = 0, target = 0;
   {
     ddp_emu::Registry& r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
     if (!ddp_emu::stream_valid_locked(r, stream)) return record(cudaErrorInvalidResourceHandle);
+    if (stream && stream->capture) {
+      ddp_emu::invalidate_locked(*stream->capture);
+      return record(cudaErrorStreamCaptureUnsupported);
+    }
+    if (!stream) {
+      const cudaError_t e = ddp_emu::legacy_stream_use_locked(r);
+      if (e != cudaSuccess) return record(e);
+    }
     if (stream) {
       serial = stream->serial;
       target = stream->enqueued;
@@ -265,11 +305,21 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 // Captures the event's most recent record now; the stream runs up to it when it gets there.
+// In a capture: a fork, a join or an error (cuda_emu_graphs.cpp).
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Registry& r = registry();
   std::unique_lock<std::mutex> lk(r.mu);
   if (!ddp_emu::stream_valid_locked(r, stream) || r.events.count(event) == 0) {
     return record(cudaErrorInvalidResourceHandle);
+  }
+  if (event->orphaned) return record(cudaErrorInvalidValue);
+  if (event->capture || (stream && stream->capture)) {
+    return record(ddp_emu::wait_captured_locked(r, stream, event));
+  }
+  if (!stream) {
+    const cudaError_t e = ddp_emu::legacy_stream_use_locked(r);
+    if (e != cudaSuccess) return record(e);
   }
   if (!ddp_emu::deferred()) return cudaSuccess;
   const ddp_emu::Pending p = ddp_emu::pending_record_locked(r, event);
@@ -286,7 +336,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+namespace {
+cudaError_t create_event(cudaEvent_t* event, unsigned int flags) {
   if (!event || (flags & ~(cudaEventBlockingSync | cudaEventDisableTiming)) != 0) {
     return record(cudaErrorInvalidValue);
   }
@@ -296,13 +347,21 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   r.events.insert(*event);
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  DDP_EMU_COUNT_CALL();
+  return create_event(event, flags);
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
-  return cudaEventCreateWithFlags(event, cudaEventDefault);
+  DDP_EMU_COUNT_CALL();
+  return create_event(event, cudaEventDefault);
 }
 
 // A record still queued finds the event gone and does nothing.
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   if (r.events.erase(event) == 0) return record(cudaErrorInvalidResourceHandle);
@@ -310,12 +369,29 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
+// In a capturing stream the event stands for the stream's last nodes (what a wait on it will
+// depend on), and no node is recorded.
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Registry& r = registry();
   std::unique_lock<std::mutex> lk(r.mu);
   if (r.events.count(event) == 0 || !ddp_emu::stream_valid_locked(r, stream)) {
     return record(cudaErrorInvalidResourceHandle);
   }
+  if (stream && stream->capture) {
+    if (stream->capture->invalidated) return record(cudaErrorStreamCaptureInvalidated);
+    event->capture = stream->capture;
+    event->captured_deps = stream->capture->tails[stream];
+    event->orphaned = false;
+    return cudaSuccess;
+  }
+  if (!stream) {
+    const cudaError_t e = ddp_emu::legacy_stream_use_locked(r);
+    if (e != cudaSuccess) return record(e);
+  }
+  event->capture.reset();
+  event->captured_deps.clear();
+  event->orphaned = false;
   const bool queued = stream && ddp_emu::deferred();
   if (!queued && stream == nullptr && ddp_emu::deferred()) {
     // On the legacy stream the record completes once the blocking streams' work ran.
@@ -349,11 +425,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Pending p{nullptr, 0, 0};
   {
     ddp_emu::Registry& r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
     if (r.events.count(event) == 0) return record(cudaErrorInvalidResourceHandle);
+    if (event->capture) return record(ddp_emu::captured_event_use_locked(*event));
+    if (event->orphaned) return record(cudaErrorInvalidValue);
     p = ddp_emu::pending_record_locked(r, event);
   }
   if (p.stream != nullptr) ddp_emu::run_until(p.stream, p.serial, p.target);
@@ -363,11 +442,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 // Not ready (as the thread's last error too, so callers clear it) while the most recent record
 // has not run; that record is run right away, so the next query succeeds.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  DDP_EMU_COUNT_CALL();
   ddp_emu::Pending p{nullptr, 0, 0};
   {
     ddp_emu::Registry& r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
     if (r.events.count(event) == 0) return record(cudaErrorInvalidResourceHandle);
+    if (event->capture) return record(ddp_emu::captured_event_use_locked(*event));
+    if (event->orphaned) return record(cudaErrorInvalidValue);
     p = ddp_emu::pending_record_locked(r, event);
     // A query never waits for the device: a thread running the stream stands for it, busy.
     if (p.stream != nullptr && p.stream->running) return record(cudaErrorNotReady);
@@ -378,9 +460,14 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  DDP_EMU_COUNT_CALL();
   if (!ms) return record(cudaErrorInvalidValue);
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
+  // An event of a capture, ongoing or ended, has no time (CUDA 13: cudaErrorInvalidValue).
+  for (cudaEvent_t e : {start, end}) {
+    if (r.events.count(e) > 0 && (e->capture || e->orphaned)) return record(cudaErrorInvalidValue);
+  }
   if (r.events.count(start) == 0 || r.events.count(end) == 0 || !start->recorded ||
       !end->recorded || ((start->flags | end->flags) & cudaEventDisableTiming) != 0) {
     return record(cudaErrorInvalidResourceHandle);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emu_internal.h"
 #include "nccl_emu_internal.h"
 
 namespace {
@@ -150,9 +151,26 @@ ncclResult_t perform(ncclComm* c, const Call& call) {
 }
 
 // Queues the collective on the stream (the CUDA emulation's deferred mode) and returns
-// ncclSuccess, or runs it now and returns its result.
+// ncclSuccess, or runs it now and returns its result. On a capturing stream it becomes a node
+// of the graph (NCCL supports capture since 2.9): it runs at every launch of the graph, with
+// the buffers of the call, on whichever rank's graph the launch replays.
 ncclResult_t issue(ncclComm* c, const Call& call, cudaStream_t stream) {
   const uint64_t serial = c->serial;
+  bool capturing = false;
+  const cudaError_t capture = ddp_emu::host_work_capture(stream, &capturing);
+  if (capture != cudaSuccess) {
+    return fail(ncclUnhandledCudaError,
+                cat(call.fn, ": rank ", c->rank, ": the stream refused it (",
+                    ddp_emu::error_name(capture), ")"));
+  }
+  if (capturing) {
+    ddp_emu::enqueue_host_work(stream, [c, serial, call] {
+      if (enter_live(c, serial) == nullptr) return;  // destroyed before this launch of the graph
+      (void)perform(c, call);
+      leave_live(c);
+    });
+    return ncclSuccess;
+  }
   c->queued.fetch_add(1);
   auto queued = [c, serial, call] {
     // Destroyed or aborted before its stream got here: aborted with it, as in NCCL.
@@ -233,7 +251,7 @@ ncclResult_t async_error_of(ncclComm* c, const char* fn) {
   const auto e = static_cast<ncclResult_t>(c->async_error.load());
   if (e == ncclSuccess) return e;
   return fail(e, cat(fn, ": rank ", c->rank, ": communicator has an asynchronous error (",
-                     ncclGetErrorString(e), ")"));
+                     result_string(e), ")"));
 }
 
 }  // namespace
@@ -243,6 +261,7 @@ extern "C" {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   const char* fn = "ncclAllReduce";
   ncclResult_t rc = check_reduction(fn, op, datatype);
   if (rc != ncclSuccess) return rc;
@@ -263,6 +282,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   const char* fn = "ncclBroadcast";
   if (root < 0) return fail(ncclInvalidArgument, cat(fn, ": root=", root, " is negative"));
   ncclResult_t rc =
@@ -280,6 +300,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   const char* fn = "ncclReduceScatter";
   ncclResult_t rc = check_reduction(fn, op, datatype);
   if (rc != ncclSuccess) return rc;
@@ -298,6 +319,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  DDP_EMU_COUNT_CALL();
   const char* fn = "ncclAllGather";
   const size_t ranks = comm != nullptr && is_live(comm) ? static_cast<size_t>(comm->nranks) : 1;
   if (sendcount > SIZE_MAX / ranks) return fail(ncclInvalidArgument, cat(fn, ": count overflows"));

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emu_internal.h"
 #include "nccl_emu_internal.h"
 
 namespace {
@@ -221,18 +222,43 @@ void poll_join_locked(ncclComm* c) {
   }
 }
 
+const char* result_string(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
+  }
+}
+
 }  // namespace detail
 }  // namespace ddp_nccl_emu
 
 extern "C" {
 
 ncclResult_t ncclGetVersion(int* version) {
+  DDP_EMU_COUNT_CALL();
   if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
   *version = NCCL_VERSION_CODE;
   return ncclSuccess;
 }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  DDP_EMU_COUNT_CALL();
   if (!uniqueId) return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
   uint64_t random = 0;
   try {
@@ -254,8 +280,9 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
-                                    ncclConfig_t* config) {
+// Both init calls, counted as the one the caller made.
+static ncclResult_t init_comm(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                              ncclConfig_t* config) {
   if (!comm) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   *comm = nullptr;
   if (nranks < 1) {
@@ -339,11 +366,19 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   return ncclSuccess;
 }
 
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
+  DDP_EMU_COUNT_CALL();
+  return init_comm(comm, nranks, commId, rank, config);
+}
+
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
+  DDP_EMU_COUNT_CALL();
+  return init_comm(comm, nranks, commId, rank, nullptr);
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  DDP_EMU_COUNT_CALL();
   if (!comm) return fail(ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
   if (!is_live(comm)) {
     return fail(ncclInvalidArgument, "ncclCommFinalize: comm is not a live communicator");
@@ -364,6 +399,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  DDP_EMU_COUNT_CALL();
   if (!comm) return ncclSuccess;
   if (!is_live(comm)) {
     return fail(ncclInvalidArgument, "ncclCommDestroy: comm is not a live communicator");
@@ -373,6 +409,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  DDP_EMU_COUNT_CALL();
   if (!comm) return ncclSuccess;
   if (!is_live(comm)) {
     return fail(ncclInvalidArgument, "ncclCommAbort: comm is not a live communicator");
@@ -382,29 +419,12 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {
-  switch (result) {
-    case ncclSuccess:
-      return "no error";
-    case ncclUnhandledCudaError:
-      return "unhandled cuda error";
-    case ncclSystemError:
-      return "unhandled system error";
-    case ncclInternalError:
-      return "internal error";
-    case ncclInvalidArgument:
-      return "invalid argument";
-    case ncclInvalidUsage:
-      return "invalid usage";
-    case ncclRemoteError:
-      return "remote process exited or there was a network error";
-    case ncclInProgress:
-      return "NCCL operation in progress";
-    default:
-      return "unknown result code";
-  }
+  DDP_EMU_COUNT_CALL();
+  return result_string(result);
 }
 
 const char* ncclGetLastError(ncclComm_t) {
+  DDP_EMU_COUNT_CALL();
   // A copy per thread, so the pointer stays valid while other threads record errors.
   thread_local std::string copy;
   std::lock_guard<std::mutex> lk(g_error_mu);
@@ -413,6 +433,7 @@ const char* ncclGetLastError(ncclComm_t) {
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  DDP_EMU_COUNT_CALL();
   const ncclResult_t rc = comm_query("ncclCommGetAsyncError", comm, asyncError);
   if (rc != ncclSuccess) return rc;
   std::lock_guard<std::mutex> lk(comm->mu);
@@ -432,29 +453,34 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  DDP_EMU_COUNT_CALL();
   const ncclResult_t rc = comm_query("ncclCommCount", comm, count);
   if (rc == ncclSuccess) *count = comm->nranks;
   return rc;
 }
 
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  DDP_EMU_COUNT_CALL();
   const ncclResult_t rc = comm_query("ncclCommCuDevice", comm, device);
   if (rc == ncclSuccess) *device = comm->device;
   return rc;
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  DDP_EMU_COUNT_CALL();
   const ncclResult_t rc = comm_query("ncclCommUserRank", comm, rank);
   if (rc == ncclSuccess) *rank = comm->rank;
   return rc;
 }
 
 ncclResult_t ncclGroupStart() {
+  DDP_EMU_COUNT_CALL();
   ++g_group_depth;
   return ncclSuccess;
 }
 
 ncclResult_t ncclGroupEnd() {
+  DDP_EMU_COUNT_CALL();
   if (g_group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--g_group_depth > 0) return ncclSuccess;
   std::vector<ncclComm*> pending;

@@ -101,6 +101,8 @@ std::string cat(const Parts&... parts) {
 ncclResult_t fail(ncclResult_t code, const std::string& message);
 void set_async(ncclComm* c, ncclResult_t code);
 bool is_live(ncclComm* c);
+// ncclGetErrorString's text, without counting a call.
+const char* result_string(ncclResult_t result);
 ncclComm* enter_live(ncclComm* c, uint64_t serial);
 void leave_live(ncclComm* c);
 // Non-blocking check of a joining communicator; c->mu held.

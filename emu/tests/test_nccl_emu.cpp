@@ -888,6 +888,63 @@ TEST_CASE("16-bit float reductions: exact results, rounding after every addition
   CHECK(shm_leftovers().empty());
 }
 
+TEST_CASE("an allreduce on a capturing stream is a graph node that runs at every launch",
+          "[nccl_emu][graph]") {
+  const ncclUniqueId id = new_id();
+  require_all_passed(run_ranks(2, {}, [&](int rank) {
+    ncclComm_t comm = init_rank(2, id, rank);
+    if (!comm) return;
+    constexpr size_t kCount = 64;
+    DeviceBuffer<float> send(kCount), recv(kCount);
+    recv.upload(std::vector<float>(kCount, -1.0f));
+    float* input = nullptr;
+    RANK_CHECK(cudaMallocHost(&input, kCount * sizeof(float)) == cudaSuccess);
+    cudaStream_t s = nullptr;
+    RANK_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    ddp_emu::reset_runtime_calls();
+    RANK_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    RANK_CHECK(cudaMemcpyAsync(send.get(), input, kCount * sizeof(float), cudaMemcpyHostToDevice,
+                               s) == cudaSuccess);
+    RANK_NCCL(ncclAllReduce(send.get(), recv.get(), kCount, ncclFloat, ncclSum, comm, s),
+              ncclSuccess);
+    cudaGraph_t graph = nullptr;
+    RANK_CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+    RANK_CHECK(recv.download() == std::vector<float>(kCount, -1.0f));  // recorded, not run
+    cudaGraphExec_t exec = nullptr;
+    RANK_CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    RANK_CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+    for (int launch = 1; launch <= 2; ++launch) {
+      // Each launch reads the input of that moment: rank r contributes 10 * launch + r + i.
+      std::vector<float> want(kCount);
+      for (size_t i = 0; i < kCount; ++i) {
+        input[i] = static_cast<float>(10 * launch + rank) + static_cast<float>(i);
+        want[i] = static_cast<float>(2 * (10 * launch + static_cast<int>(i)) + 1);
+      }
+      RANK_CHECK(cudaGraphLaunch(exec, s) == cudaSuccess);
+      RANK_CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+      RANK_CHECK(recv.download() == want);
+    }
+    // The collective was one call, at the capture; each launch is one call.
+    const ddp_emu::RuntimeCalls calls = ddp_emu::runtime_calls();
+    RANK_CHECK(calls.of("ncclAllReduce") == 1);
+    RANK_CHECK(calls.graph_launches == 2);
+    RANK_CHECK(calls.of("ncclGetErrorString") == 0);
+    // On a capture a prohibited call invalidated, the collective is refused, naming why.
+    RANK_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    RANK_CHECK(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+    RANK_NCCL(ncclAllReduce(send.get(), recv.get(), kCount, ncclFloat, ncclSum, comm, s),
+              ncclUnhandledCudaError);
+    RANK_CHECK(std::string(ncclGetLastError(comm)).find("cudaErrorStreamCaptureInvalidated") !=
+               std::string::npos);
+    RANK_CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    RANK_CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+    RANK_CHECK(cudaStreamDestroy(s) == cudaSuccess);
+    RANK_CHECK(cudaFreeHost(input) == cudaSuccess);
+    RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
+  }));
+  CHECK(shm_leftovers().empty());
+}
+
 TEST_CASE("ranks that disagree on a collective all get ncclInvalidUsage", "[nccl_emu]") {
   const ncclUniqueId id = new_id();
   require_all_passed(run_ranks(2, {}, [&](int rank) {

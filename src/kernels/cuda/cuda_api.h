@@ -53,10 +53,14 @@ void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStr
                    Args&&... args) {
 #if defined(DDP_CUDA_EMULATION)
   ::ddp_emu::launch(kernel, grid, block, stream, std::forward<Args>(args)...);
-#else
+#elif defined(__CUDACC__)
   // clang-format off
   kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
   // clang-format on
+#else
+  // A host compiler may include this header (tests reach the backend's stream through it), but
+  // only nvcc can launch.
+  static_assert(sizeof(kernel) == 0, "kernel launches compile with nvcc");
 #endif
 }
 
