@@ -488,4 +488,15 @@ inline void require_bitwise_equal(const std::vector<float>& got, const std::vect
   }
 }
 
+/// Bitwise equality, except that where `want` is NaN any NaN will do: IEEE 754 leaves the payload
+/// of an arithmetic result's NaN to the implementation (x86 keeps the operand's, an NVIDIA GPU
+/// gives the canonical 0x7fffffff), so only selects and copies must keep it.
+inline void require_equal_any_nan(const std::vector<float>& got, const std::vector<float>& want,
+                                  const std::string& what) {
+  std::vector<float> expected = want;
+  for (size_t i = 0; i < expected.size() && i < got.size(); ++i)
+    if (std::isnan(expected[i]) && std::isnan(got[i])) expected[i] = got[i];
+  require_bitwise_equal(got, expected, what + " (any NaN payload)");
+}
+
 }  // namespace ddp_kernel_test
