@@ -530,20 +530,21 @@ std::vector<float> column_sums_in_kernel_order(const std::vector<float>& dy, int
 TEST_CASE("cuda bias gradient: column sums over row chunks, in an order of the shape alone",
           DDP_CUDA_TAGS) {
   using ddp::cuda::column_sum_chunks;
-  // The rule at its edges: one pass up to 64 rows and from 160 column blocks on; the Fashion
-  // model's batch-1024 gradients fill 160 and 147 blocks.
-  CHECK(column_sum_chunks(64, 10).chunks == 1);
-  CHECK(column_sum_chunks(65, 10).chunks == 17);
+  // The rule at its edges: one pass up to 1024 rows and from 160 column blocks on; the Fashion
+  // model's batch-4096 gradients fill 160 and 158 blocks.
+  CHECK(column_sum_chunks(1024, 10).chunks == 1);
+  CHECK(column_sum_chunks(1025, 10).chunks == 147);
   CHECK(column_sum_chunks(1 << 20, 160 * 32).chunks == 1);
   CHECK(column_sum_chunks(1 << 20, 159 * 32).chunks == 2);
-  CHECK(column_sum_chunks(1024, 256).chunks == 20);
-  CHECK(column_sum_chunks(1024, 10).chunks == 147);
-  // {rows, cols}: one row; one column over 17 chunks of 4 rows; one pass at the 64-row limit;
-  // ragged column blocks and a ragged last chunk; the model's last layer at batch 1024; on a
-  // device its hidden layers and longer shapes too. in = 1 keeps the weight GEMM small.
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},  {1, 40},   {64, 33},
-                                                     {65, 1}, {300, 70}, {1024, 10}};
-  if (!kEmulated) shapes.insert(shapes.end(), {{1024, 256}, {100000, 3}, {4099, 5000}});
+  CHECK(column_sum_chunks(4096, 256).chunks == 20);
+  CHECK(column_sum_chunks(4096, 10).chunks == 158);
+  // {rows, cols}: one row; one pass at the 1024-row limit; one column over 147 chunks of 7 rows;
+  // ragged column blocks and a ragged last chunk; the model's last layer at batch 1024 and 4096;
+  // on a device its hidden layers and longer shapes too. in = 1 keeps the weight GEMM small.
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {1, 40},    {1024, 33},
+                                                     {1025, 1}, {3000, 70}, {1024, 10},
+                                                     {4096, 10}};
+  if (!kEmulated) shapes.insert(shapes.end(), {{4096, 256}, {100000, 3}, {4099, 5000}});
   auto be = make_cuda();
   uint64_t seed = 5200;
   for (const auto& [rows, cols] : shapes) {

@@ -18,14 +18,17 @@ struct ColumnSumChunks {
 // The grid aimed for, column blocks x chunks: about an H200's 132 SMs and a little more. A
 // constant, not the device's SM count, so the order of additions is (rows, cols)'s alone.
 constexpr int64_t kColumnSumTargetBlocks = 160;
-// Up to this many rows one pass (8 rows per thread at most) costs less than a second launch.
-constexpr int64_t kColumnSumOnePassRows = 64;
+// Up to this many rows one pass costs no more than chunks and a second launch: on an H200 the
+// split pass made the 10-column weight gradient at batch 1024 slower (17.8 -> 26.5 us with its
+// GEMM) and the 256-column one no faster (19.4 -> 19.3 us), so chunks start above the training
+// batches measured.
+constexpr int64_t kColumnSumOnePassRows = 1024;
 // A chunk gives at least half of a block's 8 rows of threads a row to add.
 constexpr int64_t kColumnSumMinChunkRows = 4;
 
-/// One pass when rows <= 64 or when the column blocks (ceil(cols / 32)) alone reach 160;
+/// One pass when rows <= 1024 or when the column blocks (ceil(cols / 32)) alone reach 160;
 /// otherwise ceil(160 / column blocks) chunks of ceil(rows / that) rows, at least 4 rows each.
-/// Batch 1024: 256 columns give 8 x 20 = 160 blocks; 10 columns 1 x 147 (7 rows per chunk).
+/// Batch 4096: 256 columns give 8 x 20 = 160 blocks; 10 columns 1 x 158 (26 rows per chunk).
 inline ColumnSumChunks column_sum_chunks(int64_t rows, int64_t cols) {
   const int64_t column_blocks = (cols + 31) / 32;
   ColumnSumChunks plan;
