@@ -25,7 +25,8 @@
 #   DDP_CUDA_ARCH    build mode: CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200)
 #   DDP_BUILD_DIR    build mode: build directory, made afresh (default ./build-gpu-check)
 #   DDP_BENCH_ARGS   extra arguments for ddp_bench_cuda_kernels (e.g. "--only gemm")
-#   DDP_TRAIN_BENCH_ARGS  extra arguments for bench/gpu_train_bench.sh (e.g. "--cases wide1024")
+#   DDP_TRAIN_BENCH_ARGS  extra arguments for bench/gpu_train_bench.sh (e.g. '--cases "small64
+#                    wide1024"'); both are split into words with the shell's quoting
 #   DDP_CHECK_BUDGET_S  seconds for the whole run (default 420 kit, 345 build); each stage has
 #                    its own limit as well and gets at most what is left
 #   DDP_TRAIN_BENCH_RESERVE_S  kit mode: seconds of the budget kept for the training benchmark
@@ -52,6 +53,15 @@ MARKER=DDP_GPU_DEPS
 die() {
   echo "gpu_check.sh: $*" >&2
   exit 2
+}
+
+# split_args VALUE NAME: VALUE's words into the array SPLIT, with the shell's quoting
+# ('--cases "small64 wide1024"' is two words, where plain word splitting made three); a value
+# that does not parse is an error naming the variable NAME.
+split_args() {
+  SPLIT=()
+  [[ -z $1 ]] && return 0
+  eval "SPLIT=($1)" 2>/dev/null || die "$2 does not split into arguments: $1"
 }
 
 # --------------------------------------------------------------------------------------------
@@ -467,8 +477,8 @@ stage_bench() {
   [[ -n $exe ]] || die "ddp_bench_cuda_kernels was not built"
   local args=()
   ((QUICK)) && args+=(--quick)
-  # shellcheck disable=SC2206 # word splitting of the user's extra arguments is intended
-  [[ -n ${DDP_BENCH_ARGS:-} ]] && args+=(${DDP_BENCH_ARGS})
+  split_args "${DDP_BENCH_ARGS:-}" DDP_BENCH_ARGS
+  args+=("${SPLIT[@]}")
   rm -f "$LOGDIR/bench.csv"
   : >"$LOGDIR/bench.md"
   run_stage ddp_bench_cuda_kernels "${BENCH_CAP:-150}" "$LOGDIR/bench.md" \
@@ -586,8 +596,8 @@ stage_train_bench() {
     return 0
   fi
   local log=$WORK/train_bench.log args=()
-  # shellcheck disable=SC2206 # word splitting of the user's extra arguments is intended
-  [[ -n ${DDP_TRAIN_BENCH_ARGS:-} ]] && args=(${DDP_TRAIN_BENCH_ARGS})
+  split_args "${DDP_TRAIN_BENCH_ARGS:-}" DDP_TRAIN_BENCH_ARGS
+  args=("${SPLIT[@]}")
   : >"$log"
   DDP_TRAIN=$(executable ddp-train) run_stage gpu_train_bench 300 "$log" \
     bash "$REPO/bench/gpu_train_bench.sh" --out "$WORK/train_bench" "${args[@]}"

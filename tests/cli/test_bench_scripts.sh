@@ -3,7 +3,9 @@
 # timed step across epoch ends (it once summed the progress records' per-epoch counts), and
 # PyTorch's rows must run; and bench/torch_ddp.py's query of OpenBLAS's kernel family against
 # libraries that export it under a renamed symbol (numpy's scipy-openblas) or not at all (it
-# once failed every PyTorch run there). Skipped (exit 77) without a python3 that imports torch.
+# once failed every PyTorch run there); and gpu_check.sh's split of its extra-argument variables
+# (plain word splitting once broke a quoted list of cases in two). Skipped (exit 77) without a
+# python3 that imports torch.
 source "$(dirname "$0")/lib.sh"
 
 python=/usr/bin/python3
@@ -82,6 +84,23 @@ if [[ "$names" == "$want" ]]; then
   pass "openblas_corename: $(echo $names)"
 else
   fail "openblas_corename: got '$names', want '$want'"
+fi
+
+# --- gpu_check.sh's extra arguments keep the shell's quoting ----------------------------------
+checks=$((checks + 1))
+split_check="$WORK/split_check.sh"
+sed -n '/^die() {/,/^}/p;/^split_args() {/,/^}/p' "$DDP_SOURCE_DIR/bench/gpu_check.sh" >"$split_check"
+words="$(bash -c 'source "$1"; split_args "--cases \"small64 wide1024\" --backends nccl" V
+  printf "[%s]" "${SPLIT[@]}"; split_args "" V; echo " ${#SPLIT[@]}"' _ "$split_check" 2>&1)"
+bad="$(bash -c 'source "$1"; split_args "--cases \"small64" DDP_TRAIN_BENCH_ARGS; echo parsed' _ \
+  "$split_check" 2>&1)"
+bad_rc=$?
+if [[ "$words" != "[--cases][small64 wide1024][--backends][nccl] 0" ]]; then
+  fail "split_args: got '$words'"
+elif ((bad_rc != 2)) || [[ "$bad" != *"DDP_TRAIN_BENCH_ARGS does not split into arguments"* ]]; then
+  fail "split_args on an unbalanced quote: exit $bad_rc, '$bad'"
+else
+  pass "gpu_check.sh split_args: $words; an unbalanced quote: $bad"
 fi
 
 finish
