@@ -299,11 +299,9 @@ bool copy_args_ok(const void* dst, const void* src, size_t count, cudaMemcpyKind
   return kind >= cudaMemcpyHostToHost && kind <= cudaMemcpyDefault && (count == 0 || (dst && src));
 }
 
-// A copy at once: the synchronous call, or an asynchronous one that runs now. On the legacy
-// stream (the synchronous calls' stream) it is an error while a blocking stream captures.
-cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind kind, bool legacy) {
-  if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
-  if (count == 0) return cudaSuccess;
+// Before a call that runs at once: on the legacy stream it is an error while a blocking stream
+// captures; otherwise what the legacy stream orders before it runs first.
+cudaError_t take_legacy_turn(bool legacy) {
   if (legacy) {
     ddp_emu::Registry& r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
@@ -311,6 +309,15 @@ cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind ki
     if (e != cudaSuccess) return record(e);
   }
   ddp_emu::before_legacy_op();
+  return cudaSuccess;
+}
+
+// A copy at once: the synchronous call, or an asynchronous one that runs now. On the legacy
+// stream (the synchronous calls' stream) it is an error while a blocking stream captures.
+cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind kind, bool legacy) {
+  if (!copy_args_ok(dst, src, count, kind)) return record(cudaErrorInvalidValue);
+  if (count == 0) return cudaSuccess;
+  if (const cudaError_t e = take_legacy_turn(legacy); e != cudaSuccess) return e;
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   if (!copy_valid_locked(r, dst, src, count, kind, nullptr)) return record(cudaErrorInvalidValue);
@@ -320,13 +327,7 @@ cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind ki
 
 cudaError_t set_now(void* dev_ptr, int value, size_t count, bool legacy) {
   if (count == 0) return cudaSuccess;
-  if (legacy) {
-    ddp_emu::Registry& r = registry();
-    std::lock_guard<std::mutex> lk(r.mu);
-    const cudaError_t e = ddp_emu::legacy_stream_use_locked(r);
-    if (e != cudaSuccess) return record(e);
-  }
-  ddp_emu::before_legacy_op();
+  if (const cudaError_t e = take_legacy_turn(legacy); e != cudaSuccess) return e;
   ddp_emu::Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   if (!dev_ptr || !ddp_emu::in_device_allocation_locked(r, dev_ptr, count)) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda_emu.h"
+#include "deferred_streams.h"
 
 namespace {
 
@@ -837,19 +838,7 @@ TEST_CASE("parse_schedule accepts the schedules and refuses anything else", "[em
 
 // ----- deferred streams -------------------------------------------------------------------------
 
-// Deferred mode for the scope of a test; the mode before comes back (running what is queued).
-class DeferredStreams {
- public:
-  DeferredStreams() : before_(ddp_emu::stream_mode()) {
-    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
-  }
-  ~DeferredStreams() { ddp_emu::set_stream_mode(before_); }
-  DeferredStreams(const DeferredStreams&) = delete;
-  DeferredStreams& operator=(const DeferredStreams&) = delete;
-
- private:
-  ddp_emu::StreamMode before_;
-};
+using ddp_emu_test::DeferredStreams;
 
 // A device array of floats with host-side helpers that go through the legacy default stream.
 class DeviceFloats {

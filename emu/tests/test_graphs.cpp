@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_emu.h"
+#include "deferred_streams.h"
 
 namespace {
 
@@ -519,22 +520,7 @@ TEST_CASE("graphs: two captures cannot merge; argument errors", "[emu][graph]") 
   CHECK(cudaStreamDestroy(b) == cudaSuccess);
 }
 
-namespace {
-
-class DeferredStreams {
- public:
-  DeferredStreams() : before_(ddp_emu::stream_mode()) {
-    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
-  }
-  ~DeferredStreams() { ddp_emu::set_stream_mode(before_); }
-  DeferredStreams(const DeferredStreams&) = delete;
-  DeferredStreams& operator=(const DeferredStreams&) = delete;
-
- private:
-  ddp_emu::StreamMode before_;
-};
-
-}  // namespace
+using ddp_emu_test::DeferredStreams;
 
 TEST_CASE("graphs: in deferred mode a launched graph runs when something waits for it",
           "[emu][graph][deferred]") {

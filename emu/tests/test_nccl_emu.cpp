@@ -30,6 +30,7 @@
 // The library's 16-bit conversions (bit arithmetic) are the reference for the emulation's own
 // (frexp and ldexp), so each checks the other; header-only and self-contained.
 #include "core/float16.h"
+#include "deferred_streams.h"
 
 namespace {
 
@@ -1209,19 +1210,7 @@ TEST_CASE("aborting a rank releases a peer waiting in a collective", "[nccl_emu]
 
 // ----- deferred streams (cuda_emu.h) ----------------------------------------------------------
 
-// Deferred mode for the scope of an in-process test; the mode before comes back.
-class DeferredStreams {
- public:
-  DeferredStreams() : before_(ddp_emu::stream_mode()) {
-    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
-  }
-  ~DeferredStreams() { ddp_emu::set_stream_mode(before_); }
-  DeferredStreams(const DeferredStreams&) = delete;
-  DeferredStreams& operator=(const DeferredStreams&) = delete;
-
- private:
-  ddp_emu::StreamMode before_;
-};
+using ddp_emu_test::DeferredStreams;
 
 bool all_nan(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isnan(x); });
