@@ -5,15 +5,17 @@
 # bench/gpu_check.sh runs it on the GPU machine.
 #
 # usage: bench/gpu_train_bench.sh [--out DIR] [--cases "small64 small1024 wide1024"]
-#                                 [--backends "nccl mpi"] [--only ddp|torch] [--samples N]
+#                                 [--backends "nccl eager mpi"] [--only ddp|torch] [--samples N]
 #                                 [--precisions "fp32 bf16 fp16"]
 #                                 [--precision-cases "small1024 wide1024"]
 #   --out DIR     train_bench.md, train_bench.csv and raw/ (every run's log, config, metrics)
 #                 go there (default runs/gpu-train-bench)
 #   --cases       which of: small64 (784-256-256-10, batch 64), small1024 (the same, batch 1024),
 #                 wide1024 (784-4096-4096-10, batch 1024)
-#   --backends    ddp-train's distributed.backend values to run: nccl, mpi (staged through host
-#                 memory); on 1 rank both only show what the backend costs without peers
+#   --backends    ddp-train's gradient paths to run (default "nccl eager"): nccl (steps replayed
+#                 as CUDA graphs, training.cuda_graphs true), eager (nccl with every kernel
+#                 launched, cuda_graphs false), mpi (staged through host memory); on 1 rank they
+#                 only show what the path costs without peers
 #   --samples N   synthetic training samples (default 60000, Fashion-MNIST's count)
 #   --precisions  which of fp32, bf16, fp16 to run (default all three; on the CPU fp16 is left
 #                 out with a note, as ddp-train refuses it there). fp32 runs every case with every
@@ -59,7 +61,7 @@ usage() {
 
 OUTDIR=$REPO/runs/gpu-train-bench
 CASES="small64 small1024 wide1024"
-BACKENDS="nccl mpi"
+BACKENDS="nccl eager"
 ONLY=""
 SAMPLES=60000
 PRECISIONS="fp32 bf16 fp16"
@@ -84,7 +86,8 @@ RUN_TIMEOUT=${DDP_BENCH_RUN_TIMEOUT_S:-90}
 [[ $SAMPLES =~ ^[1-9][0-9]*$ ]] || die "--samples must be a positive integer (got '$SAMPLES')"
 [[ $RUN_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "DDP_BENCH_RUN_TIMEOUT_S must be a positive integer"
 for b in $BACKENDS; do
-  [[ $b == nccl || $b == mpi ]] || die "--backends takes nccl and/or mpi (got '$b')"
+  [[ $b == nccl || $b == eager || $b == mpi ]] ||
+    die "--backends takes nccl, eager and/or mpi (got '$b')"
 done
 [[ -n ${PRECISIONS// /} ]] || die "--precisions needs at least one of fp32 bf16 fp16"
 for p in $PRECISIONS; do
@@ -180,9 +183,13 @@ failed() {
 run_ddp() {
   local c=$1 backend=$2 prec=$3 layers=$4 batch=$5 warmup=$6 steps=$7
   local name=ddp_${c}_${backend}_$prec dir=$RAW/ddp_${c}_${backend}_$prec
-  local sets=()
+  local sets=() dist=$backend
   # fp32 runs without the key, exactly the configuration of the fp32 rows before it existed.
   [[ $prec == fp32 ]] || sets=(--set "training.precision=$prec")
+  if [[ $backend == eager ]]; then
+    dist=nccl
+    sets+=(--set training.cuda_graphs=false)
+  fi
   mkdir -p "$dir"
   cat >"$dir/config.yaml" <<EOF
 # gpu_train_bench.sh: $c, ddp-train, distributed.backend $backend, training.precision $prec
@@ -208,7 +215,7 @@ training:
   log_every: $warmup
   max_steps: $((warmup + steps))
 distributed:
-  backend: $backend
+  backend: $dist
 output:
   dir: $dir/out
   save_model: false
@@ -248,7 +255,8 @@ print(json.dumps({"case": case, "impl": impl, "precision": prec, "steps": steps,
                   "allreduce_seconds": summary.get("allreduce_seconds"),
                   "final_loss": train[-1]["loss"], "device": summary.get("device"),
                   "loss_scale": train[-1].get("loss_scale"),
-                  "scaler_skipped_steps": summary.get("scaler_skipped_steps")}))
+                  "scaler_skipped_steps": summary.get("scaler_skipped_steps"),
+                  "graph_steps": summary.get("graph_steps")}))
 EOF
     failed "$c" "ddp-$backend" "$prec" "$warmup" "$steps"
 }
@@ -382,15 +390,18 @@ def header():
     ]
     head += precision_lines()
     head += [
+        "- ddp-train nccl: steps replayed as CUDA graphs (training.cuda_graphs, the default; the "
+        "logged steps run eagerly); nccl eager: the same with cuda_graphs false, every kernel "
+        "launched from the host",
         "- ratios: ddp-train with the nccl backend (mpi where nccl did not run) over PyTorch; "
         "÷ fp32: each side's rate over its own fp32 rate on the same model and batch (ddp-train "
         "on the same backend, PyTorch DDP); data wait: the seconds ddp-train's training loop "
         "waited for its loader",
         "",
         "| model | batch | precision | warm-up + timed steps | ddp-train nccl samples/s "
-        "| ddp-train mpi (staged) samples/s | torch DDP samples/s | torch plain samples/s "
+        "| ddp-train nccl eager samples/s | ddp-train mpi (staged) samples/s | torch DDP samples/s | torch plain samples/s "
         "| ddp / torch DDP | ddp / torch plain | ddp ÷ fp32 | torch DDP ÷ fp32 | ddp data wait s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     return head
 
@@ -415,10 +426,11 @@ def row(c, prec):
     model, batch = spec.get(c, (c, "?"))
     group = [r for (cc, p, _), r in by.items() if cc == c and p == prec]
     ref = next((r for r in group if not r.get("failed")), group[0] if group else {})
-    texts = [rate(c, prec, i)[1] for i in ("ddp-nccl", "ddp-mpi", "torch", "torch-plain")]
+    texts = [rate(c, prec, i)[1]
+             for i in ("ddp-nccl", "ddp-eager", "ddp-mpi", "torch", "torch-plain")]
     mine = ours(c, prec)[0]
     ddp_gain, torch_gain = gains(c, prec)
-    wait = next((by[(c, prec, i)].get("data_wait_seconds") for i in ("ddp-nccl", "ddp-mpi")
+    wait = next((by[(c, prec, i)].get("data_wait_seconds") for i in ("ddp-nccl", "ddp-eager", "ddp-mpi")
                  if (c, prec, i) in by and not by[(c, prec, i)].get("failed")), None)
     steps = f"{ref.get('warmup', '?')} + {ref.get('steps', '?')}"
     return [model, batch, prec, steps] + texts + [
@@ -431,18 +443,19 @@ def write_csv(rows):
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "batch", "precision", "steps", "ddp_nccl_samples_per_sec",
-                    "ddp_mpi_samples_per_sec", "torch_ddp_samples_per_sec",
+                    "ddp_eager_samples_per_sec", "ddp_mpi_samples_per_sec", "torch_ddp_samples_per_sec",
                     "torch_plain_samples_per_sec", "ddp_vs_torch_ddp", "ddp_vs_torch_plain",
                     "ddp_vs_own_fp32", "torch_ddp_vs_own_fp32", "ddp_data_wait_seconds"])
         for (c, prec), text in zip(rows_run, rows):
-            raw = [rate(c, prec, i)[0] for i in ("ddp-nccl", "ddp-mpi", "torch", "torch-plain")]
+            raw = [rate(c, prec, i)[0]
+                   for i in ("ddp-nccl", "ddp-eager", "ddp-mpi", "torch", "torch-plain")]
             mine = ours(c, prec)[0]
             num = lambda v: "" if v is None else f"{v:.4f}"
             w.writerow(text[:4] + ["" if v is None else f"{v:.1f}" for v in raw]
-                       + [num(mine / raw[2] if mine and raw[2] else None),
-                          num(mine / raw[3] if mine and raw[3] else None)]
+                       + [num(mine / raw[3] if mine and raw[3] else None),
+                          num(mine / raw[4] if mine and raw[4] else None)]
                        + [num(g) for g in gains(c, prec)]
-                       + [text[12] if text[12] != "-" else ""])
+                       + [text[13] if text[13] != "-" else ""])
 
 rows = [row(c, prec) for c, prec in rows_run]
 lines = header() + ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]

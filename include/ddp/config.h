@@ -227,6 +227,9 @@ struct TrainingConfig {
   LossScaling loss_scaling = LossScaling::Auto;
   double loss_scale_init = 65536.0;           ///< the first scale (GradScaler's init_scale)
   int64_t loss_scale_growth_interval = 2000;  ///< clean steps before the scale doubles
+  /// GPUs: each step's forward, loss, backward and NCCL allreduces captured once as a CUDA
+  /// graph and replayed (steps that log, trace or accumulate run eagerly); the same bits.
+  bool cuda_graphs = true;
   /// Whether loss scaling is on: on, or auto with fp16 (the gradient path resolves it).
   bool scales_loss() const {
     return loss_scaling == LossScaling::On ||

@@ -24,8 +24,9 @@ struct TrainSummary {
   double data_wait_seconds = 0.0;
   int64_t skipped_steps = 0;  ///< steps skipped for non-finite gradients (nan_policy skip_step)
   int64_t scaler_skipped_steps = 0;  ///< steps skipped by loss scaling (the gradient overflowed)
-  double loss_scale = 0.0;           ///< loss scaling's scale at the end; 0: no loss scaling
-  bool resumed = false;              ///< continued from a checkpoint
+  int64_t graph_steps = 0;  ///< steps whose device work ran as a CUDA graph (training.cuda_graphs)
+  double loss_scale = 0.0;  ///< loss scaling's scale at the end; 0: no loss scaling
+  bool resumed = false;     ///< continued from a checkpoint
   /// Stopped by SIGTERM/SIGINT/SIGUSR1 (src/train/stop_request.h) after writing a checkpoint;
   /// stop_signal says which.
   bool interrupted = false;

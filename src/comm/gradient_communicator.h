@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/work.h"
@@ -97,6 +98,19 @@ class ShardedCommunicator : public GradientCommunicator {
   /// the gradient arena again. In parameter_arena() memory shared by every rank it is a
   /// barrier.
   virtual std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) = 0;
+};
+
+/// A device communicator whose collectives a graph capture on the compute stream may record
+/// (NCCL): they run inside each replay of the graph, where no Work of theirs can be waited on,
+/// so a replayed step asks for one fence behind the replay instead.
+class CapturableCommunicator {
+ public:
+  virtual ~CapturableCommunicator() = default;
+  /// A Work that completes once the device has run everything queued on the compute stream so
+  /// far (a replayed graph's collectives among it): wait() rethrows the communicator's errors,
+  /// synchronize() blocks under the timeout with the same checks as a bucket's, naming `what`.
+  /// It has no times of its own (start_time() = end_time() = 0).
+  virtual std::shared_ptr<Work> fence(std::string what) = 0;
 };
 
 /// What only the host communicator (MPI, on its communication lane) does besides: collectives

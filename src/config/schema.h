@@ -299,6 +299,8 @@ void visit_training(TrainingConfig& t, V& v) {
               .at_least(1)
               .at_most(bounds::kSteps)
               .doc("steps without overflow before the loss scale doubles"));
+  v.field("cuda_graphs", t.cuda_graphs,
+          Key().doc("GPUs: replay each step's device work as a CUDA graph (same bits)"));
 }
 
 template <typename V>

@@ -68,6 +68,13 @@ class MixedLinear {
                                Tensor& db) = 0;
 };
 
+/// Work a backend captured instead of running it (a CUDA graph), replayed by
+/// Backend::launch_graph.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -149,6 +156,22 @@ class Backend {
 
   /// Waits until all work queued by this backend is complete (no-op on the CPU).
   virtual void synchronize() {}
+
+  /// Whether this backend can capture the work it queues and replay it with one call (the CUDA
+  /// backend: CUDA graphs). The others refuse the three calls below.
+  virtual bool captures_graphs() const { return false; }
+  /// Starts capturing on the calling thread: what is queued from now on (kernels, copies, the
+  /// collectives of communicators whose streams join this backend's) is recorded, not run.
+  /// Deferred results (softmax_xent_deferred, clip_grad_norm_deferred) queued in a capture
+  /// become readable through their slots once a launch of the graph has been queued.
+  virtual void begin_graph();
+  /// Ends the capture and returns the graph, ready to launch. After a failure inside a capture,
+  /// end_graph(/*discard=*/true) ends it, keeps nothing and returns null.
+  virtual std::unique_ptr<DeviceGraph> end_graph(bool discard = false);
+  /// Queues a replay of `graph`. False, with nothing queued, when it no longer fits: scratch
+  /// memory it uses was reallocated since its capture, or a deferred slot it fills is not in
+  /// the state it was captured in. The caller then captures anew.
+  virtual bool launch_graph(DeviceGraph& graph);
 
   /// The mixed-precision Linear kernels in `format`, or null where this backend has none.
   virtual MixedLinear* mixed_linear(Half format) {

@@ -63,6 +63,11 @@ class Replica {
   bool fused() const { return path_.fused_update; }
   FusedShardUpdate& fused_update() { return *fused_; }
   const ShardPlan& shards() const { return shards_; }
+  /// The buckets' communicator where a graph may capture its collectives (NCCL, unsharded),
+  /// else null.
+  CapturableCommunicator* capturable() const {
+    return path_.sharded ? nullptr : dynamic_cast<CapturableCommunicator*>(buckets_);
+  }
   /// Sharded: starts the allgather that gives every rank the parts the others updated, with
   /// `riders` (host memory only: HostGradientCommunicator::allgather_with_riders; see
   /// ShardedCommunicator::allgather_async, which every sharded step must call).

@@ -124,6 +124,7 @@ void Reporter::summary(const TrainSummary& sum, double overlap, const std::strin
        << percent(overlap) << " hidden behind backward; data wait " << sum.data_wait_seconds
        << " s";
   if (sum.skipped_steps > 0) line << "; " << sum.skipped_steps << " step(s) skipped (non-finite)";
+  if (sum.graph_steps > 0) line << "; " << sum.graph_steps << " step(s) as CUDA graphs";
   if (sum.loss_scale > 0)
     line << "; loss scale " << std::defaultfloat << std::setprecision(9) << sum.loss_scale << ", "
          << sum.scaler_skipped_steps << " step(s) skipped on overflow";
@@ -145,6 +146,7 @@ void Reporter::summary(const TrainSummary& sum, double overlap, const std::strin
           {"data_wait_seconds", sum.data_wait_seconds},
           {"skipped_steps", sum.skipped_steps},
           {"scaler_skipped_steps", sum.scaler_skipped_steps},
+          {"graph_steps", sum.graph_steps},
           {"loss_scale", sum.loss_scale > 0 ? nlohmann::json(sum.loss_scale) : none},
           {"resumed", sum.resumed},
           {"interrupted", sum.interrupted}});

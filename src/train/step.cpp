@@ -22,7 +22,11 @@ StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& 
       report_(report),
       trace_(ctx, report, replica.model(), to_string(cfg.optimizer.name)),
       scaler_(replica.path().loss_scaling, cfg.training.loss_scale_init,
-              cfg.training.loss_scale_growth_interval) {}
+              cfg.training.loss_scale_growth_interval) {
+  if (cfg.training.cuda_graphs && be_.captures_graphs() && replica.capturable() != nullptr &&
+      !replica.fused())
+    graphs_ = std::make_unique<StepGraphs>(be_);
+}
 
 std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& in) {
   InFlight& s = queue(in);
@@ -34,37 +38,15 @@ std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& 
   const float loss_coef = scaler_.loss_coefficient(in.rows * comm_.size());
   s.result.loss_scale = scaler_.scale();
   if (replica_.fused()) replica_.fused_update().begin_step(in.lr, in.log);
-  Sequential& model = replica_.model();
-  Reducer& reducer = replica_.reducer();
-  for (int64_t m = 0; m < in.micro_batches; ++m) {
-    const bool first = m == 0, last = m + 1 == in.micro_batches;
-    DDP_CHECK(first || feed.advance(), s.where() << "the data ended inside the step");
-    const DeviceBatch batch = feed.take();
-    s.result.rows += batch.rows;
-    const Tensor& logits = model.forward(be_, batch.x);
-    // The loss: dlogits now; its totals stay on the device until the step is read.
-    Tensor dlogits = replica_.dlogits(batch.rows);
-    be_.softmax_xent_deferred(logits, batch.labels, loss_coef, &dlogits, s.slot);
-    // Backward: each gradient is announced the moment it is final and the Reducer launches every
-    // bucket then full. Only the last micro-batch communicates (sync); its finalize waits for
-    // every bucket: the gradients are averaged over ranks.
-    reducer.prepare_for_backward(/*sync=*/last);
-    s.backward_begin = ctx_.mark();
-    const double cpu0 = thread_cpu_seconds();
-    try {
-      model.backward(be_, dlogits, /*accumulate=*/!first, [&](size_t param) {
-        const size_t before = reducer.launched();
-        reducer.mark_ready(param);
-        trace_.buckets_launched(before, reducer.launched());
-      });
-      s.backward_end = ctx_.mark();
-      s.backward_cpu = thread_cpu_seconds() - cpu0;
-      if (last) s.result.wait_seconds += reducer.finalize();
-    } catch (const Error& e) {
-      DDP_THROW(s.where() << e.message());
+  if (graphs_ && !in.log && !in.traced && in.micro_batches == 1) {
+    queue_graphed(feed, s, loss_coef);
+  } else {
+    for (int64_t m = 0; m < in.micro_batches; ++m) {
+      DDP_CHECK(m == 0 || feed.advance(), s.where() << "the data ended inside the step");
+      queue_batch(feed.take(), s, loss_coef, m == 0, m + 1 == in.micro_batches, true);
     }
+    s.works = replica_.reducer().works();
   }
-  s.works = reducer.works();
   // The non-finite check, the clipping and the optimizer.
   trace_.update_begins();
   if (replica_.sharded()) {
@@ -76,6 +58,56 @@ std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& 
   s.trace = trace_.end_step(in.global_step, replica_.sharded(), replica_.fused());
   if (queue_.size() <= ctx_.pipeline_depth()) return std::nullopt;
   return read_oldest();
+}
+
+// One batch of the step: forward, the loss (its totals stay on the device until the step is
+// read) and backward, where each gradient is announced the moment it is final and the Reducer
+// launches every bucket then full. Only the last micro-batch communicates (sync); its finalize
+// makes what follows wait for every bucket: the gradients are averaged over ranks. `observed`:
+// the backward's moments are marked for the overlap statistics (not inside a graph capture,
+// where a mark would time nothing).
+void StepPipeline::queue_batch(const DeviceBatch& batch, InFlight& s, float loss_coef, bool first,
+                               bool last, bool observed) {
+  Sequential& model = replica_.model();
+  Reducer& reducer = replica_.reducer();
+  s.result.rows += batch.rows;
+  const Tensor& logits = model.forward(be_, batch.x);
+  Tensor dlogits = replica_.dlogits(batch.rows);
+  be_.softmax_xent_deferred(logits, batch.labels, loss_coef, &dlogits, s.slot);
+  reducer.prepare_for_backward(/*sync=*/last);
+  if (observed) s.backward_begin = ctx_.mark();
+  const double cpu0 = thread_cpu_seconds();
+  try {
+    model.backward(be_, dlogits, /*accumulate=*/!first, [&](size_t param) {
+      const size_t before = reducer.launched();
+      reducer.mark_ready(param);
+      trace_.buckets_launched(before, reducer.launched());
+    });
+    if (observed) s.backward_end = ctx_.mark();
+    s.backward_cpu = thread_cpu_seconds() - cpu0;
+    if (last) s.result.wait_seconds += reducer.finalize();
+  } catch (const Error& e) {
+    DDP_THROW(s.where() << e.message());
+  }
+}
+
+// A step of one batch that neither logs nor is traced, as a graph (step_graphs.h): the batch is
+// taken first (its upload's events are outside the graph), then its forward, loss and backward
+// with the bucket collectives are replayed, or run eagerly the first time. A replayed step's
+// collectives are waited on through one fence behind the graph.
+void StepPipeline::queue_graphed(BatchFeed& feed, InFlight& s, float loss_coef) {
+  const DeviceBatch batch = feed.take();
+  const StepGraphs::Key key{batch.x.data, batch.labels, batch.rows, loss_coef, s.slot};
+  const bool graphed = graphs_->run(key, [&](bool captured) {
+    queue_batch(batch, s, loss_coef, true, true, /*observed=*/!captured);
+  });
+  if (!graphed) {
+    s.works = replica_.reducer().works();
+    return;
+  }
+  s.result.rows = batch.rows;  // a replay queued no batch: count it once
+  s.result.graphed = true;
+  s.fence = replica_.capturable()->fence("the collectives of a replayed step graph");
 }
 
 // The oldest queued step, once the device has run it: its loss totals (checked) and gradient
@@ -94,10 +126,15 @@ StepResult StepPipeline::read_oldest() {
                             "steps)");
   }
   try {
-    replica_.reducer().synchronize(s.works, r.global_step);
+    if (s.fence) {
+      s.fence->synchronize();
+    } else {
+      replica_.reducer().synchronize(s.works, r.global_step);
+    }
   } catch (const Error& e) {
     DDP_THROW(s.where() << e.message());
   }
+  if (s.fence) return r;  // a graph: no times of its collectives (those of logged steps count)
   const double begin = s.backward_begin.time(), end = s.backward_end.time();
   const BackwardWindow window{begin, end, ctx_.compute_seconds(begin, end, s.backward_cpu)};
   const ReducerStepStats stats = overlap_stats(s.works, window);

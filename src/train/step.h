@@ -25,6 +25,7 @@
 #include "train/loss_scaler.h"
 #include "train/replica.h"
 #include "train/report.h"
+#include "train/step_graphs.h"
 #include "train/step_trace.h"
 
 namespace ddp {
@@ -58,6 +59,7 @@ struct StepResult {
   double wait_seconds = 0.0;    ///< the training thread's wait for the buckets in finalize
   double comm_seconds = 0.0;    ///< the step's collectives' time (the overlap statistics)
   double hidden_seconds = 0.0;  ///< the part of it hidden behind backward
+  bool graphed = false;         ///< its device work ran as a graph (no times of its collectives)
 };
 
 class StepPipeline {
@@ -84,6 +86,7 @@ class StepPipeline {
     bool totals_read = false;   ///< result.totals holds them
     bool norm_in_slot = false;  ///< the norm waits in the backend's norm slot
     std::vector<std::shared_ptr<Work>> works;
+    std::shared_ptr<Work> fence;        ///< a graph's: behind its collectives (works stay empty)
     Mark backward_begin, backward_end;  ///< the last backward, for the overlap statistics
     double backward_cpu = 0.0;          ///< the training thread's CPU time in it
     StepTrace::Recording trace;
@@ -92,6 +95,9 @@ class StepPipeline {
   };
 
   InFlight& queue(const StepInputs& in);
+  void queue_batch(const DeviceBatch& batch, InFlight& s, float loss_coef, bool first, bool last,
+                   bool observed);
+  void queue_graphed(BatchFeed& feed, InFlight& s, float loss_coef);
   StepResult read_oldest();
   const XentResult& totals(InFlight& s);
   void update_replica(InFlight& s);
@@ -112,7 +118,8 @@ class StepPipeline {
   Reporter& report_;
   StepTrace trace_;
   LossScaler scaler_;
-  std::deque<InFlight> queue_;  ///< oldest first
+  std::deque<InFlight> queue_;          ///< oldest first
+  std::unique_ptr<StepGraphs> graphs_;  ///< training.cuda_graphs where the step can be captured
 };
 
 }  // namespace ddp

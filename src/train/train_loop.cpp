@@ -262,6 +262,7 @@ void TrainLoop::read_step(const StepResult& r) {
   sum_.wait_seconds += r.wait_seconds;
   sum_.comm_seconds += r.comm_seconds;
   sum_.hidden_seconds += r.hidden_seconds;
+  sum_.graph_steps += r.graphed ? 1 : 0;
   if (r.scaler_skipped) {
     at_.scaler_skipped_steps = ++sum_.scaler_skipped_steps;
   } else if (r.skipped) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -120,4 +121,50 @@ TEST_CASE("cuda graph: a captured forward, loss and backward replays eager execu
 #endif
   DDP_CUDA_CHECK(cudaGraphExecDestroy(exec));
   DDP_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+TEST_CASE("cuda graph: Backend::launch_graph fills the deferred slot, and refuses a stale graph",
+          DDP_CUDA_TAGS) {
+  auto backend = ddp::make_cuda_backend(0);
+  REQUIRE(backend->captures_graphs());
+  StepTensors t;
+  queue_step(*backend, t);  // eager: the scratch grows to the step's size
+  const ddp::XentResult eager = backend->take_xent_totals(0);
+  REQUIRE(eager.loss_sum > 0);
+
+  backend->begin_graph();
+  queue_step(*backend, t);
+  std::unique_ptr<ddp::DeviceGraph> graph = backend->end_graph();
+  REQUIRE(graph != nullptr);
+  // Captured, not run: the slot holds nothing to take.
+  CHECK(backend->take_xent_totals(0).loss_sum == 0.0);
+  for (int replay = 0; replay < 2; ++replay) {
+    REQUIRE(backend->launch_graph(*graph));
+    const ddp::XentResult r = backend->take_xent_totals(0);
+    CHECK(r.loss_sum == eager.loss_sum);
+    CHECK(r.correct == eager.correct);
+  }
+
+  // The graph starts slot 0 over: with a batch still untaken there it does not launch.
+  queue_step(*backend, t);
+  CHECK_FALSE(backend->launch_graph(*graph));
+  CHECK(backend->take_xent_totals(0).loss_sum == eager.loss_sum);
+  REQUIRE(backend->launch_graph(*graph));
+  CHECK(backend->take_xent_totals(0).loss_sum == eager.loss_sum);
+
+  // A larger batch moves the loss's scratch memory: the graph is stale.
+  DeviceTensor logits{random_floats(4 * kRows * kClasses, 9107), 4 * kRows, kClasses};
+  ddp::DeviceArray<int32_t> labels{static_cast<size_t>(4 * kRows)};
+  const std::vector<int32_t> l = random_labels(4 * kRows, kClasses, 9108);
+  labels.upload(l.data(), l.size());
+  (void)backend->softmax_xent(logits.view(), labels.data(), 1.0f, nullptr);
+  CHECK_FALSE(backend->launch_graph(*graph));
+
+  // A call that waits for the device inside a capture fails; the capture ends, discarded, and
+  // the backend works on as before.
+  backend->begin_graph();
+  CHECK_THROWS(backend->l2_norm(t.h.view()));
+  CHECK(backend->end_graph(/*discard=*/true) == nullptr);
+  queue_step(*backend, t);
+  CHECK(backend->take_xent_totals(0).loss_sum == eager.loss_sum);
 }

@@ -82,7 +82,28 @@ class NcclWork final : public Work {
   double start_seconds_ = 0.0, end_seconds_ = 0.0;
 };
 
-class NcclCommunicator final : public ShardedCommunicator {
+// A fence behind replayed collectives (CapturableCommunicator::fence): one event on the
+// compute stream.
+class NcclFence final : public Work {
+ public:
+  NcclFence(NcclCommunicator& owner, std::shared_ptr<cuda::EventClock> clock, cudaEvent_t end,
+            std::string what)
+      : owner_(owner), clock_(std::move(clock)), end_(end), what_(std::move(what)) {}
+  ~NcclFence() override { clock_->give_back(end_); }
+  void wait() override;
+  void synchronize() override;
+  double start_time() const override { return 0.0; }
+  double end_time() const override { return 0.0; }
+
+ private:
+  NcclCommunicator& owner_;
+  std::shared_ptr<cuda::EventClock> clock_;
+  cudaEvent_t end_;
+  std::string what_;
+  bool synchronized_ = false;
+};
+
+class NcclCommunicator final : public ShardedCommunicator, public CapturableCommunicator {
  public:
   NcclCommunicator(ProcessGroup& group, Backend& backend, const NcclOptions& options)
       : timeout_s_(options.timeout_s) {
@@ -200,6 +221,14 @@ class NcclCommunicator final : public ShardedCommunicator {
       settle(failed ? rc : end,
              "ncclAllGather of " + std::to_string(buckets.size()) + " buckets (one group)");
     });
+  }
+
+  std::shared_ptr<Work> fence(std::string what) override {
+    DDP_CHECK(!aborted_, what << " refused: the communicator was aborted after an error");
+    cudaEvent_t end = clock_->take();
+    auto work = std::make_shared<NcclFence>(*this, clock_, end, std::move(what));
+    DDP_CUDA_CHECK(cudaEventRecord(end, backend_->stream()));
+    return work;
   }
 
   void set_timeout(double seconds) override {
@@ -407,6 +436,14 @@ void NcclWork::synchronize() {
   owner_.wait_event(end_, what_);
   start_seconds_ = clock_->seconds(start_);
   end_seconds_ = clock_->seconds(end_);
+  synchronized_ = true;
+}
+
+void NcclFence::wait() { owner_.check_async(what_); }
+
+void NcclFence::synchronize() {
+  if (synchronized_) return;
+  owner_.wait_event(end_, what_);
   synchronized_ = true;
 }
 

@@ -277,6 +277,18 @@ double Backend::take_grad_norm(int slot) {
   return norm_slots_[slot];
 }
 
+void Backend::begin_graph() {
+  DDP_THROW("the " << name() << " backend captures no graphs (training.cuda_graphs is for GPUs)");
+}
+
+std::unique_ptr<DeviceGraph> Backend::end_graph(bool) {
+  DDP_THROW("the " << name() << " backend captures no graphs");
+}
+
+bool Backend::launch_graph(DeviceGraph&) {
+  DDP_THROW("the " << name() << " backend captures no graphs");
+}
+
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
 bool set_flush_denormals(bool on) {

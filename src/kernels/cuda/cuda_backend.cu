@@ -72,6 +72,71 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::synchronize() { DDP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+namespace {
+// An instantiated graph and what a launch must find and do besides running it: the scratch
+// generation it was captured at, and the deferred slots it fills (bits as CudaBackend's).
+struct CudaGraph final : DeviceGraph {
+  cudaGraphExec_t exec = nullptr;
+  uint64_t generation = 0;
+  unsigned xent = 0, norm = 0, fresh = 0;
+  ~CudaGraph() override {
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+  }
+};
+}  // namespace
+
+void CudaBackend::begin_graph() {
+  DDP_CHECK(!capturing_, "begin_graph: a capture is already open on this backend");
+  DDP_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  captured_xent_ = captured_norm_ = captured_fresh_ = 0;
+}
+
+std::unique_ptr<DeviceGraph> CudaBackend::end_graph(bool discard) {
+  DDP_CHECK(capturing_, "end_graph: no capture is open on this backend");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (discard) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // the capture's own error is the one being reported
+    return nullptr;
+  }
+  DDP_CUDA_CHECK(ended);
+  auto captured = std::make_unique<CudaGraph>();
+  const cudaError_t made = cudaGraphInstantiate(&captured->exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  DDP_CUDA_CHECK(made);
+  captured->generation = scratch_generation_;
+  captured->xent = captured_xent_;
+  captured->norm = captured_norm_;
+  captured->fresh = captured_fresh_;
+  return captured;
+}
+
+bool CudaBackend::launch_graph(DeviceGraph& graph) {
+  DDP_CHECK(!capturing_, "launch_graph: a capture is open on this backend");
+  auto& g = dynamic_cast<CudaGraph&>(graph);
+  if (g.generation != scratch_generation_) return false;
+  for (int s = 0; s < 2; ++s) {
+    const unsigned bit = 1u << s;
+    if ((g.xent & bit) && slot_fresh_[s] != static_cast<bool>(g.fresh & bit)) return false;
+  }
+  DDP_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  for (int s = 0; s < 2; ++s) {
+    if (g.xent & (1u << s)) {
+      DDP_CUDA_CHECK(cudaEventRecord(slot_copied_[s], stream_));
+      slot_fresh_[s] = false;
+      slot_pending_[s] = true;
+    }
+    if (g.norm & (1u << s)) {
+      DDP_CUDA_CHECK(cudaEventRecord(norm_copied_[s], stream_));
+      norm_pending_[s] = true;
+    }
+  }
+  return true;
+}
+
 MixedLinear* CudaBackend::mixed_linear(Half format) {
   // The bf16 kernels of older architectures are traps (gemm16.cuh): refused here, before any.
   DDP_CHECK(format != Half::Bf16 || compute_major_ >= 8,
@@ -99,14 +164,18 @@ std::shared_ptr<EventClock> CudaBackend::clock() {
 }
 
 float* CudaBackend::gemm_workspace(int64_t floats) {
-  if (static_cast<size_t>(floats) > gemm_workspace_.size())
+  if (static_cast<size_t>(floats) > gemm_workspace_.size()) {
     gemm_workspace_ = DeviceArray<float>(static_cast<size_t>(floats));
+    ++scratch_generation_;
+  }
   return gemm_workspace_.data();
 }
 
 float* CudaBackend::column_sum_scratch(int64_t floats) {
-  if (static_cast<size_t>(floats) > column_sum_partials_.size())
+  if (static_cast<size_t>(floats) > column_sum_partials_.size()) {
     column_sum_partials_ = DeviceArray<float>(static_cast<size_t>(floats));
+    ++scratch_generation_;
+  }
   return column_sum_partials_.data();
 }
 
@@ -114,6 +183,7 @@ XentRowOut CudaBackend::xent_scratch(int64_t rows) {
   if (static_cast<size_t>(rows) > xent_loss_.size()) {
     xent_loss_ = DeviceArray<double>(static_cast<size_t>(rows));
     xent_status_ = DeviceArray<int>(static_cast<size_t>(rows));
+    ++scratch_generation_;
   }
   return XentRowOut{xent_loss_.data(), xent_status_.data(), xent_partials_.data()};
 }
@@ -234,13 +304,23 @@ void CudaBackend::softmax_xent_deferred(const Tensor& logits, const int32_t* lab
   DDP_CHECK(slot == 0 || slot == 1, "softmax_xent_deferred: slot " << slot << " (0 or 1)");
   const int classes = check_xent(logits, labels, dlogits);
   const XentRowOut scratch = xent_scratch(logits.rows);
+  const unsigned bit = 1u << slot;
+  // In a capture the slot's state is the capture's: fresh as the launch will find it, until the
+  // capture's first batch in it.
+  const bool fresh =
+      capturing_ ? (captured_xent_ & bit ? false : slot_fresh_[slot]) : slot_fresh_[slot];
   launch_softmax_xent(logits.data, labels, logits.rows, classes, grad_scale,
-                      dlogits != nullptr ? dlogits->data : nullptr, scratch, !slot_fresh_[slot],
+                      dlogits != nullptr ? dlogits->data : nullptr, scratch, !fresh,
                       slot_totals_.data() + slot, stream_);
   // A 32-byte copy behind every batch, so take_xent_totals waits for this batch and not for
   // whatever the host queued after it.
   DDP_CUDA_CHECK(cudaMemcpyAsync(slot_totals_host_.data() + slot, slot_totals_.data() + slot,
                                  sizeof(XentTotals), cudaMemcpyDeviceToHost, stream_));
+  if (capturing_) {
+    if (!(captured_xent_ & bit) && fresh) captured_fresh_ |= bit;
+    captured_xent_ |= bit;
+    return;  // the launch records the event and marks the slot
+  }
   DDP_CUDA_CHECK(cudaEventRecord(slot_copied_[slot], stream_));
   slot_fresh_[slot] = false;
   slot_pending_[slot] = true;
@@ -318,8 +398,12 @@ void CudaBackend::clip_grad_norm_deferred(Tensor& t, double max_norm, int slot) 
   // the scaling or whatever the host queued after it.
   DDP_CUDA_CHECK(cudaMemcpyAsync(norm_results_host_.data() + slot, result, sizeof(NormResult),
                                  cudaMemcpyDeviceToHost, stream_));
-  DDP_CUDA_CHECK(cudaEventRecord(norm_copied_[slot], stream_));
-  norm_pending_[slot] = true;
+  if (capturing_) {
+    captured_norm_ |= 1u << slot;  // the launch records the event (after the whole graph)
+  } else {
+    DDP_CUDA_CHECK(cudaEventRecord(norm_copied_[slot], stream_));
+    norm_pending_[slot] = true;
+  }
   if (clip) launch_scale_by_device(t.data, &result->coef, t.numel(), vec, sm_count_, stream_);
 }
 

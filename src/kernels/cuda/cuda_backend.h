@@ -50,6 +50,14 @@ class CudaBackend final : public Backend {
   void scale(Tensor& t, float factor) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void synchronize() override;
+  /// CUDA graphs: stream capture on this backend's stream (thread-local mode: this thread may
+  /// make no call that could synchronise with the captured work, nor allocate). Inside a
+  /// capture the deferred results' events are not recorded: a launch records them after the
+  /// graph, so take_xent_totals / take_grad_norm wait for the whole replay.
+  bool captures_graphs() const override { return true; }
+  void begin_graph() override;
+  std::unique_ptr<DeviceGraph> end_graph(bool discard = false) override;
+  bool launch_graph(DeviceGraph& graph) override;
   /// bf16 and fp16 on the tensor cores (cuda_mixed_linear.h). bf16 needs compute capability
   /// 8.0 or newer: on an older device the request throws ddp::Error naming training.precision
   /// and the device (fp16 runs there).
@@ -74,7 +82,8 @@ class CudaBackend final : public Backend {
  private:
   // One GEMM with the plan for its shape; vectorizable says whether the operands allow it.
   void gemm(const GemmArgs& args, bool a_k_contiguous, bool b_k_contiguous, bool vectorizable);
-  // Grow-only scratch: after the first step of a given size nothing is allocated.
+  // Grow-only scratch: after the first step of a given size nothing is allocated. Each growth
+  // moves the scratch and makes every graph captured before it stale (scratch_generation_).
   float* gemm_workspace(int64_t floats);
   float* column_sum_scratch(int64_t floats);
   XentRowOut xent_scratch(int64_t rows);
@@ -112,6 +121,11 @@ class CudaBackend final : public Backend {
   PinnedArray<NormResult> norm_results_host_;
   cudaEvent_t norm_copied_[2] = {nullptr, nullptr};
   bool norm_pending_[2] = {false, false};
+  // Graph capture: whether one is open, and what it did to the deferred slots (bit s: slot s;
+  // xent_fresh_: the slot started over rather than adding to its totals).
+  bool capturing_ = false;
+  unsigned captured_xent_ = 0, captured_norm_ = 0, captured_fresh_ = 0;
+  uint64_t scratch_generation_ = 0;
 };
 
 }  // namespace cuda
