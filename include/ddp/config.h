@@ -165,7 +165,10 @@ struct DataConfig {
   bool drop_last = false;   ///< drop the tail instead of padding / partial batch
   bool csv_header = false;  ///< csv: first line is a header
   uint64_t seed = 0;        ///< synthetic: generator seed
-  int64_t prefetch = 2;     ///< batches assembled ahead by the loader thread
+  int64_t prefetch = 2;     ///< batches assembled ahead by the loader threads
+  /// Threads that assemble batches; 0: 1 on a CPU rank (its core computes), on a GPU rank the
+  /// node's cores per rank, at most 4.
+  int64_t workers = 0;
   /// The ranks of a node map one copy of each split (in /dev/shm), read by the node's first rank.
   bool share_on_node = true;
   Normalization normalize;  ///< none | standardize | [mean, std]

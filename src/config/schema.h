@@ -29,6 +29,7 @@ constexpr double kWidth = 1e9;              ///< a layer's width (the kernels' i
 constexpr double kBatch = 1e9;              ///< samples per rank per micro-batch
 constexpr double kAccumulate = 1e6;         ///< micro-batches per optimizer step
 constexpr double kPrefetch = 65536;         ///< batches the loader holds ahead
+constexpr double kLoaderWorkers = 64;       ///< threads that assemble batches
 constexpr double kGpu = 65535;              ///< a GPU ordinal
 constexpr double kKept = 1e6;               ///< checkpoints kept
 constexpr double kTimeoutS = 1e9;           ///< 1e18 ns: a deadline on the steady clock fits int64
@@ -177,6 +178,11 @@ void visit_data(DataConfig& d, V& v) {
   v.field(
       "prefetch", d.prefetch,
       Key().at_least(1).at_most(bounds::kPrefetch).doc("batches the loader thread prepares ahead"));
+  v.field("workers", d.workers,
+          Key()
+              .at_least(0)
+              .at_most(bounds::kLoaderWorkers)
+              .doc("threads that assemble batches; 0: 1 on CPUs, up to 4 per GPU"));
   v.field("share_on_node", d.share_on_node,
           Key().doc("a node's ranks map one copy of the data (/dev/shm)"));
   v.field("normalize", d.normalize,

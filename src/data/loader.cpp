@@ -1,6 +1,7 @@
-// The prefetching batch loader. The worker fills batch k into slot k % slots outside the lock;
-// a slot is reused only after the consumer has moved past it, and start_epoch waits for an
-// in-flight fill to finish, so no slot is read while it is being written.
+// The prefetching batch loader. A worker claims the next batch k and fills it into slot
+// k % slots outside the lock; a slot is claimed again only after the consumer has moved past
+// it, the consumer takes batch k only once its slot says it holds k complete, and start_epoch
+// waits for in-flight fills to finish, so no slot is read while it is being written.
 #include "data/loader.h"
 
 #include <algorithm>
@@ -11,10 +12,11 @@
 
 namespace ddp {
 
-Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch)
+Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch, int workers)
     : ds_(ds), batch_size_(batch_size), drop_last_(drop_last) {
   DDP_CHECK(batch_size > 0, "Loader: batch_size must be positive, got " << batch_size);
   DDP_CHECK(prefetch >= 0, "Loader: prefetch must be non-negative, got " << prefetch);
+  DDP_CHECK(workers >= 1, "Loader: workers must be at least 1, got " << workers);
   DDP_CHECK(ds.features > 0 && static_cast<int64_t>(ds.x.size()) == ds.size * ds.features &&
                 static_cast<int64_t>(ds.y.size()) == ds.size,
             "Loader: dataset " << ds.source << " is inconsistent: size " << ds.size << ", features "
@@ -25,7 +27,8 @@ Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t pr
     s.x.reserve(static_cast<size_t>(batch_size * ds.features));
     s.y.reserve(static_cast<size_t>(batch_size));
   }
-  worker_ = std::thread([this] { worker_loop(); });
+  filled_.assign(slots_.size(), -1);
+  for (int w = 0; w < workers; ++w) workers_.emplace_back([this] { worker_loop(); });
 }
 
 Loader::~Loader() {
@@ -34,7 +37,7 @@ Loader::~Loader() {
     stop_ = true;
   }
   cv_.notify_all();
-  worker_.join();
+  for (std::thread& w : workers_) w.join();
 }
 
 int64_t Loader::batches_in_epoch() const {
@@ -44,13 +47,15 @@ int64_t Loader::batches_in_epoch() const {
 
 void Loader::start_epoch(std::vector<int64_t> indices) {
   std::unique_lock<std::mutex> lock(mu_);
-  // Stop the worker from starting another fill of the old epoch and let an in-flight one
-  // finish (it reads indices_); resetting the counters below then discards what it made.
+  // Stop the workers from starting another fill of the old epoch and let the in-flight ones
+  // finish (they read indices_); resetting the counters below then discards what they made.
   started_ = false;
-  cv_.wait(lock, [this] { return !busy_; });
+  cv_.wait(lock, [this] { return busy_ == 0; });
   indices_ = std::move(indices);
   total_batches_ = batches_in_epoch();
-  produced_ = consumed_ = released_ = 0;
+  claimed_ = consumed_ = released_ = 0;
+  std::fill(filled_.begin(), filled_.end(), -1);
+  failed_ = INT64_MAX;
   error_ = nullptr;
   started_ = true;
   lock.unlock();
@@ -63,17 +68,17 @@ const Batch* Loader::next() {
   released_ = consumed_;  // the batch handed out last time is done with
   cv_.notify_all();
   if (consumed_ == total_batches_) return nullptr;
-  const auto ready = [this] { return produced_ > consumed_ || error_; };
+  const size_t slot = static_cast<size_t>(consumed_) % slots_.size();
+  const auto ready = [&] { return filled_[slot] == consumed_ || failed_ <= consumed_; };
   if (!ready()) {
     const auto t0 = std::chrono::steady_clock::now();
     cv_.wait(lock, ready);
     wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  // Batches finished before a failure are still delivered; the error belongs to the next one.
-  if (produced_ <= consumed_) std::rethrow_exception(error_);
-  const Batch* batch = &slots_[static_cast<size_t>(consumed_) % slots_.size()];
+  // Batches before a failed one are still delivered; the error belongs to the failed one.
+  if (filled_[slot] != consumed_) std::rethrow_exception(error_);
   ++consumed_;
-  return batch;
+  return &slots_[slot];
 }
 
 void Loader::worker_loop() {
@@ -81,25 +86,28 @@ void Loader::worker_loop() {
   const auto slots = static_cast<int64_t>(slots_.size());
   for (;;) {
     cv_.wait(lock, [&] {
-      return stop_ ||
-             (started_ && !error_ && produced_ < total_batches_ && produced_ < released_ + slots);
+      return stop_ || (started_ && claimed_ < failed_ && claimed_ < total_batches_ &&
+                       claimed_ < released_ + slots);
     });
     if (stop_) return;
-    const int64_t k = produced_;
-    busy_ = true;
+    const int64_t k = claimed_++;
+    const auto slot = static_cast<size_t>(k % slots);
+    ++busy_;
     lock.unlock();
     std::exception_ptr failure;
     try {
-      fill(slots_[static_cast<size_t>(k % slots)], k);
+      fill(slots_[slot], k);
     } catch (...) {
       failure = std::current_exception();
     }
     lock.lock();
-    busy_ = false;
-    if (failure)
+    --busy_;
+    if (!failure) {
+      filled_[slot] = k;
+    } else if (k < failed_) {  // the first failure in batch order is the one reported
+      failed_ = k;
       error_ = failure;
-    else
-      ++produced_;
+    }
     cv_.notify_all();
   }
 }

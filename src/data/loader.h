@@ -1,4 +1,7 @@
-// Batches assembled from a Dataset on a prefetch thread, so gathering rows overlaps compute.
+// Batches assembled from a Dataset on prefetch threads, so gathering rows overlaps compute.
+// With several workers each assembles whole batches, the next unclaimed one into its slot, and
+// the consumer takes them in order: a batch's contents depend only on the index order, never on
+// which worker made it or when.
 // Features read from a file mapping (.npy) that is not all in memory have the rows of the batch
 // after the one being assembled announced to the kernel, so that their pages are read in
 // parallel, ahead of time, instead of one page fault at a time. Every 16th batch probes
@@ -9,6 +12,8 @@
 // no allocation after construction, and the batch contents depend only on the index order.
 #pragma once
 
+#include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -30,9 +35,10 @@ struct Batch {
 /// One consumer thread calls start_epoch/next; `ds` must outlive the Loader.
 class Loader {
  public:
-  /// batch_size > 0, prefetch >= 0; throws ddp::Error otherwise or if ds is inconsistent.
-  Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch);
-  /// Stops and joins the worker, also in the middle of an epoch.
+  /// batch_size > 0, prefetch >= 0, workers >= 1 (at most prefetch + 1 of them fill at once);
+  /// throws ddp::Error otherwise or if ds is inconsistent.
+  Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch, int workers = 1);
+  /// Stops and joins the workers, also in the middle of an epoch.
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -46,7 +52,7 @@ class Loader {
   const Batch* next();
   /// Batches the current epoch yields (a final partial batch counts unless drop_last).
   int64_t batches_in_epoch() const;
-  /// Total seconds next() spent blocked waiting for the worker (the data-wait metric).
+  /// Total seconds next() spent blocked waiting for the workers (the data-wait metric).
   double wait_seconds() const { return wait_seconds_; }
 
  private:
@@ -65,18 +71,20 @@ class Loader {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
   // Guarded by mu_. Batches are numbered within the epoch; batch k lives in slot k % slots.
   bool stop_ = false;
   bool started_ = false;
-  bool busy_ = false;  // the worker is filling a slot outside the lock
+  int busy_ = 0;  // workers filling a slot outside the lock
   int64_t total_batches_ = 0;
-  int64_t produced_ = 0;       // batches filled
-  int64_t consumed_ = 0;       // batches handed out by next()
-  int64_t released_ = 0;       // batches whose slots the consumer gave back
-  std::exception_ptr error_;   // raised while filling batch `produced_`
-  double wait_seconds_ = 0.0;  // consumer-thread only
-  bool reading_ahead_ = true;  // worker-thread only: the last probe found rows not in memory
+  int64_t claimed_ = 0;                    // batches a worker has taken on
+  std::vector<int64_t> filled_;            // per slot: the batch it holds complete, or -1
+  int64_t consumed_ = 0;                   // batches handed out by next()
+  int64_t released_ = 0;                   // batches whose slots the consumer gave back
+  int64_t failed_ = INT64_MAX;             // the first batch whose fill failed
+  std::exception_ptr error_;               // that failure
+  double wait_seconds_ = 0.0;              // consumer-thread only
+  std::atomic<bool> reading_ahead_{true};  // the last probe found rows not in memory
 };
 
 }  // namespace ddp

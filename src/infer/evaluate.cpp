@@ -5,12 +5,12 @@
 #include <iomanip>
 #include <ostream>
 
+#include "comm/agreement.h"
 #include "core/check.h"
 #include "core/stop_flag.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/sampler.h"
-#include "comm/agreement.h"
 #include "infer/model_file.h"
 #include "train/training_data.h"
 
@@ -69,7 +69,8 @@ Evaluation evaluate_model(const TrainConfig& cfg, ProcessGroup& comm,
   const std::vector<int64_t> shard = shard_indices(test.size, comm.size(), comm.rank());
   std::vector<int32_t> labels;
   for (int64_t i : shard) labels.push_back(test.y[static_cast<size_t>(i)]);
-  Loader loader(test, kEvalBatch, false, cfg.data.prefetch);
+  Loader loader(test, kEvalBatch, false, cfg.data.prefetch,
+                loader_workers(cfg, ctx->device(), comm.local_size()));
   loader.start_epoch(shard);
   auto feed = ctx->make_batch_feed(kEvalBatch, test.features);
   Backend& be = ctx->backend();

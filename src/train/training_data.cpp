@@ -9,12 +9,13 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "core/check.h"
-#include "data/dataset_image.h"
 #include "comm/agreement.h"
 #include "comm/node_shared_memory.h"
+#include "core/check.h"
+#include "data/dataset_image.h"
 
 namespace ddp {
 
@@ -134,12 +135,20 @@ std::vector<std::string> TrainingData::fingerprint() const {
   return lines;
 }
 
-void TrainingData::start(const TrainConfig& cfg, int world, int rank) {
+int loader_workers(const TrainConfig& cfg, Device device, int local_size) {
+  if (cfg.data.workers > 0) return static_cast<int>(cfg.data.workers);
+  if (device != Device::CUDA) return 1;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores / std::max(local_size, 1), 1, 4);
+}
+
+void TrainingData::start(const TrainConfig& cfg, int world, int rank, int workers) {
   sampler = std::make_unique<DistributedSampler>(train.size, world, rank, cfg.data.shuffle,
                                                  cfg.training.seed, cfg.data.drop_last);
   train_loader = std::make_unique<Loader>(train, cfg.training.batch_size, cfg.data.drop_last,
-                                          cfg.data.prefetch);
-  if (has_test) test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch);
+                                          cfg.data.prefetch, workers);
+  if (has_test)
+    test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch, workers);
 }
 
 int64_t TrainingData::steps_per_epoch(const TrainConfig& cfg) const {

@@ -8,17 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
+#include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/normalize.h"
 #include "data/sampler.h"
 #include "ddp/config.h"
-#include "comm/process_group.h"
 
 namespace ddp {
 
 /// Rows of an evaluation batch.
 constexpr int64_t kEvalBatch = 1024;
+
+/// The loader threads of a rank (data.workers; 0: 1 on a CPU rank, whose core computes; on a
+/// GPU rank the node's cores shared by its `local_size` ranks, at most 4).
+int loader_workers(const TrainConfig& cfg, Device device, int local_size);
 
 class TrainingData {
  public:
@@ -45,7 +50,7 @@ class TrainingData {
   /// would read all of data larger than memory.
   std::vector<std::string> fingerprint() const;
   /// The sampler and the loaders (after prepare()).
-  void start(const TrainConfig& cfg, int world, int rank);
+  void start(const TrainConfig& cfg, int world, int rank, int workers);
   /// Optimizer steps in a whole epoch of this rank (after start()).
   int64_t steps_per_epoch(const TrainConfig& cfg) const;
   /// The largest batch any pass computes on.

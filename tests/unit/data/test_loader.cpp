@@ -1,7 +1,8 @@
 // Loader: batches reproduce the given index order exactly (checked row by row against the
 // dataset), partial/dropped tails, prefetch depths, restarts, abandoning an epoch, a held batch
-// surviving the worker running ahead, worker errors surfacing in next(), a NaN or an infinity
-// in a batch refused by name, and clean shutdown.
+// surviving the workers running ahead, worker errors surfacing in next() (with several workers
+// the first in batch order), a NaN or an infinity in a batch refused by name, and clean
+// shutdown; with one worker and with several.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -73,22 +74,24 @@ int64_t drain_and_check(Loader& loader, const Dataset& ds, const Indices& order,
 TEST_CASE("loader batches reproduce the index order exactly", "[data][loader]") {
   const Dataset ds = numbered_dataset(23, 3);
   const Indices order = ddp::random_permutation(23, 5);
-  for (int64_t prefetch : {0, 1, 4}) {
-    INFO("prefetch " << prefetch);
-    SECTION("partial last batch, prefetch " + std::to_string(prefetch)) {
-      Loader loader(ds, 5, false, prefetch);
+  for (const auto& [prefetch, workers] : {std::pair{0, 1}, {1, 1}, {4, 1}, {1, 2}, {4, 3}}) {
+    INFO("prefetch " << prefetch << ", workers " << workers);
+    const std::string with =
+        ", prefetch " + std::to_string(prefetch) + ", workers " + std::to_string(workers);
+    SECTION("partial last batch" + with) {
+      Loader loader(ds, 5, false, prefetch, workers);
       loader.start_epoch(order);
       REQUIRE(loader.batches_in_epoch() == 5);
       REQUIRE(drain_and_check(loader, ds, order, 5) == 5);  // 4 x 5 rows + 3
     }
-    SECTION("drop_last, prefetch " + std::to_string(prefetch)) {
-      Loader loader(ds, 5, true, prefetch);
+    SECTION("drop_last" + with) {
+      Loader loader(ds, 5, true, prefetch, workers);
       loader.start_epoch(order);
       REQUIRE(loader.batches_in_epoch() == 4);
       REQUIRE(drain_and_check(loader, ds, order, 5) == 4);
     }
-    SECTION("held batch survives the worker running ahead, prefetch " + std::to_string(prefetch)) {
-      Loader loader(ds, 4, false, prefetch);
+    SECTION("held batch survives the workers running ahead" + with) {
+      Loader loader(ds, 4, false, prefetch, workers);
       loader.start_epoch(order);
       REQUIRE(drain_and_check(loader, ds, order, 4, std::chrono::milliseconds(5)) == 6);
     }
@@ -114,7 +117,9 @@ TEST_CASE("loader handles exact multiples, empty epochs and duplicate indices", 
 TEST_CASE("loader restarts and abandons epochs", "[data][loader]") {
   const Dataset ds = numbered_dataset(31, 4);
   ddp::DistributedSampler sampler(31, 2, 1, true, 3, false);
-  Loader loader(ds, 4, false, 2);
+  const int workers = GENERATE(1, 3);
+  INFO("workers " << workers);
+  Loader loader(ds, 4, false, 2, workers);
   std::set<const float*> slots_seen;
   for (int64_t epoch = 0; epoch < 4; ++epoch) {
     sampler.set_epoch(epoch);
@@ -141,22 +146,24 @@ TEST_CASE("loader can be destroyed mid-epoch or before any epoch", "[data][loade
   const Dataset ds = numbered_dataset(1000, 8);
   const Indices order = ddp::random_permutation(1000, 1);
   for (int64_t prefetch : {0, 1, 4}) {
-    Loader loader(ds, 7, false, prefetch);
+    Loader loader(ds, 7, false, prefetch, 3);
     loader.start_epoch(order);
     REQUIRE(loader.next() != nullptr);
     REQUIRE(loader.next() != nullptr);
-  }  // destructor with the worker blocked on a full ring
+  }  // destructor with the workers blocked on a full ring
   { Loader idle(ds, 7, false, 2); }
-  {
-    Loader loader(ds, 7, false, 2);
+  for (int workers : {1, 4}) {
+    Loader loader(ds, 7, false, 2, workers);
     loader.start_epoch(order);
-  }  // destructor while the worker may be mid-fill
+  }  // destructor while workers may be mid-fill
   SUCCEED("no hang");
 }
 
 TEST_CASE("loader surfaces worker errors in next()", "[data][loader]") {
   const Dataset ds = numbered_dataset(10, 2);
-  Loader loader(ds, 5, false, 4);
+  const int workers = GENERATE(1, 3);
+  INFO("workers " << workers);
+  Loader loader(ds, 5, false, 4, workers);
   const Indices bad = {0, 1, 2, 3, 4, 5, 6, 10, 8, 9};
   loader.start_epoch(bad);
   // Give the worker time to reach the bad batch: the good batch before it must still arrive.
@@ -176,10 +183,32 @@ TEST_CASE("loader surfaces worker errors in next()", "[data][loader]") {
   REQUIRE(drain_and_check(loader, ds, good, 5) == 2);
 }
 
+TEST_CASE("loader with several workers reports the first failure in batch order",
+          "[data][loader]") {
+  const Dataset ds = numbered_dataset(40, 2);
+  // Batch 1 fails (index 40 at position 5) and so does batch 3 (index -2 at position 12):
+  // whichever worker fails first, batch 0 arrives and batch 1's error is the one reported.
+  Indices order(20);
+  for (int64_t i = 0; i < 20; ++i) order[static_cast<size_t>(i)] = i;
+  order[5] = 40;
+  order[12] = -2;
+  for (int trial = 0; trial < 20; ++trial) {
+    Loader loader(ds, 4, false, 4, 4);
+    loader.start_epoch(order);
+    if (trial % 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const Batch* first = loader.next();
+    REQUIRE(first != nullptr);
+    require_batch(*first, ds, order, 4, 0);
+    REQUIRE_THROWS_WITH(loader.next(), Contains("index 40 at position 5"));
+    REQUIRE_THROWS_WITH(loader.next(), Contains("index 40 at position 5"));
+  }
+}
+
 TEST_CASE("loader rejects bad arguments and misuse", "[data][loader]") {
   const Dataset ds = numbered_dataset(4, 2);
   REQUIRE_THROWS_WITH(Loader(ds, 0, false, 1), Contains("batch_size must be positive, got 0"));
   REQUIRE_THROWS_WITH(Loader(ds, 2, false, -1), Contains("prefetch must be non-negative, got -1"));
+  REQUIRE_THROWS_WITH(Loader(ds, 2, false, 1, 0), Contains("workers must be at least 1, got 0"));
   Dataset broken = ds;
   broken.y.pop_back();
   REQUIRE_THROWS_WITH(Loader(broken, 2, false, 1),
