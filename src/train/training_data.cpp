@@ -142,13 +142,15 @@ int loader_workers(const TrainConfig& cfg, Device device, int local_size) {
   return std::clamp(cores / std::max(local_size, 1), 1, 4);
 }
 
-void TrainingData::start(const TrainConfig& cfg, int world, int rank, int workers) {
+void TrainingData::start(const TrainConfig& cfg, int world, int rank, int workers,
+                         const HostMemory* memory) {
   sampler = std::make_unique<DistributedSampler>(train.size, world, rank, cfg.data.shuffle,
                                                  cfg.training.seed, cfg.data.drop_last);
   train_loader = std::make_unique<Loader>(train, cfg.training.batch_size, cfg.data.drop_last,
-                                          cfg.data.prefetch, workers);
+                                          cfg.data.prefetch, workers, memory);
   if (has_test)
-    test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch, workers);
+    test_loader =
+        std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch, workers, memory);
 }
 
 int64_t TrainingData::steps_per_epoch(const TrainConfig& cfg) const {
