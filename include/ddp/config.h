@@ -165,7 +165,7 @@ struct DataConfig {
   bool drop_last = false;   ///< drop the tail instead of padding / partial batch
   bool csv_header = false;  ///< csv: first line is a header
   uint64_t seed = 0;        ///< synthetic: generator seed
-  int64_t prefetch = 2;     ///< batches assembled ahead by the loader threads
+  int64_t prefetch = 4;     ///< batches assembled ahead by the loader threads
   /// Threads that assemble batches; 0: 1 on a CPU rank (its core computes), on a GPU rank the
   /// node's cores per rank, at most 4.
   int64_t workers = 0;

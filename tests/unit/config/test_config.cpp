@@ -888,9 +888,9 @@ TEST_CASE("config: memory_demands are the products of the keys, and overflows ar
   CHECK(d[1].bytes == (20 * 10 + 10 + 10 * 3 + 3) * 12);
   CHECK(d[1].product ==
         "243 in model.layers x 12 bytes (weight, gradient and 1 optimizer state(s))");
-  CHECK(d[2].bytes == 3 * 50 * 20 * 4);
+  CHECK(d[2].bytes == 5 * 50 * 20 * 4);
   CHECK(d[2].product ==
-        "(data.prefetch 2 + 1) x training.batch_size 50 x model.layers[0] 20 x 4 bytes");
+        "(data.prefetch 4 + 1) x training.batch_size 50 x model.layers[0] 20 x 4 bytes");
   CHECK(d[3].bytes == 2000 * 21 * 4);
   CHECK(d[3].keys == std::vector<std::string>{"data.train.samples", "model.layers[0]"});
   CHECK(d[4].bytes == 100 * 21 * 4);
@@ -1232,7 +1232,7 @@ TEST_CASE("config: to_yaml prints every key and parses back to the same config",
   }
   std::string defaults = ddp::to_yaml(TrainConfig());
   for (auto line : {"device: \"cpu\"", "  bucket_cap_mb: 25.0", "  save_model: true", "  lr: 0.01",
-                    "  layers: []", "  accumulate_steps: 1", "  seed: 0", "  prefetch: 2"}) {
+                    "  layers: []", "  accumulate_steps: 1", "  seed: 0", "  prefetch: 4"}) {
     INFO(line);
     CHECK(defaults.find(std::string(line) + "\n") != std::string::npos);
   }
