@@ -595,6 +595,7 @@ TEST_CASE("GPU training: steps replayed as CUDA graphs give the eager steps' bit
     INFO(k.name);
     ddp::TrainConfig eager = small_config("graphs_eager", ddp::DeviceChoice::Cuda);
     eager.distributed.backend = ddp::BackendChoice::Nccl;
+    eager.training.epochs = 1;
     eager.training.log_every = 5;  // logged steps run eagerly in between
     k.set(eager);
     eager.training.cuda_graphs = false;
