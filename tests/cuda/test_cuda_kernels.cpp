@@ -541,9 +541,8 @@ TEST_CASE("cuda bias gradient: column sums over row chunks, in an order of the s
   // {rows, cols}: one row; one pass at the 1024-row limit; one column over 147 chunks of 7 rows;
   // ragged column blocks and a ragged last chunk; the model's last layer at batch 1024 and 4096;
   // on a device its hidden layers and longer shapes too. in = 1 keeps the weight GEMM small.
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {1, 40},    {1024, 33},
-                                                     {1025, 1}, {3000, 70}, {1024, 10},
-                                                     {4096, 10}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {1, 40},    {1024, 33}, {1025, 1},
+                                                     {3000, 70}, {1024, 10}, {4096, 10}};
   if (!kEmulated) shapes.insert(shapes.end(), {{4096, 256}, {100000, 3}, {4099, 5000}});
   auto be = make_cuda();
   uint64_t seed = 5200;
@@ -662,7 +661,8 @@ TEST_CASE("cuda softmax_xent_deferred adds batches into slots read later", DDP_C
   require_error([&] { cpu->take_xent_totals(-1); }, "take_xent_totals: slot -1 (0 or 1)");
 }
 
-TEST_CASE("cuda softmax_xent totals over several first-pass blocks", DDP_CUDA_TAGS) {
+TEST_CASE("cuda softmax_xent totals over several first-pass blocks",
+          DDP_CUDA_TAGS "[many-blocks]") {
   // 1100 rows: two first-pass blocks of 256 threads whose rows interleave (a grid stride of
   // 512): block 0 holds rows 0-255, 512-767 and 1024-1099, block 1 rows 256-511 and 768-1023.
   // Up to 1024 rows one block. (Five calls: 138 row blocks each is dear in the emulation.)
