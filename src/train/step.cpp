@@ -23,7 +23,8 @@ StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& 
       trace_(ctx, report, replica.model(), to_string(cfg.optimizer.name)),
       scaler_(replica.path().loss_scaling, cfg.training.loss_scale_init,
               cfg.training.loss_scale_growth_interval) {
-  if (cfg.training.cuda_graphs && be_.captures_graphs() && replica.capturable() != nullptr &&
+  capturable_ = replica.capturable();
+  if (cfg.training.cuda_graphs && be_.captures_graphs() && capturable_ != nullptr &&
       !replica.fused())
     graphs_ = std::make_unique<StepGraphs>(be_);
 }
@@ -107,7 +108,7 @@ void StepPipeline::queue_graphed(BatchFeed& feed, InFlight& s, float loss_coef) 
   }
   s.result.rows = batch.rows;  // a replay queued no batch: count it once
   s.result.graphed = true;
-  s.fence = replica_.capturable()->fence("the collectives of a replayed step graph");
+  s.fence = capturable_->fence("the collectives of a replayed step graph");
 }
 
 // The oldest queued step, once the device has run it: its loss totals (checked) and gradient

@@ -120,6 +120,7 @@ class StepPipeline {
   LossScaler scaler_;
   std::deque<InFlight> queue_;          ///< oldest first
   std::unique_ptr<StepGraphs> graphs_;  ///< training.cuda_graphs where the step can be captured
+  CapturableCommunicator* capturable_ = nullptr;  ///< the buckets' communicator, if capturable
 };
 
 }  // namespace ddp

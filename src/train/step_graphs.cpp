@@ -13,10 +13,7 @@ bool StepGraphs::run(const Key& key, const std::function<void(bool captured)>& q
     queue_step(false);
     return false;
   }
-  if (it->second && be_.launch_graph(*it->second)) {
-    ++replays_;
-    return true;
-  }
+  if (it->second && be_.launch_graph(*it->second)) return true;
   // Seen before, or stale (the scratch memory moved, a slot's state differs): capture anew.
   it->second.reset();
   be_.begin_graph();
@@ -27,7 +24,6 @@ bool StepGraphs::run(const Key& key, const std::function<void(bool captured)>& q
     throw;
   }
   it->second = be_.end_graph();
-  ++captures_;
   DDP_CHECK(be_.launch_graph(*it->second), "a CUDA graph captured just now does not launch");
   return true;
 }

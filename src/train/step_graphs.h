@@ -41,13 +41,9 @@ class StepGraphs {
   /// rethrown.
   bool run(const Key& key, const std::function<void(bool captured)>& queue_step);
 
-  int64_t captures() const { return captures_; }
-  int64_t replays() const { return replays_; }
-
  private:
   Backend& be_;
   std::map<Key, std::unique_ptr<DeviceGraph>> graphs_;  // null: seen once, not captured yet
-  int64_t captures_ = 0, replays_ = 0;
 };
 
 }  // namespace ddp

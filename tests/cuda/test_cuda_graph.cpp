@@ -160,6 +160,13 @@ TEST_CASE("cuda graph: Backend::launch_graph fills the deferred slot, and refuse
   (void)backend->softmax_xent(logits.view(), labels.data(), 1.0f, nullptr);
   CHECK_FALSE(backend->launch_graph(*graph));
 
+  // Misuse: a second capture, a launch inside one, an end without one.
+  backend->begin_graph();
+  CHECK_THROWS_WITH(backend->begin_graph(), Catch::Contains("a capture is already open"));
+  CHECK_THROWS_WITH(backend->launch_graph(*graph), Catch::Contains("a capture is open"));
+  CHECK(backend->end_graph(/*discard=*/true) == nullptr);
+  CHECK_THROWS_WITH(backend->end_graph(), Catch::Contains("no capture is open"));
+
   // A call that waits for the device inside a capture fails; the capture ends, discarded, and
   // the backend works on as before.
   backend->begin_graph();

@@ -210,7 +210,6 @@ TEST_CASE("cpu linear backward kernels agree with finite differences of the forw
   }
 }
 
-
 // ---- argument errors and edge cases --------------------------------------------------------
 
 TEST_CASE("cpu linear kernels reject mismatched shapes and aliasing", "[kernels]") {
@@ -371,4 +370,12 @@ TEST_CASE("cpu copy rejects mismatched shapes and partial overlap", "[kernels]")
   REQUIRE_THROWS_WITH(backend->copy(head, shifted), Contains("overlaps"));
   Tensor cuda{b.data(), 1, 4, ddp::Device::CUDA};
   REQUIRE_THROWS_WITH(backend->fill(cuda, 0.0f), Contains("fill") && Contains("cuda tensor"));
+}
+
+TEST_CASE("cpu backend captures no graphs and says so by name", "[kernels]") {
+  auto backend = ddp::make_cpu_backend();
+  REQUIRE_FALSE(backend->captures_graphs());
+  REQUIRE_THROWS_WITH(backend->begin_graph(), Contains("the cpu backend captures no graphs") &&
+                                                  Contains("training.cuda_graphs is for GPUs"));
+  REQUIRE_THROWS_WITH(backend->end_graph(), Contains("the cpu backend captures no graphs"));
 }
