@@ -12,8 +12,7 @@
 
 namespace ddp {
 
-Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch, int workers,
-               const HostMemory* memory)
+Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch, int workers)
     : ds_(ds), batch_size_(batch_size), drop_last_(drop_last) {
   DDP_CHECK(batch_size > 0, "Loader: batch_size must be positive, got " << batch_size);
   DDP_CHECK(prefetch >= 0, "Loader: prefetch must be non-negative, got " << prefetch);
@@ -25,7 +24,6 @@ Loader::Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t pr
                                << " labels");
   slots_.resize(static_cast<size_t>(prefetch + 1));
   for (auto& s : slots_) {
-    s.x = std::vector<float, HostAllocator<float>>(HostAllocator<float>(memory));
     s.x.reserve(static_cast<size_t>(batch_size * ds.features));
     s.y.reserve(static_cast<size_t>(batch_size));
   }

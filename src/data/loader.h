@@ -21,14 +21,12 @@
 #include <thread>
 #include <vector>
 
-#include "core/host_memory.h"
 #include "data/dataset.h"
 
 namespace ddp {
 
 struct Batch {
-  /// rows*features (capacity batch_size*features, reused), in the loader's HostMemory
-  std::vector<float, HostAllocator<float>> x;
+  std::vector<float> x;    ///< rows*features (capacity batch_size*features, reused)
   std::vector<int32_t> y;  ///< rows
   int64_t rows = 0;
   int64_t index = 0;  ///< batch number within the epoch
@@ -38,10 +36,8 @@ struct Batch {
 class Loader {
  public:
   /// batch_size > 0, prefetch >= 0, workers >= 1 (at most prefetch + 1 of them fill at once);
-  /// throws ddp::Error otherwise or if ds is inconsistent. The batches' features are assembled
-  /// in `memory` (null: ordinary memory; DeviceContext::batch_memory()).
-  Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch, int workers = 1,
-         const HostMemory* memory = nullptr);
+  /// throws ddp::Error otherwise or if ds is inconsistent.
+  Loader(const Dataset& ds, int64_t batch_size, bool drop_last, int64_t prefetch, int workers = 1);
   /// Stops and joins the workers, also in the middle of an epoch.
   ~Loader();
   Loader(const Loader&) = delete;

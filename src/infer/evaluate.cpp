@@ -70,7 +70,7 @@ Evaluation evaluate_model(const TrainConfig& cfg, ProcessGroup& comm,
   std::vector<int32_t> labels;
   for (int64_t i : shard) labels.push_back(test.y[static_cast<size_t>(i)]);
   Loader loader(test, kEvalBatch, false, cfg.data.prefetch,
-                loader_workers(cfg, ctx->device(), comm.local_size()), ctx->batch_memory());
+                loader_workers(cfg, ctx->device(), comm.local_size()));
   loader.start_epoch(shard);
   auto feed = ctx->make_batch_feed(kEvalBatch, test.features);
   Backend& be = ctx->backend();

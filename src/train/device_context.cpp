@@ -73,7 +73,6 @@ class HostContext final : public DeviceContext {
   std::unique_ptr<BatchFeed> make_batch_feed(int64_t, int64_t features) override {
     return std::make_unique<HostFeed>(features);
   }
-  const HostMemory* batch_memory() const override { return nullptr; }
   std::string compute_track_name() const override { return "training thread"; }
   std::string comm_track_name() const override { return "comm thread"; }
 
@@ -85,8 +84,8 @@ class HostContext final : public DeviceContext {
 // The next batch travels to the device (a copy stream) while the current one computes.
 class UploadFeed final : public BatchFeed {
  public:
-  UploadFeed(Backend& backend, int64_t max_rows, int64_t features, const HostMemory* pinned)
-      : uploader_(backend, max_rows, features), pinned_(pinned) {}
+  UploadFeed(Backend& backend, int64_t max_rows, int64_t features)
+      : uploader_(backend, max_rows, features) {}
   bool start(std::function<const Batch*()> next) override {
     next_ = std::move(next);
     batch_ = next_();
@@ -106,14 +105,9 @@ class UploadFeed final : public BatchFeed {
   }
 
  private:
-  // A batch the loader assembled in pinned memory travels from there; take() releases it to the
-  // loader (next_) only after acquire() saw its transfer end.
-  void upload(const Batch& b) {
-    uploader_.upload(b.x.data(), b.y.data(), b.rows, b.x.get_allocator().memory() == pinned_);
-  }
+  void upload(const Batch& b) { uploader_.upload(b.x.data(), b.y.data(), b.rows); }
 
   BatchUploader uploader_;
-  const HostMemory* pinned_;
   std::function<const Batch*()> next_;
   const Batch* batch_ = nullptr;      // the batch take() hands out
   const Batch* following_ = nullptr;  // the one uploading meanwhile
@@ -162,9 +156,8 @@ class CudaContext final : public DeviceContext {
     if (count > 0) cuda_copy_bytes(device, host, count * sizeof(float));
   }
   std::unique_ptr<BatchFeed> make_batch_feed(int64_t max_rows, int64_t features) override {
-    return std::make_unique<UploadFeed>(*backend_, max_rows, features, cuda_pinned_memory());
+    return std::make_unique<UploadFeed>(*backend_, max_rows, features);
   }
-  const HostMemory* batch_memory() const override { return cuda_pinned_memory(); }
   std::string compute_track_name() const override { return "compute stream"; }
   std::string comm_track_name() const override {
     return uses_nccl() ? "NCCL stream" : "comm thread (staged)";

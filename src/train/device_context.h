@@ -14,7 +14,6 @@
 #include "comm/environment.h"
 #include "comm/gradient_communicator.h"
 #include "comm/process_group.h"
-#include "core/host_memory.h"
 #include "core/tensor.h"
 #include "data/loader.h"
 #include "ddp/config.h"
@@ -93,9 +92,6 @@ class DeviceContext {
 
   /// A feed of batches of up to max_rows x features.
   virtual std::unique_ptr<BatchFeed> make_batch_feed(int64_t max_rows, int64_t features) = 0;
-  /// Where the loader should assemble batches for this device's feed: null (ordinary memory) on
-  /// the host; on a GPU pinned memory, which the feed then copies to the device directly.
-  virtual const HostMemory* batch_memory() const = 0;
 
   /// Names of the trace tracks where this device computes and communicates.
   virtual std::string compute_track_name() const = 0;

@@ -102,8 +102,7 @@ void Trainer::State::setup() {
   replica->connect(comm, comm, cfg);
   checkpoints =
       std::make_unique<CheckpointPolicy>(cfg, comm, *ctx, *replica, report, data.train.size);
-  data.start(cfg, comm.size(), comm.rank(), loader_workers(cfg, ctx->device(), comm.local_size()),
-             ctx->batch_memory());
+  data.start(cfg, comm.size(), comm.rank(), loader_workers(cfg, ctx->device(), comm.local_size()));
   resumed =
       resume_training(cfg, comm, *replica, report, checkpoints->dir(), data.train.size, start);
   // The checkpoints this run prunes: those of the run it continues, or of a new one.

@@ -142,15 +142,13 @@ int loader_workers(const TrainConfig& cfg, Device device, int local_size) {
   return std::clamp(cores / std::max(local_size, 1), 1, 4);
 }
 
-void TrainingData::start(const TrainConfig& cfg, int world, int rank, int workers,
-                         const HostMemory* memory) {
+void TrainingData::start(const TrainConfig& cfg, int world, int rank, int workers) {
   sampler = std::make_unique<DistributedSampler>(train.size, world, rank, cfg.data.shuffle,
                                                  cfg.training.seed, cfg.data.drop_last);
   train_loader = std::make_unique<Loader>(train, cfg.training.batch_size, cfg.data.drop_last,
-                                          cfg.data.prefetch, workers, memory);
+                                          cfg.data.prefetch, workers);
   if (has_test)
-    test_loader =
-        std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch, workers, memory);
+    test_loader = std::make_unique<Loader>(test, kEvalBatch, false, cfg.data.prefetch, workers);
 }
 
 int64_t TrainingData::steps_per_epoch(const TrainConfig& cfg) const {

@@ -50,7 +50,7 @@ class TrainingData {
   /// would read all of data larger than memory.
   std::vector<std::string> fingerprint() const;
   /// The sampler and the loaders (after prepare()).
-  void start(const TrainConfig& cfg, int world, int rank, int workers, const HostMemory* memory);
+  void start(const TrainConfig& cfg, int world, int rank, int workers);
   /// Optimizer steps in a whole epoch of this rank (after start()).
   int64_t steps_per_epoch(const TrainConfig& cfg) const;
   /// The largest batch any pass computes on.

@@ -231,26 +231,10 @@ TEST_CASE("cuda BatchUploader hands back every batch exactly, in order", DDP_CUD
   Buffer dlogits(static_cast<size_t>(max_rows * classes), Device::CUDA);
 
   // The host arrays are reused and scribbled over right after each upload: upload() must have
-  // taken its copy by then. Borrowed: the features lie in pinned memory, two buffers in turn as
-  // the loader's slots, each scribbled over as soon as the acquire() that hands its batch out
-  // returns (deferred streams would otherwise copy the scribbles).
-  const bool borrow = GENERATE(false, true);
-  INFO((borrow ? "features borrowed from pinned memory" : "features staged"));
-  using PinnedFloats = std::vector<float, ddp::HostAllocator<float>>;
-  const ddp::HostAllocator<float> pinned_memory(ddp::cuda_pinned_memory());
-  PinnedFloats pinned[2] = {PinnedFloats(pinned_memory), PinnedFloats(pinned_memory)};
-  for (PinnedFloats& p : pinned) p.reserve(static_cast<size_t>(max_rows * features));
+  // taken its copy by then.
   std::vector<float> staging_x;
   std::vector<int32_t> staging_labels;
   auto upload = [&](size_t i) {
-    if (borrow) {
-      PinnedFloats& p = pinned[i % 2];
-      p.assign(xs[i].begin(), xs[i].end());
-      staging_labels = labels[i];
-      up.upload(p.data(), staging_labels.data(), rows[i], /*x_pinned=*/true);
-      std::fill(staging_labels.begin(), staging_labels.end(), -1);
-      return;
-    }
     staging_x = xs[i];
     staging_labels = labels[i];
     up.upload(staging_x.data(), staging_labels.data(), rows[i]);
@@ -262,7 +246,6 @@ TEST_CASE("cuda BatchUploader hands back every batch exactly, in order", DDP_CUD
   for (size_t i = 0; i < batches; ++i) {
     INFO("batch " << i << " of " << rows[i] << " rows");
     const ddp::BatchUploader::DeviceBatch b = up.acquire();
-    if (borrow) std::fill(pinned[i % 2].begin(), pinned[i % 2].end(), -1.0f);
     if (i + 1 < batches) upload(i + 1);
     REQUIRE(b.x.rows == rows[i]);
     REQUIRE(b.x.cols == features);

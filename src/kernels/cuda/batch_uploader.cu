@@ -1,5 +1,4 @@
-// Double-buffered batch upload: two pinned staging slots (unused by batches that already lie in
-// pinned memory, which are copied from there), copies on their own stream, events
+// Double-buffered batch upload: two pinned staging slots, copies on their own stream, events
 // between that stream and the backend's compute stream in both directions (the compute stream
 // waits for a batch to arrive; the copy stream waits for the compute work on a slot's previous
 // batch before overwriting it). The host blocks only to reuse a pinned slot whose previous copy
@@ -22,7 +21,6 @@ struct BatchUploader::Impl {
     cudaEvent_t uploaded = nullptr;  // recorded on the copy stream after the transfer
     cudaEvent_t consumed = nullptr;  // recorded on the compute stream after the batch's work
     bool ever_uploaded = false;
-    bool borrowed = false;  // x was copied from the caller's pinned memory, not x_host
     bool ever_consumed = false;
     int64_t rows = 0;
     SlotState state = Impl::SlotState::kFree;
@@ -71,7 +69,7 @@ BatchUploader::BatchUploader(Backend& backend, int64_t max_rows, int64_t feature
 
 BatchUploader::~BatchUploader() = default;
 
-void BatchUploader::upload(const float* x, const int32_t* labels, int64_t rows, bool x_pinned) {
+void BatchUploader::upload(const float* x, const int32_t* labels, int64_t rows) {
   Impl& im = *impl_;
   DDP_CHECK(rows >= 1 && rows <= im.max_rows,
             "BatchUploader::upload: " << rows << " rows, expected 1.." << im.max_rows);
@@ -82,14 +80,12 @@ void BatchUploader::upload(const float* x, const int32_t* labels, int64_t rows, 
   // The pinned slot is rewritten by the host: its previous transfer must have left it.
   if (s.ever_uploaded) DDP_CUDA_CHECK(cudaEventSynchronize(s.uploaded));
   const size_t x_bytes = static_cast<size_t>(rows * im.features) * sizeof(float);
-  // Pinned features are copied from where they lie (DMA): no staging copy on this thread.
-  if (!x_pinned) std::memcpy(s.x_host.data(), x, x_bytes);
+  std::memcpy(s.x_host.data(), x, x_bytes);
   std::memcpy(s.labels_host.data(), labels, static_cast<size_t>(rows) * sizeof(int32_t));
   // The device slot is rewritten by the copy: the compute work on its last batch must be done.
   if (s.ever_consumed) DDP_CUDA_CHECK(cudaStreamWaitEvent(im.copy_stream, s.consumed, 0));
-  DDP_CUDA_CHECK(cudaMemcpyAsync(s.x_device.data(), x_pinned ? x : s.x_host.data(), x_bytes,
+  DDP_CUDA_CHECK(cudaMemcpyAsync(s.x_device.data(), s.x_host.data(), x_bytes,
                                  cudaMemcpyHostToDevice, im.copy_stream));
-  s.borrowed = x_pinned;
   DDP_CUDA_CHECK(cudaMemcpyAsync(s.labels_device.data(), s.labels_host.data(),
                                  static_cast<size_t>(rows) * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, im.copy_stream));
@@ -113,9 +109,6 @@ BatchUploader::DeviceBatch BatchUploader::acquire() {
     previous.state = Impl::SlotState::kFree;
   }
   DDP_CUDA_CHECK(cudaStreamWaitEvent(compute, s.uploaded, 0));
-  // The caller may reuse a borrowed batch's memory from now on: its transfer must be over (it
-  // was started a step ago, so this rarely waits).
-  if (s.borrowed) DDP_CUDA_CHECK(cudaEventSynchronize(s.uploaded));
   s.state = Impl::SlotState::kInUse;
   im.in_use = im.next_acquire;
   im.next_acquire ^= 1;

@@ -12,7 +12,6 @@
 
 #include "core/check.h"
 #include "core/device_memory.h"
-#include "core/host_memory.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/kernel_args.h"
@@ -154,19 +153,14 @@ class StreamMark {
   virtual ~StreamMark() = default;
   virtual double time() = 0;
 };
-/// Pinned host memory (cudaMallocHost), for buffers that a copy to the device reads directly.
-const HostMemory* cuda_pinned_memory();
-
 /// Records a mark on `cuda_backend`'s compute stream now.
 std::shared_ptr<StreamMark> mark_stream(Backend& cuda_backend);
 
 /// Batches to the device, double-buffered: upload() copies a batch into one of two pinned
-/// staging slots (or, when the batch already lies in pinned memory, borrows it) and starts its
-/// transfer on a copy stream, so the next batch travels while the backend computes on this
-/// one; acquire() hands the oldest uploaded batch to the backend's compute stream (a stream
-/// wait; a borrowed batch's transfer is also waited for on the host, so the caller may reuse
-/// its memory once acquire returns). A slot is reused only after the compute work queued on
-/// its batch is done (a stream wait again). The loop it is made for:
+/// staging slots and starts its transfer on a copy stream, so the next batch travels while the
+/// backend computes on this one; acquire() hands the oldest uploaded batch to the backend's
+/// compute stream (a stream wait, no host synchronisation). A slot is reused only after the
+/// compute work queued on its batch is done (a stream wait again). The loop it is made for:
 ///   up.upload(batch 0);
 ///   for each step i: b = up.acquire(); if (more) up.upload(batch i + 1); train on b;
 class BatchUploader {
@@ -178,10 +172,8 @@ class BatchUploader {
 
   /// Starts the upload of x [rows, features] (row-major) and labels [rows] into the next slot.
   /// Refused (ddp::Error) when that slot still holds a batch not yet acquired or the batch
-  /// acquired last (acquire the next batch first). With x_pinned, x lies in pinned memory
-  /// (cuda_pinned_memory()) and is copied from where it is: it must stay untouched until the
-  /// acquire() that hands this batch out returns.
-  void upload(const float* x, const int32_t* labels, int64_t rows, bool x_pinned = false);
+  /// acquired last (acquire the next batch first).
+  void upload(const float* x, const int32_t* labels, int64_t rows);
 
   struct DeviceBatch {
     Tensor x;                         ///< [rows, features] on the device

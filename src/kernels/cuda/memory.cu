@@ -99,15 +99,6 @@ void cuda_free_pinned_bytes(void* ptr) noexcept {
   if (ptr != nullptr) (void)cudaFreeHost(ptr);
 }
 
-namespace {
-void release_pinned(void* ptr) { cuda_free_pinned_bytes(ptr); }
-}  // namespace
-
-const HostMemory* cuda_pinned_memory() {
-  static const HostMemory pinned{cuda_malloc_pinned_bytes, release_pinned};
-  return &pinned;
-}
-
 int64_t cuda_allocation_count() { return g_allocations.load(); }
 
 // Copies and zeroing go through the legacy default stream and wait for it. Our streams are

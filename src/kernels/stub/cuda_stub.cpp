@@ -29,7 +29,6 @@ void* cuda_malloc_bytes(size_t) { not_built("device memory"); }
 void cuda_free_bytes(void*) noexcept {}
 void* cuda_malloc_pinned_bytes(size_t) { not_built("pinned memory"); }
 void cuda_free_pinned_bytes(void*) noexcept {}
-const HostMemory* cuda_pinned_memory() { not_built("pinned memory"); }
 int64_t cuda_allocation_count() { return 0; }
 void cuda_copy_bytes(void*, const void*, size_t) { not_built("cuda_copy_bytes"); }
 void cuda_zero_bytes(void*, size_t) { not_built("cuda_zero_bytes"); }
@@ -57,9 +56,7 @@ void cast_from_16bit(Backend&, cuda::Float16Type, const uint16_t*, int64_t, floa
 struct BatchUploader::Impl {};
 BatchUploader::BatchUploader(Backend&, int64_t, int64_t) { not_built("BatchUploader"); }
 BatchUploader::~BatchUploader() = default;
-void BatchUploader::upload(const float*, const int32_t*, int64_t, bool) {
-  not_built("BatchUploader");
-}
+void BatchUploader::upload(const float*, const int32_t*, int64_t) { not_built("BatchUploader"); }
 BatchUploader::DeviceBatch BatchUploader::acquire() { not_built("BatchUploader"); }
 
 }  // namespace ddp
