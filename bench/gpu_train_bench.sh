@@ -379,7 +379,7 @@ def header():
         "the same warm-up and timed step counts; buckets 25 MiB (first 1 MiB) on both sides",
         ("- data: **PyTorch's random samples are made on the GPU and batches gathered there (no "
          "data loading, no host-to-device copies)**; ddp-train generates them on the host and its "
-         "loader threads (data.workers) assemble each batch in pinned memory, from where it is uploaded (double-buffered) "
+         "loader threads (data.workers) assemble each batch, which is uploaded (double-buffered, pinned memory) "
          "inside the timed steps" if dev == "cuda" else
          "- data: random samples in memory on both sides; ddp-train's loader thread assembles each "
          "batch, PyTorch indexes its tensors"),
