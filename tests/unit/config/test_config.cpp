@@ -260,7 +260,7 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
       "training: epochs, "
       "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, start_over, "
       "nan_policy, clip_grad_norm, precision, loss_scaling, loss_scale_init, "
-      "loss_scale_growth_interval)");
+      "loss_scale_growth_interval, cuda_graphs)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "scheduler, training, "
@@ -289,7 +289,7 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
         "start_over, "
         "nan_policy, clip_grad_norm, precision, loss_scaling, loss_scale_init, "
-        "loss_scale_growth_interval)");
+        "loss_scale_growth_interval, cuda_graphs)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, features, labels, path, samples)");
@@ -361,6 +361,7 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
       {[](TrainConfig& c) { c.data.train.samples = 0; }, "data.train.samples: must be >= 1, got 0"},
       {[](TrainConfig& c) { c.data.test.samples = -1; }, "data.test.samples: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.data.prefetch = 0; }, "data.prefetch: must be >= 1, got 0"},
+      {[](TrainConfig& c) { c.data.workers = -1; }, "data.workers: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.optimizer.lr = 0; }, "optimizer.lr: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.optimizer.lr = -0.5; }, "optimizer.lr: must be > 0, got -0.5"},
       {[](TrainConfig& c) { c.optimizer.lr = std::nan(""); }, "optimizer.lr: must be > 0, got nan"},
@@ -738,6 +739,7 @@ TEST_CASE("config: every numeric key has an upper bound, and a value above it na
       {"data.test.samples=1000000000001",
        "--set data.test.samples: must be <= 1000000000000, got 1000000000001"},
       {"data.prefetch=65537", "--set data.prefetch: must be <= 65536, got 65537"},
+      {"data.workers=65", "--set data.workers: must be <= 64, got 65"},
       {"optimizer.lr=1e39", "--set optimizer.lr: must be <= 3.4028234663852886e+38, got 1e+39"},
       {"optimizer.momentum=1e39",
        "--set optimizer.momentum: must be <= 3.4028234663852886e+38, got 1e+39"},
@@ -810,6 +812,7 @@ TEST_CASE("config: every numeric key has an upper bound, and a value above it na
 TEST_CASE("config: the bounds themselves are allowed", "[config][bounds]") {
   TrainConfig c = valid_config();
   c.data.prefetch = 65536;
+  c.data.workers = 64;
   c.optimizer.lr = c.optimizer.momentum = c.optimizer.weight_decay = FLT_MAX;
   c.scheduler.name = ddp::SchedulerName::Cosine;
   c.scheduler.warmup_steps = 1000000000000 - 1;
