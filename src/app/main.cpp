@@ -3,6 +3,7 @@
 //   mpirun -n 2 ddp-train evaluate --config C --model runs/x/model.safetensors
 //   ddp-train predict --model runs/x/model.safetensors --data FILE --out predictions.csv
 //   ddp-train convert --format idx --images I --labels L --out DIR   (or --format csv --data F)
+//   ddp-train analyze runs/x [--run ID]   (why a job hung, from its ranks' flight records)
 // Errors every rank agreed on end the job cleanly with one message; an error on some ranks
 // only ends it with MPI_Abort so no rank is left waiting in a collective. SIGTERM/SIGINT/SIGUSR1
 // end training at the next step with a checkpoint and exit code 75 (resume with --resume auto),
@@ -23,11 +24,12 @@
 #include "ddp/trainer.h"
 #include "infer/evaluate.h"
 #include "infer/predict.h"
+#include "io/flight_analysis.h"
 #include "train/stop_request.h"
 
 namespace {
 
-enum class Command { Train, Evaluate, Predict, Convert };
+enum class Command { Train, Evaluate, Predict, Convert, Analyze };
 
 struct Options {
   Command command = Command::Train;
@@ -39,6 +41,8 @@ struct Options {
   std::string model;            // evaluate, predict
   ddp::PredictRequest predict;  // predict
   ddp::ConvertRequest convert;  // convert
+  std::string run_dir;          // analyze: the output.dir whose flight/ records are read
+  std::string run_id;           // analyze: whose records ("": the newest job's)
 };
 
 // The exit code of a failed command: 1, or for a one-shot command a signal stopped (its loops
@@ -88,7 +92,7 @@ int evaluate(const Options& opt) {
   return 0;
 }
 
-// predict and convert run in one process: launched on more, every rank refuses alike.
+// predict, convert and analyze run in one process: launched on more, every rank refuses alike.
 void require_one_process(const char* command, int world) {
   if (world == 1) return;
   throw ddp::CollectiveError(std::string(command) + " runs in one process (it was launched on " +
@@ -122,6 +126,18 @@ int convert(const Options& opt, int world) {
             << r.features_bytes / 1024 << " KiB) and " << r.labels_path << "\n"
             << "  train on them with: data: {format: npy, train: {features: " << r.features_path
             << ", labels: " << r.labels_path << "}}\n";
+  return 0;
+}
+
+// The flight records' notes, then the verdict: exit 0 whenever the records could be read.
+int analyze(const Options& opt, int world) {
+  ddp::FlightRecords records;
+  in_one_process("analyze", world,
+                 [&] { records = ddp::read_flight_records(opt.run_dir, opt.run_id); });
+  for (const auto& note : records.notes) std::cout << "note: " << note << "\n";
+  std::cout << "run " << records.run << ", " << records.records.size() << " of "
+            << records.world_size << " ranks left a flight record\n"
+            << ddp::analyze_hang(records).message;
   return 0;
 }
 
@@ -166,6 +182,7 @@ int run_rank(const Options& opt, int rank, int world) {
     if (opt.command == Command::Evaluate) return evaluate(opt);
     if (opt.command == Command::Predict) return predict(opt, world);
     if (opt.command == Command::Convert) return convert(opt, world);
+    if (opt.command == Command::Analyze) return analyze(opt, world);
     return train(opt);
   } catch (const ddp::CollectiveError& e) {
     // Every rank has this error: one message, clean exit with a failure code everywhere.
@@ -255,6 +272,18 @@ CLI::App* add_convert(CLI::App& app, Options& opt) {
   return conv;
 }
 
+CLI::App* add_analyze(CLI::App& app, Options& opt) {
+  CLI::App* an = app.add_subcommand(
+      "analyze",
+      "why a job hung: reads the flight records its ranks wrote to <RUN_DIR>/flight/ (on a "
+      "timeout, an error, SIGUSR2 or exit) and names the collective that did not complete and "
+      "the ranks that never entered it (one process)");
+  an->add_option("RUN_DIR", opt.run_dir, "the job's output.dir")->required();
+  an->add_option("--run", opt.run_id,
+                 "the job whose records to read (default: the newest job's in the folder)");
+  return an;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,10 +296,12 @@ int main(int argc, char** argv) {
   CLI::App* eval = add_evaluate(app, opt);
   CLI::App* pred = add_predict(app, opt);
   CLI::App* conv = add_convert(app, opt);
+  CLI::App* an = add_analyze(app, opt);
   CLI11_PARSE(app, argc, argv);
   if (*eval) opt.command = Command::Evaluate;
   if (*pred) opt.command = Command::Predict;
   if (*conv) opt.command = Command::Convert;
+  if (*an) opt.command = Command::Analyze;
   if (opt.command == Command::Train && opt.config.empty()) {
     std::cerr << "--config is required\nRun with --help for more information.\n";
     return 2;
