@@ -299,15 +299,14 @@ struct RankView {
   uint64_t issued = 0;
   uint64_t completed = 0;
   int64_t step = 0;
+  const json* ring = nullptr;  // the entries, consecutive from first_seq
+  uint64_t first_seq = 0;
 
-  const json& entries() const { return record->at("entries"); }
+  const json& entries() const { return *ring; }
   /// The ring's entry of `seq`, or nullptr when the ring does not hold it.
   const json* entry(uint64_t seq) const {
-    const json& ring = entries();
-    if (ring.empty()) return nullptr;
-    const uint64_t first = ring.front().at("seq").get<uint64_t>();
-    if (seq < first || seq - first >= ring.size()) return nullptr;
-    return &ring[seq - first];
+    if (seq < first_seq || seq - first_seq >= ring->size()) return nullptr;
+    return &(*ring)[seq - first_seq];
   }
 };
 
@@ -320,6 +319,8 @@ std::vector<RankView> views_of(const FlightRecords& records) {
     v.issued = r.at("issued").get<uint64_t>();
     v.completed = r.at("completed").get<uint64_t>();
     v.step = r.at("step").get<int64_t>();
+    v.ring = &r.at("entries");
+    if (!v.ring->empty()) v.first_seq = v.ring->front().at("seq").get<uint64_t>();
     views.push_back(v);
   }
   return views;
@@ -403,15 +404,14 @@ Desync compare_at(const std::vector<RankView>& views, uint64_t seq) {
 }
 
 // The first seq that two rings hold with different collectives.
+// Only seqs that two rings or more hold are compared: a rank far ahead of the others (a million
+// collectives) costs its ring's length, not the gap.
 Desync find_desync(const std::vector<RankView>& views) {
-  uint64_t low = UINT64_MAX, high = 0;
-  for (const auto& v : views) {
-    const json& ring = v.entries();
-    if (ring.empty()) continue;
-    low = std::min(low, ring.front().at("seq").get<uint64_t>());
-    high = std::max(high, ring.back().at("seq").get<uint64_t>());
-  }
-  for (uint64_t seq = low; seq <= high && low != UINT64_MAX; ++seq) {
+  std::map<uint64_t, int> holders;
+  for (const auto& v : views)
+    for (uint64_t i = 0; i < v.ring->size(); ++i) ++holders[v.first_seq + i];
+  for (const auto& [seq, count] : holders) {
+    if (count < 2) continue;
     Desync d = compare_at(views, seq);
     if (d.seq != 0) return d;
   }

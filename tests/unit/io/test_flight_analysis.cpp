@@ -229,6 +229,14 @@ TEST_CASE("a ring that moved past the stuck collective, and empty rings, are sai
                                    "moved 300 collectives past it"));
     CHECK_THAT(v.message, Contains("in #500: not in its ring on rank 0"));
   }
+  SECTION("a ring a million collectives ahead: no ring holds the stuck one, none overlap") {
+    const auto v =
+        ddp::analyze_hang(records_of(2, {record(0, 2, 10, 1000000, 90), record(1, 2, 10, 10, 2)}));
+    CHECK(v.stuck_seq == 11);
+    CHECK(v.culprits == std::vector<int>{1});
+    CHECK_THAT(v.message, Contains("rank 0's ring no longer holds #11 (it holds #999993-#1000000): "
+                                   "it moved 999989 collectives past it"));
+  }
   SECTION("capacity 0, and a rank that issued nothing yet") {
     const auto v = ddp::analyze_hang(records_of(
         3, {record(0, 3, 4, 5, 1, 0), record(1, 3, 4, 4, 1, 0), record(2, 3, 0, 0, 0, 0)}));
