@@ -116,6 +116,7 @@ void Reducer::launch_ready_buckets() {
          released(next_to_launch_)) {
     const auto& bucket = plan_.buckets[next_to_launch_];
     float* data = arena_ + bucket.offset;
+    if (recorder_) recorder_->set_bucket(static_cast<int64_t>(next_to_launch_));
     try {
       if (fused_) {
         work_[next_to_launch_] = fused_->reduce_scatter_into_async(data, bucket.numel, consume_);
@@ -125,9 +126,11 @@ void Reducer::launch_ready_buckets() {
         work_[next_to_launch_] = comm_->allreduce_async(data, bucket.numel, false);
       }
     } catch (const Error& e) {
+      if (recorder_) recorder_->set_bucket(-1);
       DDP_THROW("gradient " << collective() << " of " << describe_bucket(next_to_launch_) << ": "
                             << e.message());
     }
+    if (recorder_) recorder_->set_bucket(-1);
     ++next_to_launch_;
   }
 }

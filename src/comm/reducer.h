@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/gradient_communicator.h"
 
 namespace ddp {
@@ -111,6 +112,10 @@ class Reducer {
   /// timed out (`step` is only used in the message).
   void synchronize(const std::vector<std::shared_ptr<Work>>& works, int64_t step) const;
 
+  /// Stamps each bucket's collective with its index in `recorder` (null: none) while it is
+  /// launched; the communicators record it.
+  void set_flight_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
+
   const BucketPlan& plan() const { return plan_; }
   /// Buckets launched so far in this backward (tests use it to observe launch order).
   size_t launched() const { return next_to_launch_; }
@@ -138,6 +143,7 @@ class Reducer {
   std::vector<size_t> layer_, lowest_layer_;
   size_t reached_ = SIZE_MAX;
   bool finalizing_ = false;
+  FlightRecorder* recorder_ = nullptr;
 };
 
 }  // namespace ddp

@@ -52,6 +52,12 @@ class Replica {
   Sequential& model() { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
+  /// The flight recorder the step stamps with its number (null: none); after connect().
+  void set_flight_recorder(FlightRecorder* recorder) {
+    flight_ = recorder;
+    reducer_->set_flight_recorder(recorder);
+  }
+  FlightRecorder* flight_recorder() const { return flight_; }
   Optimizer& optimizer() { return *optimizer_; }
   /// How gradients go from backward to the update in this job.
   const GradientPath& path() const { return path_; }
@@ -124,6 +130,7 @@ class Replica {
   std::unique_ptr<Reducer> reducer_;
   std::shared_ptr<Optimizer> optimizer_;  // shared with fused_, whose calls may outlive this
   std::shared_ptr<FusedShardUpdate> fused_;
+  FlightRecorder* flight_ = nullptr;
 };
 
 }  // namespace ddp

@@ -31,6 +31,7 @@ StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& 
 
 std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& in) {
   InFlight& s = queue(in);
+  if (FlightRecorder* flight = replica_.flight_recorder()) flight->set_step(in.global_step);
   trace_.begin_step(in.traced);
   // The gradient is a mean over every sample of the optimizer step: all micro-batches and,
   // because the Reducer sums over ranks, all ranks (DDP's 1/world pre-scale, folded in here).

@@ -98,12 +98,14 @@ void throw_collective_timeout(const std::string& what, double timeout_s) {
 }
 
 LaneWork::LaneWork(Lane& lane, std::string what, std::function<void()> fn, LaneHooks hooks,
-                   bool any_thread)
+                   bool any_thread, std::shared_ptr<FlightRecorder> recorder, uint64_t seq)
     : lane_(lane),
       what_(std::move(what)),
       fn_(std::move(fn)),
       hooks_(std::move(hooks)),
-      any_thread_(any_thread) {}
+      any_thread_(any_thread),
+      recorder_(std::move(recorder)),
+      seq_(seq) {}
 
 void LaneWork::wait() { lane_.wait_for(*this); }
 
@@ -113,6 +115,7 @@ void LaneWork::run(bool cancelled) {
     if (cancelled) DDP_THROW(what_ << " cancelled: an earlier collective was lost");
     if (hooks_.ready) hooks_.ready();
     start_ = seconds_now();
+    if (recorder_) recorder_->started(seq_);
     if (hooks_.before) hooks_.before();
     fn_();
     if (hooks_.after) hooks_.after();
@@ -121,6 +124,7 @@ void LaneWork::run(bool cancelled) {
   }
   if (start_ == 0.0) start_ = seconds_now();
   end_ = seconds_now();
+  if (recorder_) recorder_->ended(seq_, error_ == nullptr);
   fn_ = nullptr;  // what it captured goes now, not when the last handle does
   hooks_ = LaneHooks{};
 }
@@ -155,14 +159,27 @@ bool Lane::stop_broken() {
   return true;
 }
 
-std::shared_ptr<Work> Lane::submit(std::string what, std::function<void()> fn,
+void Lane::record_timeout() {
+  if (current_ != nullptr && current_->recorder_) current_->recorder_->timed_out(current_->seq_);
+}
+
+void Lane::set_recorder(std::shared_ptr<FlightRecorder> recorder) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recorder_ = std::move(recorder);
+}
+
+std::shared_ptr<Work> Lane::submit(Collective what, std::function<void()> fn,
                                    const LaneHooks* hooks, bool any_thread, bool wake) {
-  DDP_CHECK(!broken(), what << " refused: an earlier collective timed out and the "
-                              "communication lane is stuck");
-  auto work = std::make_shared<LaneWork>(*this, std::move(what), std::move(fn),
-                                         hooks != nullptr ? *hooks : LaneHooks{}, any_thread);
+  DDP_CHECK(!broken(), what.what << " refused: an earlier collective timed out and the "
+                                    "communication lane is stuck");
+  std::shared_ptr<LaneWork> work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Numbered as queued: the order every rank issues its collectives in.
+    const uint64_t seq = recorder_ ? recorder_->issued(what.what, what.bytes, what.wire) : 0;
+    work = std::make_shared<LaneWork>(*this, std::move(what.what), std::move(fn),
+                                      hooks != nullptr ? *hooks : LaneHooks{}, any_thread,
+                                      recorder_, seq);
     queue_.push_back(work);
   }
   // Not woken, a busy lane thread still finds it when it finishes (run_front notifies).
@@ -175,7 +192,7 @@ void Lane::run_front(std::unique_lock<std::mutex>& lock) {
   std::shared_ptr<LaneWork> work = std::move(queue_.front());
   queue_.pop_front();
   running_ = true;
-  current_ = &work->what_;
+  current_ = work.get();
   lock.unlock();
   work->run(cancel_.load());
   lock.lock();
@@ -220,6 +237,7 @@ void Lane::wait_for(LaneWork& work) {
     --sleeping_waiters_;
     if (!woken) {
       broken_ = true;
+      if (work.recorder_) work.recorder_->timed_out(work.seq_);
       throw_collective_timeout(work.what_, timeout);
     }
     wait_spin_.learn(seconds_now() - start, true);
@@ -238,6 +256,7 @@ void Lane::wait_until(const std::function<bool()>& done) {
       return;
     case WaitResult::TimedOut:
       broken_ = true;
+      record_timeout();
       throw_collective_timeout(current(), timeout);
     case WaitResult::Cancelled:
       DDP_THROW(current() << " cancelled: an earlier collective was lost");

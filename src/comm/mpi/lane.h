@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/flight_recorder.h"
 #include "comm/gradient_communicator.h"
 
 namespace ddp {
@@ -55,11 +56,23 @@ bool spin_until(const std::function<bool()>& done, double seconds);
 
 class Lane;
 
+/// A collective as errors and the flight recorder name it: what it is, the bytes this rank
+/// contributes and the type they travel as ("" where neither applies).
+struct Collective {
+  Collective(std::string what) : what(std::move(what)) {}  // NOLINT: a name alone
+  Collective(const char* what) : what(what) {}             // NOLINT
+  Collective(std::string what, size_t bytes, std::string wire)
+      : what(std::move(what)), bytes(bytes), wire(std::move(wire)) {}
+  std::string what;
+  size_t bytes = 0;
+  std::string wire;
+};
+
 /// One collective on a lane; wait() may run it (and those queued before it) on the caller.
 class LaneWork final : public Work {
  public:
   LaneWork(Lane& lane, std::string what, std::function<void()> fn, LaneHooks hooks,
-           bool any_thread);
+           bool any_thread, std::shared_ptr<FlightRecorder> recorder, uint64_t seq);
   void wait() override;
   double start_time() const override { return start_; }
   double end_time() const override { return end_; }
@@ -76,6 +89,8 @@ class LaneWork final : public Work {
   std::atomic<bool> done_{false};  // written under the lane's mutex
   std::exception_ptr error_;
   double start_ = 0.0, end_ = 0.0;
+  std::shared_ptr<FlightRecorder> recorder_;  // where it is recorded (null: nowhere), as seq_
+  uint64_t seq_ = 0;
 };
 
 class Lane {
@@ -89,7 +104,7 @@ class Lane {
   /// wake = false (for a caller that waits for it at once, with any_thread) leaves the lane's
   /// thread asleep if it is idle: the waiter runs the collective itself, and a rank whose
   /// threads share one core saves two context switches.
-  std::shared_ptr<Work> submit(std::string what, std::function<void()> fn,
+  std::shared_ptr<Work> submit(Collective what, std::function<void()> fn,
                                const LaneHooks* hooks = nullptr, bool any_thread = true,
                                bool wake = true);
 
@@ -98,8 +113,12 @@ class Lane {
   void wait_until(const std::function<bool()>& done);
   /// The timeout of wait_until(), in seconds, and the name of the collective running now.
   double timeout() const { return timeout_s_.load(); }
-  const std::string& current() const { return *current_; }
+  const std::string& current() const { return current_->what_; }
+  /// The running collective's wait gave up (for the flight recorder); on its own thread.
+  void record_timeout();
   void set_timeout(double seconds) { timeout_s_ = seconds; }
+  /// Records every collective submitted from now on (null: none).
+  void set_recorder(std::shared_ptr<FlightRecorder> recorder);
 
   /// A wait gave up: a collective is lost, later ones are refused.
   bool broken() const { return broken_.load(); }
@@ -127,7 +146,8 @@ class Lane {
   std::atomic<double> timeout_s_{600.0};
   std::atomic<bool> broken_{false};
   std::atomic<bool> cancel_{false};
-  const std::string* current_ = nullptr;  // what the running collective is called
+  LaneWork* current_ = nullptr;  // the running collective (mutex)
+  std::shared_ptr<FlightRecorder> recorder_;  // (mutex)
 
   std::mutex mutex_;
   std::condition_variable work_cv_;  // the lane's thread: work queued, or stop

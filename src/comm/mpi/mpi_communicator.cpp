@@ -179,12 +179,14 @@ class LaneMpiCommunicator final : public MpiCommunicator {
               "allgather: " << k << " riders (at most " << ScalarRiders::kMaxDoubles
                             << ", with room for every rank's)");
     if (k > 0) riders.all->resize(k * static_cast<size_t>(size_));
+    size_t mine = 0;  // this rank's parts, what it contributes
+    for (const Span& b : buckets) mine += shard_part(b.numel, size_, rank_).numel * sizeof(float);
     if (node_->holds_parameters(arena)) {
       // Every rank already reads every part in place: wait until each has written its own
       // (the riders pass through the control window's slots, on the same barrier).
       // The step waits for it at once: the lane's thread is not woken (see run_here).
       return lane_->submit(
-          "allgather of the parameters (shared memory)",
+          {"allgather of the parameters (shared memory)", mine, "float32"},
           [this, riders = std::move(riders), k] {
             node_->allgather(riders.mine.data(), k, k > 0 ? riders.all->data() : nullptr);
           },
@@ -193,7 +195,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     MPI_Comm comm = comm_;
     const int size = size_;
     return lane_->submit(
-        "allgather of the parameters",
+        {"allgather of the parameters", mine, "float32"},
         [comm, size, arena, buckets, riders = std::move(riders), k] {
           std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
           for (const Span& b : buckets) {
@@ -217,14 +219,16 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   void allreduce(double* data, size_t count, ReduceOp op) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " doubles is too large");
-    run_here("allreduce of " + std::to_string(count) + " double(s)",
+    run_here({"allreduce of " + std::to_string(count) + " double(s)", count * sizeof(double),
+              "float64"},
              [this, data, count, op] { polled_allreduce(data, count, MPI_DOUBLE, to_mpi(op)); });
   }
 
   void allgather(const double* mine, size_t count, double* all) override {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX) / static_cast<size_t>(size_),
               "allgather of " << count << " doubles per rank is too large");
-    std::string what = "allgather of " + std::to_string(count) + " double(s) per rank";
+    Collective what{"allgather of " + std::to_string(count) + " double(s) per rank",
+                    count * sizeof(double), "float64"};
     if (node_->has_barrier() && single_node_ && count <= NodeWindow::kSlotDoubles) {
       run_here(std::move(what), [this, mine, count, all] { node_->allgather(mine, count, all); });
       return;
@@ -241,7 +245,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " floats is too large");
     return lane_->submit(
-        "allreduce of " + std::to_string(count) + " floats",
+        {"allreduce of " + std::to_string(count) + " floats", count * sizeof(float), "float32"},
         [this, data, count, op] { polled_allreduce(data, count, MPI_FLOAT, to_mpi(op)); });
   }
 
@@ -249,7 +253,8 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
               "broadcast of " << bytes << " bytes is too large");
     run_here(
-        "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+        {"broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+         bytes, "bytes"},
         [this, data, bytes, root] {
           MPI_Request request = MPI_REQUEST_NULL;
           DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
@@ -271,13 +276,18 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   }
   double timeout() const override { return lane_->timeout(); }
 
+  void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) override {
+    lane_->set_recorder(std::move(recorder));
+  }
+
  private:
   // A gradient bucket's allreduce, with the staged communicator's hooks or none.
   std::shared_ptr<Work> allreduce_bucket(float* data, size_t count, bool average,
                                          const LaneHooks* hooks) {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "allreduce of " << count << " floats is too large");
-    std::string what = "allreduce of " + std::to_string(count) + " floats";
+    Collective what{"allreduce of " + std::to_string(count) + " floats", count * sizeof(float),
+                    wire_name()};
     if (node_->holds_gradients(data, count)) {
       // Across nodes (hierarchical) each rank's chunk takes a blocking MPI call: on the lane's
       // thread only, like any bucket across nodes.
@@ -336,8 +346,9 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   std::shared_ptr<Work> reduce_scatter(float* data, size_t count, PartConsumer consume) {
     DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
               "reduce-scatter of " << count << " floats is too large");
-    std::string what = std::string(consume ? "reduce-scatter + update" : "reduce-scatter") +
-                       " of " + std::to_string(count) + " floats";
+    Collective what{std::string(consume ? "reduce-scatter + update" : "reduce-scatter") + " of " +
+                        std::to_string(count) + " floats",
+                    count * sizeof(float), wire_name()};
     if (node_->holds_gradients(data, count)) {
       const size_t offset = node_->offset_of(data);
       return lane_->submit(std::move(what), [this, offset, count, consume = std::move(consume)] {
@@ -350,7 +361,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     const int size = size_, rank = rank_;
     const Compression format = format_;
     if (format != Compression::None)
-      what = std::string("compressed ") + to_string(format) + " " + what;
+      what.what = std::string("compressed ") + to_string(format) + " " + what.what;
     return lane_->submit(
         std::move(what),
         [comm, size, rank, data, count, format, scratch = scratch_, compressed = compressed_,
@@ -399,7 +410,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
 
   // A blocking collective: queued behind the others and waited for at once, so the lane's
   // thread is not woken for it (this thread runs it when the lane is idle).
-  void run_here(std::string what, std::function<void()> fn) {
+  void run_here(Collective what, std::function<void()> fn) {
     lane_->submit(std::move(what), std::move(fn), nullptr, /*any_thread=*/true, /*wake=*/false)
         ->wait();
   }
@@ -412,13 +423,20 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     const int size = size_;
     const Compression format = format_;
     return lane_->submit(
-        std::string("compressed ") + to_string(format) + " allreduce of " + std::to_string(count) +
-            " floats",
+        {std::string("compressed ") + to_string(format) + " allreduce of " +
+             std::to_string(count) + " floats",
+         count * sizeof(float), to_string(format)},
         [comm, size, data, count, average, format, scratch = compressed_] {
           compressed_allreduce(comm, data, count, format, *scratch);
           if (average) divide(data, count, size);
         },
         hooks, /*any_thread=*/false);
+  }
+
+  // The type gradient buckets travel as (across nodes; on one node unless compression_on_node
+  // the shared-memory path sums float32).
+  std::string wire_name() const {
+    return format_ == Compression::None ? "float32" : to_string(format_);
   }
 
   // Whether the shared-memory path rounds to the compressed format (compression_on_node).

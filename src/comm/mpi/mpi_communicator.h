@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "comm/flight_recorder.h"
 #include "comm/gradient_communicator.h"
 #include "comm/process_group.h"
 
@@ -21,6 +22,8 @@ class MpiCommunicator : public ProcessGroup, public HostGradientCommunicator {
   using ProcessGroup::allreduce_async;
   void set_timeout(double seconds) override = 0;
   double timeout() const override = 0;
+  /// Records every collective issued from now on, control and gradient (null: none).
+  virtual void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) = 0;
 };
 
 /// A communicator over a duplicate of `comm` (MPI must be initialised with at least

@@ -110,6 +110,7 @@ void NodeWindow::barrier(SpinBudget& spin) {
       return;
     case WaitResult::TimedOut:
       lane_.set_broken();
+      lane_.record_timeout();
       throw_collective_timeout(lane_.current(), lane_.timeout());
     case WaitResult::Cancelled:
       DDP_THROW(lane_.current() << " cancelled: an earlier collective was lost");
