@@ -279,6 +279,9 @@ struct OutputConfig {
   bool save_model = true;    ///< write <dir>/model.safetensors at the end
   bool trace = false;        ///< write <dir>/trace.json (Chrome trace format, every rank)
   int64_t trace_steps = 20;  ///< optimizer steps traced (from the first); 0 = all
+  /// Collectives each rank remembers for <dir>/flight/rank-<R>.json (0: no flight recorder).
+  int64_t flight_recorder = 256;
+  bool flight_record_at_exit = false;  ///< also write the records when training ends well
 };
 
 /// Periodic checkpoints (model, optimizer state, position in the data) for --resume. One is

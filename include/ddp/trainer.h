@@ -38,6 +38,8 @@ class Trainer {
   std::vector<NamedTensor> weights() const;
 
  private:
+  TrainSummary train_and_save();
+
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -136,8 +136,14 @@ int analyze(const Options& opt, int world) {
                  [&] { records = ddp::read_flight_records(opt.run_dir, opt.run_id); });
   for (const auto& note : records.notes) std::cout << "note: " << note << "\n";
   std::cout << "run " << records.run << ", " << records.records.size() << " of "
-            << records.world_size << " ranks left a flight record\n"
-            << ddp::analyze_hang(records).message;
+            << records.world_size << " ranks left a flight record\n";
+  int by = 0;
+  const std::string then = ddp::read_flight_verdict(opt.run_dir, records.run, &by);
+  if (!then.empty()) {
+    std::cout << "when it hung, rank " << by << " said:\n"
+              << then << "from the records now:\n";
+  }
+  std::cout << ddp::analyze_hang(records).message;
   return 0;
 }
 

@@ -32,6 +32,7 @@ constexpr double kPrefetch = 65536;         ///< batches the loader holds ahead
 constexpr double kLoaderWorkers = 64;       ///< threads that assemble batches
 constexpr double kGpu = 65535;              ///< a GPU ordinal
 constexpr double kKept = 1e6;               ///< checkpoints kept
+constexpr double kFlightEntries = 1e6;      ///< collectives a flight recorder keeps
 constexpr double kTimeoutS = 1e9;           ///< 1e18 ns: a deadline on the steady clock fits int64
 constexpr double kBucketMiB = 1e9;          ///< 2^50 bytes: the cap in bytes fits size_t
 constexpr double kByteMiB = 1.0 / 1048576;  ///< one byte: a smaller cap would be 0 bytes
@@ -357,6 +358,13 @@ void visit_config(TrainConfig& c, V& v) {
     s.field("trace", c.output.trace, Key().doc("write <dir>/trace.json (Chrome trace)"));
     s.field("trace_steps", c.output.trace_steps,
             Key().at_least(0).at_most(bounds::kSteps).doc("optimizer steps traced; 0: all"));
+    s.field("flight_recorder", c.output.flight_recorder,
+            Key()
+                .at_least(0)
+                .at_most(bounds::kFlightEntries)
+                .doc("collectives each rank keeps for <dir>/flight/rank-R.json; 0: off"));
+    s.field("flight_record_at_exit", c.output.flight_record_at_exit,
+            Key().doc("write the flight records when training ends well too"));
   });
   v.section("checkpoint", [&](V& s) {
     s.field("dir", c.checkpoint.dir, Key().doc("\"\": <output.dir>/checkpoints"));

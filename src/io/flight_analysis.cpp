@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <sstream>
 #include <utility>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/input_file.h"
 
@@ -629,8 +631,39 @@ HangVerdict analyze_hang(const FlightRecords& records) {
   verdict.culprits = !verdict.never_entered.empty() ? verdict.never_entered
                      : !verdict.missing.empty()     ? verdict.missing
                                                     : desync.ranks;
+  if (!verdict.culprits.empty())
+    lines.push_back(std::string(verdict.culprits.size() == 1 ? "culprit: " : "culprits: ") +
+                    ranks_phrase(verdict.culprits));
   for (const auto& line : lines) verdict.message += line + "\n";
   return verdict;
+}
+
+std::string flight_verdict_path(const std::string& output_dir) {
+  return output_dir + "/flight/verdict.txt";
+}
+
+void write_flight_verdict(const std::string& output_dir, const std::string& run, int rank,
+                          const std::string& message) {
+  AtomicFile file(flight_verdict_path(output_dir), "hang verdict");
+  file.write("run " + run + "\nby rank " + std::to_string(rank) + "\n" + message);
+  file.commit();
+}
+
+std::string read_flight_verdict(const std::string& output_dir, const std::string& run,
+                                int* rank) {
+  const std::string path = flight_verdict_path(output_dir);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  InputStream in = open_input_stream(path, "hang verdict " + path);
+  std::string text;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), in.get())) > 0;) text.append(buffer, n);
+  const std::string head = "run " + run + "\nby rank ";
+  if (text.compare(0, head.size(), head) != 0) return "";
+  const size_t end = text.find('\n', head.size());
+  if (end == std::string::npos) return "";
+  if (rank != nullptr) *rank = std::atoi(text.substr(head.size(), end - head.size()).c_str());
+  return text.substr(end + 1);
 }
 
 }  // namespace ddp

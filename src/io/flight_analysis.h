@@ -40,6 +40,18 @@ struct HangVerdict {
 /// Pure: the analysis of one run's records, as read_flight_records returns them.
 HangVerdict analyze_hang(const FlightRecords& records);
 
+/// <dir>/flight/verdict.txt: the verdict the job printed when it hung, as given then (a stopped
+/// rank that the launcher continues to end it writes its record later, and a record read
+/// afterwards shows it inside the collective it was stopped in).
+std::string flight_verdict_path(const std::string& output_dir);
+/// Writes it: "run <id>", "by rank <r>", then the message.
+void write_flight_verdict(const std::string& output_dir, const std::string& run, int rank,
+                          const std::string& message);
+/// The message written for `run`, or "" when there is none for that job (or the file is not
+/// a regular file).
+std::string read_flight_verdict(const std::string& output_dir, const std::string& run,
+                                int* rank);
+
 /// "0-3, 5": ranks ascending, runs of three or more as a range.
 std::string compact_ranks(const std::vector<int>& ranks);
 

@@ -13,8 +13,10 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "config/fingerprint.h"
 #include "core/check.h"
+#include "io/training_checkpoint.h"
 #include "train/checkpoint_policy.h"
 #include "train/device_context.h"
+#include "train/flight_log.h"
 #include "train/replica.h"
 #include "train/report.h"
 #include "train/resume.h"
@@ -58,6 +60,9 @@ struct Trainer::State {
   std::unique_ptr<Replica> replica;  // after ctx: its buffers live on ctx's device
   RunDirectory run_dir;              // rank 0: output.dir's lock, held for the run's life
   std::unique_ptr<CheckpointPolicy> checkpoints;
+  std::shared_ptr<FlightRecorder> flight_recorder;  // null: output.flight_recorder is 0
+  std::unique_ptr<FlightLog> flight;  // once output.dir is this run's
+
   TrainingState start;
   bool resumed = false;
   std::string data_line;  // where the data lives (TrainingData::share)
@@ -65,6 +70,8 @@ struct Trainer::State {
   State(const TrainConfig& c, MpiCommunicator& cm, std::ostream* log)
       : cfg(c), comm(cm), report(cfg, cm, log) {}
   void setup();
+  void start_flight_recorder();
+  void start_flight_log();
   void describe_run();
   std::string describe_optimizer_state() const;
 };
@@ -72,6 +79,7 @@ struct Trainer::State {
 // Collective; every failure ends every rank with one message (run_agreed).
 void Trainer::State::setup() {
   comm.set_timeout(cfg.distributed.timeout_s);
+  start_flight_recorder();
   run_agreed(comm, [&] {
     ctx = make_device_context(place_rank(cfg, comm));
     data.read(cfg, comm);
@@ -85,6 +93,7 @@ void Trainer::State::setup() {
     if (comm.rank() == 0) run_dir.claim(cfg);
     report.open_outputs();
   });
+  start_flight_log();
   for (const std::string& note : run_dir.notes()) report.say(note);
   report.say_each_rank("  rank " + std::to_string(comm.rank()) + ": " + ctx->describe());
   // Compare before any collective whose size depends on the data or the model, so a mismatch
@@ -100,6 +109,7 @@ void Trainer::State::setup() {
                           "every rank must read the same files (on every node)");
   });
   replica->connect(comm, comm, cfg);
+  replica->set_flight_recorder(flight_recorder.get());
   checkpoints =
       std::make_unique<CheckpointPolicy>(cfg, comm, *ctx, *replica, report, data.train.size);
   data.start(cfg, comm.size(), comm.rank(), loader_workers(cfg, ctx->device(), comm.local_size()));
@@ -110,6 +120,26 @@ void Trainer::State::setup() {
   checkpoints->set_run(broadcast_string(comm, named ? start.run : new_run_name(), 0));
   describe_run();
   report.start_trace(*ctx);
+}
+
+// Every collective from here on is numbered and kept (the setup's too: a rank stopped there is
+// named like one stopped in a step).
+void Trainer::State::start_flight_recorder() {
+  if (cfg.output.flight_recorder == 0) return;
+  flight_recorder =
+      std::make_shared<FlightRecorder>(static_cast<size_t>(cfg.output.flight_recorder));
+  comm.set_flight_recorder(flight_recorder);
+}
+
+// Collective. Once every rank knows output.dir is this run's (rank 0 claimed it): before, a
+// record could land in another job's folder. The job's id tells its records from an earlier
+// job's in the same folder.
+void Trainer::State::start_flight_log() {
+  const std::string job = broadcast_string(comm, new_run_name(), 0);
+  if (!flight_recorder) return;
+  flight = std::make_unique<FlightLog>(
+      flight_recorder, FlightLog::Identity{cfg.output.dir, job, comm.rank(), comm.size(),
+                                           cfg.distributed.timeout_s});
 }
 
 void Trainer::State::describe_run() {
@@ -160,7 +190,12 @@ std::string Trainer::State::describe_optimizer_state() const {
 
 Trainer::Trainer(const TrainConfig& cfg, MpiCommunicator& comm, std::ostream* log)
     : s_(std::make_unique<State>(cfg, comm, log)) {
-  s_->setup();
+  try {
+    s_->setup();
+  } catch (const std::exception& e) {
+    if (s_->flight) s_->flight->on_failure(e.what());
+    throw;
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -170,9 +205,22 @@ std::vector<NamedTensor> Trainer::weights() const {
 }
 
 TrainSummary Trainer::run() {
+  try {
+    return train_and_save();
+  } catch (const std::exception& e) {
+    if (s_->flight) s_->flight->on_failure(e.what());
+    throw;
+  }
+}
+
+TrainSummary Trainer::train_and_save() {
   State& s = *s_;
   const RunParts parts{s.cfg, s.comm, *s.ctx, s.data, *s.replica, s.report, *s.checkpoints};
   const TrainSummary sum = TrainLoop(parts, s.start, s.resumed).run();
+  if (s.flight && s.cfg.output.flight_record_at_exit) {
+    const std::string path = s.flight->write("exit", "");
+    if (!path.empty()) s.report.say("flight records: " + s.cfg.output.dir + "/flight");
+  }
   if (sum.interrupted) return sum;
   const bool save = s.cfg.output.save_model;
   run_agreed(s.comm, [&] {
