@@ -22,11 +22,11 @@ pass() { echo "ok: $*"; }
 rank_wrapper="$WORK/ddp-train-rank"
 cat >"$rank_wrapper" <<WRAPPER
 #!/usr/bin/env bash
-trap : TERM USR1
+trap : TERM USR1 USR2
 $(printf '%q' "$DDP_TRAIN") "\$@"
 code=\$?
 echo \$code >$(printf '%q' "$WORK")/rc.\${OMPI_COMM_WORLD_RANK:-0}
-if ((code > 128)); then trap - TERM USR1; kill -\$((code - 128)) \$\$; fi
+if ((code > 128)); then trap - TERM USR1 USR2; kill -\$((code - 128)) \$\$; fi
 exit \$code
 WRAPPER
 chmod +x "$rank_wrapper"
@@ -130,42 +130,60 @@ expect_error() {
   pass "$name (${elapsed}s, rank codes: $rank_codes)"
 }
 
-# stalled_rank_check LABEL TIMEOUT_S DIR: 2 ranks train the seed config endlessly with
-# distributed.timeout_s=TIMEOUT_S (output in DIR, log in DIR.log); once training runs, rank 1 is
-# stopped with SIGSTOP. The job must end within TIMEOUT_S + 10 s, non-zero, naming the collective
-# that did not complete, with rank 0 exiting 1 by itself.
+# stalled_rank_check LABEL TIMEOUT_S DIR [RANKS] [VICTIM]: RANKS ranks (2) train the seed
+# config endlessly with distributed.timeout_s=TIMEOUT_S (output in DIR, log in DIR.log); once
+# training runs, rank VICTIM (1) is stopped with SIGSTOP. The job must end non-zero within
+# TIMEOUT_S + 10 s plus the hang analysis' wait for the stopped rank's record (TIMEOUT_S, at
+# most 10 s), naming the collective that did not complete, with rank 0 exiting 1 by itself
+# (rank 1 when rank 0 is the one stopped); the hang analysis must name the victim, and
+# `ddp-train analyze DIR` must give the same verdict from the records the others left.
 stalled_rank_check() {
-  local label="$1" timeout_s="$2" dir="$3" victim="" start rc
+  local label="$1" timeout_s="$2" dir="$3" ranks="${4:-2}" victim_rank="${5:-1}" victim=""
+  local start rc grace limit reporter=0
+  grace=$((timeout_s < 10 ? timeout_s : 10))
+  limit=$((timeout_s + 10 + grace))
+  ((victim_rank == 0)) && reporter=1
   checks=$((checks + 1))
-  start_ranks 2 "$dir.log" --config "$DDP_SOURCE_DIR/configs/seed.yaml" --set "output.dir=$dir" \
-    --set training.epochs=1000000 --set training.log_every=0 --set distributed.timeout_s="$timeout_s"
+  start_ranks "$ranks" "$dir.log" --config "$DDP_SOURCE_DIR/configs/seed.yaml" \
+    --set "output.dir=$dir" --set training.epochs=1000000 --set training.log_every=0 \
+    --set distributed.timeout_s="$timeout_s"
   for _ in $(seq 1 150); do
-    victim="$(rank_pid "output.dir=$dir" 1)"
+    victim="$(rank_pid "output.dir=$dir" "$victim_rank")"
     [[ -n "$victim" ]] && grep -q '^model:' "$dir.log" && break
     sleep 0.2
   done
   if [[ -z "$victim" ]]; then
-    fail "$label: rank 1 never started"; kill "$launcher" 2>/dev/null; return
+    fail "$label: rank $victim_rank never started"; kill "$launcher" 2>/dev/null; return
   fi
   sleep 1
   kill -STOP "$victim"
   start=$SECONDS
   launcher_done() { ! kill -0 "$launcher" 2>/dev/null; }
-  if ! wait_until $((timeout_s + 10)) launcher_done; then
-    fail "$label: the job still runs $((SECONDS - start)) s after rank 1 stopped"
+  if ! wait_until "$limit" launcher_done; then
+    fail "$label: the job still runs $((SECONDS - start)) s after rank $victim_rank stopped"
     kill -CONT "$victim"; kill "$launcher"; wait "$launcher" 2>/dev/null
     return
   fi
   wait "$launcher"; rc=$?
-  read_rank_codes 2
+  read_rank_codes "$ranks"
+  local codes=($rank_codes) verdict
+  verdict="$(grep -A1 'hang analysis by rank' "$dir.log" | tail -1)"
   if ((rc == 0)); then
     fail "$label: the job exited 0"
   elif ! grep -q "did not complete within $timeout_s s" "$dir.log"; then
     fail "$label: no timeout message"; tail -5 "$dir.log"
-  elif [[ "${rank_codes%% *}" != 1 ]]; then
-    fail "$label: rank 0 exited '${rank_codes%% *}', expected 1 (codes: $rank_codes)"
+  elif [[ "${codes[$reporter]}" != 1 ]]; then
+    fail "$label: rank $reporter exited '${codes[$reporter]}', expected 1 (codes: $rank_codes)"
+  elif [[ "$(grep -c 'hang analysis by rank' "$dir.log")" != 1 ]]; then
+    fail "$label: not one hang analysis:"; grep -A6 'hang analysis' "$dir.log"
+  elif ! sed -n '/hang analysis by rank/,/^ddp-train: error/p' "$dir.log" |
+      grep -q "^  culprit: rank $victim_rank\$"; then
+    fail "$label: the hang analysis does not name rank $victim_rank:"; grep -A8 'hang analysis' "$dir.log"
+  elif ! "$DDP_TRAIN" analyze "$dir" 2>&1 | grep -qxF -- "${verdict#  }"; then
+    fail "$label: ddp-train analyze $dir does not repeat the verdict given at the time:"
+    "$DDP_TRAIN" analyze "$dir" 2>&1 | head -8; echo "at the time: $verdict"
   else
-    pass "$label: job ended (code $rc, rank codes $rank_codes) $((SECONDS - start))s after rank 1 stopped: $(grep -m1 -o 'rank 0: .*did not complete within [0-9]* s' "$dir.log")"
+    pass "$label: job ended (code $rc, rank codes $rank_codes) $((SECONDS - start))s after rank $victim_rank stopped: ${verdict#  }"
   fi
   kill -CONT "$victim" 2>/dev/null
 }
