@@ -122,6 +122,8 @@ void require_same(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.output.save_model == b.output.save_model);
   CHECK(a.output.trace == b.output.trace);
   CHECK(a.output.trace_steps == b.output.trace_steps);
+  CHECK(a.output.flight_recorder == b.output.flight_recorder);
+  CHECK(a.output.flight_record_at_exit == b.output.flight_record_at_exit);
   CHECK(a.training.resume == b.training.resume);
   CHECK(a.training.nan_policy == b.training.nan_policy);
   CHECK(a.checkpoint.dir == b.checkpoint.dir);
@@ -427,6 +429,8 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "distributed.timeout_s: must be > 0, got 0.0"},
       {[](TrainConfig& c) { c.output.trace_steps = -1; },
        "output.trace_steps: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.output.flight_recorder = -1; },
+       "output.flight_recorder: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.distributed.bucket_cap_mb = 0; },
        "distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 0.0"},
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
@@ -779,6 +783,8 @@ TEST_CASE("config: every numeric key has an upper bound, and a value above it na
       {"distributed.timeout_s=1e10", "--set distributed.timeout_s: must be <= 1e+09, got 1e+10"},
       {"output.trace_steps=1000000000001",
        "--set output.trace_steps: must be <= 1000000000000, got 1000000000001"},
+      {"output.flight_recorder=1000001",
+       "--set output.flight_recorder: must be <= 1000000, got 1000001"},
       {"checkpoint.every_steps=4611686018427387904",
        "--set checkpoint.every_steps: must be <= 1000000000000, got 4611686018427387904"},
       {"checkpoint.every_epochs=1000000001",
@@ -828,7 +834,7 @@ TEST_CASE("config: the bounds themselves are allowed", "[config][bounds]") {
   c.distributed.gpus = {65535};
   c.distributed.timeout_s = 1e9;
   c.output.trace_steps = c.checkpoint.every_steps = 1000000000000;
-  c.checkpoint.keep_last = 1000000;
+  c.checkpoint.keep_last = c.output.flight_recorder = 1000000;
   CHECK(error_of([&] { ddp::validate_config(c); }) == "(no error)");
   c.checkpoint.every_steps = 0;
   c.checkpoint.every_epochs = 1000000000;
