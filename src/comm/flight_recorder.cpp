@@ -37,7 +37,8 @@ double unix_seconds() {
 
 FlightRecorder::FlightRecorder(size_t capacity) : ring_(capacity) {}
 
-uint64_t FlightRecorder::issued(std::string what, size_t bytes, std::string wire) {
+uint64_t FlightRecorder::issued(std::string what, size_t bytes, std::string wire,
+                                std::optional<int64_t> bucket) {
   const double now = unix_seconds();
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = ++issued_;
@@ -49,7 +50,7 @@ uint64_t FlightRecorder::issued(std::string what, size_t bytes, std::string wire
   e.what = std::move(what);
   e.wire = std::move(wire);
   e.bytes = bytes;
-  e.bucket = bucket_.load(std::memory_order_relaxed);
+  e.bucket = bucket ? *bucket : bucket_.load(std::memory_order_relaxed);
   e.step = step_.load(std::memory_order_relaxed);
   e.enqueued = now;
   return seq;
@@ -109,7 +110,16 @@ uint64_t FlightRecorder::completed_through() const {
   return completed_;
 }
 
-nlohmann::json FlightRecorder::snapshot() const {
+void FlightRecorder::set_probe(std::function<void()> probe) {
+  std::lock_guard<std::mutex> lock(probe_mu_);
+  probe_ = std::move(probe);
+}
+
+nlohmann::json FlightRecorder::snapshot() {
+  {
+    std::lock_guard<std::mutex> probing(probe_mu_);
+    if (probe_) probe_();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json entries = nlohmann::json::array();
   const uint64_t kept = std::min<uint64_t>(issued_, ring_.size());

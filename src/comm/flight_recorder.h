@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,9 +31,12 @@ class FlightRecorder {
   /// global optimizer step (0 before the first) and the gradient bucket (-1: not a bucket).
   void set_step(int64_t step) { step_.store(step, std::memory_order_relaxed); }
   void set_bucket(int64_t bucket) { bucket_.store(bucket, std::memory_order_relaxed); }
+  int64_t bucket() const { return bucket_.load(std::memory_order_relaxed); }
 
-  /// A collective issued now (in the order every rank issues them); its number, from 1.
-  uint64_t issued(std::string what, size_t bytes, std::string wire);
+  /// A collective issued now (in the order every rank issues them); its number, from 1. Its
+  /// bucket is the one set_bucket() named, unless given (a replayed graph's collectives).
+  uint64_t issued(std::string what, size_t bytes, std::string wire,
+                  std::optional<int64_t> bucket = std::nullopt);
   /// It began executing (on the host; a device collective's start may never be known).
   void started(uint64_t seq);
   /// It ended: completed, or failed with an error.
@@ -41,10 +46,16 @@ class FlightRecorder {
   /// Whether some wait of this rank timed out (the hang analysis is worth running).
   bool saw_timeout() const { return saw_timeout_.load(std::memory_order_relaxed); }
 
+  /// Asks the device's collectives which of them have ended: a collective on a device stream
+  /// whose Work nobody waits for on the host ends there unseen. snapshot() calls it first, on
+  /// the thread that writes the record; it may call ended(). Empty: none. Set and cleared by
+  /// the device communicator, which must clear it before it goes.
+  void set_probe(std::function<void()> probe);
+
   /// The record (io/flight_analysis.h has the format): every field but the job's identity
   /// (format, version, run, rank, world_size, host, pid, reason, error, written_at), which the
-  /// writer adds.
-  nlohmann::json snapshot() const;
+  /// writer adds. Probes the device's collectives first.
+  nlohmann::json snapshot();
 
   /// The last collective issued and the highest number up to which all completed.
   uint64_t last_issued() const;
@@ -62,6 +73,8 @@ class FlightRecorder {
   Entry* find_locked(uint64_t seq);  // nullptr once it left the ring (or never was)
   void end_locked(uint64_t seq, State state);
 
+  std::mutex probe_mu_;  // held while the probe runs, so that clearing it waits for it
+  std::function<void()> probe_;
   mutable std::mutex mu_;
   std::vector<Entry> ring_;  // seq s at ring_[(s - 1) % capacity]
   uint64_t issued_ = 0;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/work.h"
 #include "config/gradient_path.h"
 #include "core/tensor.h"
@@ -106,10 +107,18 @@ class ShardedCommunicator : public GradientCommunicator {
 class CapturableCommunicator {
  public:
   virtual ~CapturableCommunicator() = default;
+  /// Numbers this communicator's collectives in `recorder` (null: none), which must outlive
+  /// it: the host's communication lane, which numbers the host's, never sees these.
+  virtual void set_flight_recorder(FlightRecorder* recorder) = 0;
+  /// Whether the compute stream is being captured into a step graph: the collectives queued
+  /// meanwhile are the graph's, run (and numbered) at each of its launches. Every graph of one
+  /// communicator captures the same collectives (a step's buckets).
+  virtual void set_capturing(bool capturing) = 0;
   /// A Work that completes once the device has run everything queued on the compute stream so
   /// far (a replayed graph's collectives among it): wait() rethrows the communicator's errors,
   /// synchronize() blocks under the timeout with the same checks as a bucket's, naming `what`.
-  /// It has no times of its own (start_time() = end_time() = 0).
+  /// It has no times of its own (start_time() = end_time() = 0). Called after each launch of
+  /// a step graph: the graph's collectives are numbered as issued now, ending with the fence.
   virtual std::shared_ptr<Work> fence(std::string what) = 0;
 };
 

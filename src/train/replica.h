@@ -56,6 +56,9 @@ class Replica {
   void set_flight_recorder(FlightRecorder* recorder) {
     flight_ = recorder;
     reducer_->set_flight_recorder(recorder);
+    // A device communicator numbers its own collectives (the host's lane never sees them).
+    if (auto* device = dynamic_cast<CapturableCommunicator*>(buckets_))
+      device->set_flight_recorder(recorder);
   }
   FlightRecorder* flight_recorder() const { return flight_; }
   Optimizer& optimizer() { return *optimizer_; }

@@ -101,7 +101,14 @@ void StepPipeline::queue_graphed(BatchFeed& feed, InFlight& s, float loss_coef) 
   const DeviceBatch batch = feed.take();
   const StepGraphs::Key key{batch.x.data, batch.labels, batch.rows, loss_coef, s.slot};
   const bool graphed = graphs_->run(key, [&](bool captured) {
-    queue_batch(batch, s, loss_coef, true, true, /*observed=*/!captured);
+    capturable_->set_capturing(captured);
+    try {
+      queue_batch(batch, s, loss_coef, true, true, /*observed=*/!captured);
+    } catch (...) {
+      capturable_->set_capturing(false);
+      throw;
+    }
+    capturable_->set_capturing(false);
   });
   if (!graphed) {
     s.works = replica_.reducer().works();

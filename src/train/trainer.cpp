@@ -54,13 +54,14 @@ struct Trainer::State {
   TrainConfig cfg;
   MpiCommunicator& comm;
   Reporter report;
+  // Before the replica: its communicators number their collectives in it until they go.
+  std::shared_ptr<FlightRecorder> flight_recorder;  // null: output.flight_recorder is 0
   std::unique_ptr<DeviceContext> ctx;
   GradientPath path;
   TrainingData data;
   std::unique_ptr<Replica> replica;  // after ctx: its buffers live on ctx's device
   RunDirectory run_dir;              // rank 0: output.dir's lock, held for the run's life
   std::unique_ptr<CheckpointPolicy> checkpoints;
-  std::shared_ptr<FlightRecorder> flight_recorder;  // null: output.flight_recorder is 0
   std::unique_ptr<FlightLog> flight;  // once output.dir is this run's
 
   TrainingState start;

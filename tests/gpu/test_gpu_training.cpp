@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "ddp/trainer.h"
 #include "kernels/cuda/cuda.h"
+#include "gpu_training_setup.h"
 #include "mpi_test_helpers.h"
 #if defined(DDP_CUDA_EMULATION)
 #include "cuda_emu.h"
@@ -32,36 +33,11 @@ namespace {
 using ddp_test::require_identical_replicas;
 using ddp_test::train;
 using ddp_test::world_size;
-
-std::string scratch_dir(const std::string& name) {
-  return ddp_test::scratch_dir("ddp_gpu_test_", name);
-}
+using ddp_gpu_test::gpu_per_rank;
+using ddp_gpu_test::scratch_dir;
+using ddp_gpu_test::small_config;
 
 using Weights = std::vector<ddp::NamedTensor>;
-
-// Small enough for the emulation (every GPU thread a CPU thread), big enough for several
-// buckets, momentum and two epochs.
-ddp::TrainConfig small_config(const std::string& name, ddp::DeviceChoice device) {
-  ddp::TrainConfig cfg = ddp_test::small_training_config(scratch_dir(name));
-  cfg.device = device;
-  cfg.data.train.samples = 96;
-  cfg.data.test.samples = 40;
-  cfg.data.seed = 7;
-  cfg.training.seed = 3;
-  cfg.training.batch_size = 8;
-  cfg.training.epochs = 2;
-  // In the emulation a rank runs on one core beside the other tests' ranks (ctest runs three
-  // at once), whose emulated kernels are hundreds of runnable threads: its training thread gets
-  // a sliver of the core, and a rank was seen reaching a step's metrics allreduce 60.6 s after
-  // its peer (its flight record: not stuck, it completed it later). A real hang still fails the
-  // test, after the flight records name the rank and the collective.
-#if defined(DDP_CUDA_EMULATION)
-  cfg.distributed.timeout_s = 300;
-#else
-  cfg.distributed.timeout_s = 60;
-#endif
-  return cfg;
-}
 
 // Largest relative difference |a - b| / (|b| + 1e-3) over all tensors and ranks, agreed by
 // every rank (infinite when the structure differs or a value is not finite).
@@ -77,14 +53,6 @@ double max_rel_diff(const Weights& a, const Weights& b) {
   }
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   return ddp_test::max_over_ranks(*comm, worst);
-}
-
-// The GPUs of this node cover one per local rank (what NCCL needs).
-bool gpu_per_rank() {
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  double enough = ddp::cuda_device_count() >= comm->local_size() ? 1.0 : 0.0;
-  comm->allreduce(&enough, 1, ddp::ReduceOp::Min);
-  return enough > 0 && ddp::nccl_built();
 }
 
 // The compression test's arena: three allreduce buckets, then a reduce-scatter bucket of a

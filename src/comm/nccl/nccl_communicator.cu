@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/device_communicators.h"
+#include "comm/nccl/nccl_flight_ledger.h"
 #include "comm/shard_plan.h"
 #include "core/clock.h"
 #include "kernels/cuda/cuda.h"
@@ -72,12 +73,15 @@ class NcclWork final : public Work {
   void synchronize() override;
   double start_time() const override { return start_seconds_; }
   double end_time() const override { return end_seconds_; }
+  cudaEvent_t end_event() const { return end_; }
+  void set_seq(uint64_t seq) { seq_ = seq; }
 
  private:
   NcclCommunicator& owner_;
   std::shared_ptr<cuda::EventClock> clock_;
   cudaEvent_t ready_, start_, end_;
   std::string what_;
+  uint64_t seq_ = 0;  // in the flight recorder (0: not numbered)
   bool synchronized_ = false;
   double start_seconds_ = 0.0, end_seconds_ = 0.0;
 };
@@ -94,12 +98,15 @@ class NcclFence final : public Work {
   void synchronize() override;
   double start_time() const override { return 0.0; }
   double end_time() const override { return 0.0; }
+  cudaEvent_t end_event() const { return end_; }
+  void set_seq(uint64_t seq) { seq_ = seq; }
 
  private:
   NcclCommunicator& owner_;
   std::shared_ptr<cuda::EventClock> clock_;
   cudaEvent_t end_;
   std::string what_;
+  uint64_t seq_ = 0;  // the last of the replayed graph's collectives (0: none numbered)
   bool synchronized_ = false;
 };
 
@@ -133,6 +140,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   // it: every wait here is bounded, and what does not finish in time is aborted (which also
   // releases the stream), so no rank hangs in a destructor.
   ~NcclCommunicator() override {
+    ledger_.set_recorder(nullptr);  // no probe of the events from here on
     if (comm_ != nullptr && !aborted_) {
       const double deadline = seconds_now() + std::min(timeout_s_, 30.0);
       ncclResult_t state =
@@ -179,7 +187,8 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
     const ncclRedOp_t op = ncclSum;
 #endif
     if (format_ != Compression::None) return compressed_allreduce(data, count, op);
-    return on_stream("NCCL allreduce of " + std::to_string(count) + " floats", [&] {
+    return on_stream("NCCL allreduce of " + std::to_string(count) + " floats",
+                     count * sizeof(float), "float32", [&] {
       settle(ncclAllReduce(data, data, count, ncclFloat, op, comm_, stream_), "ncclAllReduce");
     });
   }
@@ -196,7 +205,8 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   std::shared_ptr<Work> reduce_scatter_async(float* data, size_t count) override {
     const size_t part = equal_part(count, "reduce-scatter");
     if (format_ != Compression::None) return compressed_reduce_scatter(data, count, part);
-    return on_stream("NCCL reduce-scatter of " + std::to_string(count) + " floats", [&] {
+    return on_stream("NCCL reduce-scatter of " + std::to_string(count) + " floats",
+                     count * sizeof(float), "float32", [&] {
       settle(ncclReduceScatter(data, data + static_cast<size_t>(rank_) * part, part, ncclFloat,
                                ncclSum, comm_, stream_),
              "ncclReduceScatter");
@@ -207,7 +217,9 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   std::shared_ptr<Work> allgather_async(float* arena, const std::vector<Span>& buckets) override {
     std::vector<size_t> parts;
     for (const Span& b : buckets) parts.push_back(equal_part(b.numel, "allgather"));
-    return on_stream("NCCL allgather of the parameters", [&] {
+    size_t floats = 0;
+    for (const Span& b : buckets) floats += b.numel;
+    return on_stream("NCCL allgather of the parameters", floats * sizeof(float), "float32", [&] {
       DDP_NCCL_CHECK(ncclGroupStart());
       ncclResult_t rc = ncclSuccess;
       for (size_t i = 0; i < buckets.size() && (rc == ncclSuccess || rc == ncclInProgress); ++i) {
@@ -228,8 +240,13 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
     cudaEvent_t end = clock_->take();
     auto work = std::make_shared<NcclFence>(*this, clock_, end, std::move(what));
     DDP_CUDA_CHECK(cudaEventRecord(end, backend_->stream()));
+    work->set_seq(ledger_.replayed(end, work));
     return work;
   }
+
+  void set_flight_recorder(FlightRecorder* recorder) override { ledger_.set_recorder(recorder); }
+  void set_capturing(bool capturing) override { ledger_.set_capturing(capturing); }
+  NcclFlightLedger& ledger() { return ledger_; }
 
   void set_timeout(double seconds) override {
     DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
@@ -239,13 +256,15 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
 
   cudaStream_t compute_stream() const { return backend_->stream(); }
 
-  /// Throws (after aborting NCCL) if NCCL reported an asynchronous error.
+  /// Throws (after aborting NCCL) if NCCL reported an asynchronous error; the flight recorder
+  /// hears that the first collective not seen ended failed.
   void check_async(const std::string& what) {
     if (aborted_) DDP_THROW(what << ": the NCCL communicator was aborted after an earlier error");
     ncclResult_t state = ncclSuccess;
     DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
     if (state != ncclSuccess && state != ncclInProgress) {
       const std::string detail = ncclGetLastError(comm_);
+      ledger_.gave_up(false);
       abort();
       DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
                      << (detail.empty() ? "" : " (" + detail + ")"));
@@ -254,6 +273,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
 
   /// Waits until `event` completed, polling NCCL's error state; aborts and throws on error or
   /// after the timeout.
+  /// The flight recorder hears which collective it gave up on.
   void wait_event(cudaEvent_t event, const std::string& what) {
     const double deadline = seconds_now() + timeout_s_;
     for (int spins = 0;; ++spins) {
@@ -263,6 +283,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
       (void)cudaGetLastError();  // not ready is not an error
       check_async(what);
       if (seconds_now() > deadline) {
+        ledger_.gave_up(true);
         abort();
         DDP_THROW(what << " did not complete within " << timeout_s_
                        << " s (distributed.timeout_s): a peer rank died, stalled or stopped on "
@@ -277,7 +298,8 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   // after the wait for its gradients.
   std::shared_ptr<Work> compressed_allreduce(float* data, size_t count, ncclRedOp_t op) {
     uint16_t* wire = wire_of(data, count, "allreduce");
-    return on_stream(compressed_what("allreduce", count), [&] {
+    return on_stream(compressed_what("allreduce", count), count * sizeof(uint16_t),
+                     to_string(format_), [&] {
       to_wire(data, count, wire);
       settle(ncclAllReduce(wire, wire, count, wire_type(), op, comm_, stream_), "ncclAllReduce");
       from_wire(wire, count, data);
@@ -289,7 +311,8 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   std::shared_ptr<Work> compressed_reduce_scatter(float* data, size_t count, size_t part) {
     uint16_t* wire = wire_of(data, count, "reduce-scatter");
     const size_t mine = static_cast<size_t>(rank_) * part;
-    return on_stream(compressed_what("reduce-scatter", count), [&] {
+    return on_stream(compressed_what("reduce-scatter", count), count * sizeof(uint16_t),
+                     to_string(format_), [&] {
       to_wire(data, count, wire);
       settle(ncclReduceScatter(wire, wire + mine, part, wire_type(), ncclSum, comm_, stream_),
              "ncclReduceScatter");
@@ -329,15 +352,25 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
 
   // A collective on the comm stream: it waits for what the compute stream queued before it
   // (an event), and its Work for the events around it.
-  std::shared_ptr<Work> on_stream(std::string what, const std::function<void()>& issue) {
+  // `bytes` and `wire`: what goes over the network, for the flight recorder.
+  std::shared_ptr<Work> on_stream(std::string what, size_t bytes, std::string wire,
+                                  const std::function<void()>& issue) {
     DDP_CHECK(!aborted_, what << " refused: the communicator was aborted after an error");
     cudaEvent_t ready = clock_->take(), start = clock_->take(), end = clock_->take();
-    auto work = std::make_shared<NcclWork>(*this, clock_, ready, start, end, std::move(what));
+    auto work = std::make_shared<NcclWork>(*this, clock_, ready, start, end, what);
     DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
-    issue();
+    const uint64_t seq = ledger_.number({std::move(what), bytes, std::move(wire)});
+    try {
+      issue();
+    } catch (const Error&) {
+      ledger_.failed(seq);
+      throw;
+    }
     DDP_CUDA_CHECK(cudaEventRecord(end, stream_));
+    ledger_.queued(seq, end, work);
+    work->set_seq(seq);
     return work;
   }
 
@@ -418,6 +451,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   DeviceArray<float> parameters_;  // the sharded optimizer's parameter arena
   Compression format_ = Compression::None;
   DeviceArray<uint16_t> wire_;  // the gradient arena in format_, when compressed
+  NcclFlightLedger ledger_;     // last: its pending Works go before the rest
 };
 
 NcclWork::~NcclWork() {
@@ -434,6 +468,7 @@ void NcclWork::wait() {
 void NcclWork::synchronize() {
   if (synchronized_) return;
   owner_.wait_event(end_, what_);
+  owner_.ledger().completed_through(seq_);
   start_seconds_ = clock_->seconds(start_);
   end_seconds_ = clock_->seconds(end_);
   synchronized_ = true;
@@ -444,6 +479,7 @@ void NcclFence::wait() { owner_.check_async(what_); }
 void NcclFence::synchronize() {
   if (synchronized_) return;
   owner_.wait_event(end_, what_);
+  owner_.ledger().completed_through(seq_);
   synchronized_ = true;
 }
 

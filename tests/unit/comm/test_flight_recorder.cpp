@@ -137,3 +137,29 @@ TEST_CASE("lane: a waiter's timeout marks the collective it waited for", "[fligh
   lane.reset();
   CHECK(rec->snapshot()["entries"][0]["state"] == "timed_out");  // its end keeps the verdict
 }
+
+// A replayed step graph's collectives name their bucket, not the one the reducer set; the
+// device's collectives end when the probe, run by snapshot(), sees them end.
+TEST_CASE("flight recorder: an explicit bucket, and the probe run before a snapshot", "[flight]") {
+  FlightRecorder rec(8);
+  rec.set_bucket(5);
+  CHECK(rec.bucket() == 5);
+  const uint64_t first = rec.issued("NCCL allreduce of 4 floats", 16, "float32", 0);
+  const uint64_t second = rec.issued("NCCL allreduce of 8 floats", 32, "float32");
+  int probes = 0;
+  rec.set_probe([&] {
+    ++probes;
+    rec.ended(first, true);  // the device finished the first one only
+  });
+  nlohmann::json r = rec.snapshot();
+  CHECK(probes == 1);
+  CHECK(r["entries"][0]["bucket"] == 0);
+  CHECK(r["entries"][1]["bucket"] == 5);
+  CHECK(r["completed"] == first);
+  CHECK(states(r) == "completed,queued");
+  rec.set_probe(nullptr);
+  rec.ended(second, true);
+  r = rec.snapshot();
+  CHECK(probes == 1);  // cleared: not called again
+  CHECK(r["completed"] == second);
+}

@@ -1,0 +1,50 @@
+// What the GPU training tests share: their small config and whether every rank has a GPU.
+#pragma once
+
+#include <string>
+
+#include "comm/device_communicators.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "ddp/config.h"
+#include "kernels/cuda/cuda.h"
+#include "mpi_test_helpers.h"
+
+namespace ddp_gpu_test {
+
+inline std::string scratch_dir(const std::string& name) {
+  return ddp_test::scratch_dir("ddp_gpu_test_", name);
+}
+
+// Small enough for the emulation (every GPU thread a CPU thread), big enough for several
+// buckets, momentum and two epochs.
+inline ddp::TrainConfig small_config(const std::string& name, ddp::DeviceChoice device) {
+  ddp::TrainConfig cfg = ddp_test::small_training_config(scratch_dir(name));
+  cfg.device = device;
+  cfg.data.train.samples = 96;
+  cfg.data.test.samples = 40;
+  cfg.data.seed = 7;
+  cfg.training.seed = 3;
+  cfg.training.batch_size = 8;
+  cfg.training.epochs = 2;
+  // In the emulation a rank runs on one core beside the other tests' ranks (ctest runs three
+  // at once), whose emulated kernels are hundreds of runnable threads: its training thread gets
+  // a sliver of the core, and a rank was seen reaching a step's metrics allreduce 60.6 s after
+  // its peer (its flight record: not stuck, it completed it later). A real hang still fails the
+  // test, after the flight records name the rank and the collective.
+#if defined(DDP_CUDA_EMULATION)
+  cfg.distributed.timeout_s = 300;
+#else
+  cfg.distributed.timeout_s = 60;
+#endif
+  return cfg;
+}
+
+// The GPUs of this node cover one per local rank (what NCCL needs).
+inline bool gpu_per_rank() {
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  double enough = ddp::cuda_device_count() >= comm->local_size() ? 1.0 : 0.0;
+  comm->allreduce(&enough, 1, ddp::ReduceOp::Min);
+  return enough > 0 && ddp::nccl_built();
+}
+
+}  // namespace ddp_gpu_test
