@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "io/flight_analysis.h"
+#include "train/stop_request.h"
 
 namespace ddp {
 
@@ -84,20 +85,25 @@ FlightLog::~FlightLog() {
 }
 
 // Polls for SIGUSR2 ten times a second: a wake-up costs nothing measurable, and the record is
-// written on this thread whatever the training thread is stuck in.
+// written on this thread whatever the training thread is stuck in. A stop signal writes it
+// too, once and quietly: when a rank dies, the launcher ends the others with SIGTERM and a
+// moment later SIGKILL, and these records are then all that says where the survivors were.
 void FlightLog::watch() {
   uint64_t seen = g_dump_requests.load();
+  bool stop_written = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     stop_cv_.wait_for(lock, std::chrono::milliseconds(100));
     const uint64_t requests = g_dump_requests.load();
-    if (stop_ || requests == seen) continue;
-    seen = requests;
+    const bool stopping = !stop_written && stop_requested() != 0;
+    if (stop_ || (requests == seen && !stopping)) continue;
     lock.unlock();
     const std::string path = write("signal", "");
-    if (!path.empty())
+    if (requests != seen && !path.empty())
       std::cerr << "ddp-train: rank " << id_.rank << ": flight record written to " << path
                 << " (SIGUSR2)" << std::endl;
+    seen = requests;
+    stop_written = stop_written || stopping;
     lock.lock();
   }
 }

@@ -1,7 +1,8 @@
 // What a rank does with its flight recorder (comm/flight_recorder.h): writes it as
 // <output.dir>/flight/rank-<R>.json when training fails (a timeout or any other error), on
 // SIGUSR2 while the job runs (a thread waits for the signal, so a hung training thread still
-// gets its record written) and at exit when output.flight_record_at_exit asks; and after a
+// gets its record written), on the first stop signal (SIGTERM, SIGINT: also how a launcher
+// ends the survivors of a dead rank) and at exit when output.flight_record_at_exit asks; after a
 // collective timed out, waits a little for the other ranks' records and, on the lowest rank
 // that has one, prints which rank never joined which collective (io/flight_analysis.h).
 #pragma once
@@ -30,7 +31,8 @@ class FlightLog {
     double timeout_s = 600;  ///< distributed.timeout_s: bounds the wait for the peers' records
   };
 
-  /// Watches for SIGUSR2 until destroyed.
+  /// Watches for SIGUSR2 (each one writes the record) and a stop signal (the first writes it)
+  /// until destroyed.
   FlightLog(std::shared_ptr<FlightRecorder> recorder, Identity id);
   ~FlightLog();
   FlightLog(const FlightLog&) = delete;

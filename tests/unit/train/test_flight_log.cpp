@@ -1,7 +1,8 @@
 // The flight log (src/train/flight_log.h): the record it writes carries the job's identity and
 // the recorder's state; a folder it cannot write to costs the record, never the job's own error
 // (write() returns "" and says why); a failure that was not a timeout writes "error" and
-// returns at once, without waiting for other ranks' records.
+// returns at once, without waiting for other ranks' records; a stop request writes it once.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,10 +11,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/clock.h"
 #include "io/flight_analysis.h"
 #include "train/flight_log.h"
+#include "train/stop_request.h"
 
 namespace fs = std::filesystem;
 
@@ -113,5 +116,32 @@ TEST_CASE("flight log: after a timeout the reporting rank keeps the verdict and 
   CHECK_THAT(verdict, Catch::Contains("collective #1 (allreduce of 3 double(s)"));
   CHECK(read_json(ddp::flight_record_path(dir.string(), 0))["reported"] == true);
   CHECK(ddp::read_flight_verdict(dir.string(), "another-job", &by).empty());
+  fs::remove_all(dir);
+}
+
+// A stop request (the launcher's SIGTERM after a peer died) writes the record once, within the
+// watcher's poll; a second request does not write it again.
+TEST_CASE("flight log: the first stop request writes the record, quietly and once", "[flight]") {
+  const fs::path dir = fresh_dir("stop");
+  auto rec = std::make_shared<ddp::FlightRecorder>(8);
+  rec->issued("allreduce of 243 floats", 972, "float32");
+  ddp::clear_stop_request();
+  ddp::FlightLog log(rec, identity(dir));
+  const std::string path = ddp::flight_record_path(dir.string(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  CHECK_FALSE(fs::exists(path));  // no request, no record
+  ddp::request_stop(SIGTERM);
+  const double deadline = ddp::seconds_now() + 5;
+  while (!fs::exists(path) && ddp::seconds_now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(fs::exists(path));
+  const nlohmann::json r = read_json(path);
+  CHECK(r["reason"] == "signal");
+  CHECK(r["issued"] == 1);
+  CHECK(r["completed"] == 0);
+  fs::remove(path);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(fs::exists(path));  // written once
+  ddp::clear_stop_request();
   fs::remove_all(dir);
 }
