@@ -367,8 +367,18 @@ struct Desync {
   std::string line;
 };
 
+// What the ranks must agree on under one number: the collective, its size, and the step and
+// bucket the training thread issued it for (a bucket skipped on one rank shifts the others
+// under it, even where the buckets have one size).
 std::string signature(const json& e) {
-  return e.at("what").get<std::string>() + "\n" + std::to_string(e.at("bytes").get<uint64_t>());
+  return e.at("what").get<std::string>() + "\n" + std::to_string(e.at("bytes").get<uint64_t>()) +
+         "\n" + std::to_string(e.at("bucket").get<int64_t>()) + "\n" +
+         std::to_string(e.at("step").get<int64_t>());
+}
+
+// "allreduce of 100 floats, bucket 2, step 14 (400 bytes)"
+std::string describe_with_bytes(const json& e) {
+  return describe_collective(e) + " (" + std::to_string(e.at("bytes").get<uint64_t>()) + " bytes)";
 }
 
 // The ranks at `seq` whose collective differs from the majority's (ties: the lowest rank's).
@@ -396,11 +406,9 @@ Desync compare_at(const std::vector<RankView>& views, uint64_t seq) {
   const json& x = *odd.entry(seq);
   const json& y = *reference->entry(seq);
   std::ostringstream line;
-  line << "rank " << odd.rank << "'s collective #" << seq << " is "
-       << x.at("what").get<std::string>() << " (" << x.at("bytes").get<uint64_t>()
-       << " bytes) where rank " << reference->rank << "'s is " << y.at("what").get<std::string>()
-       << " (" << y.at("bytes").get<uint64_t>()
-       << " bytes): the ranks issued different collectives";
+  line << "rank " << odd.rank << "'s collective #" << seq << " is " << describe_with_bytes(x)
+       << " where rank " << reference->rank << "'s is " << describe_with_bytes(y)
+       << ": the ranks issued different collectives";
   d.line = line.str();
   return d;
 }

@@ -1,16 +1,20 @@
 // Flight records under mpiexec (src/comm/flight_recorder.h, src/train/flight_log.h): a run that
 // writes them at exit leaves one per rank, and they agree — the same collective under every
 // number on every rank, each step's buckets in plan order stamped with their index and step, all
-// completed — which is what lets the hang analysis compare ranks number by number.
+// completed — which is what lets the hang analysis compare ranks number by number. And a rank
+// that skips a bucket: its peers time out in the last bucket, and the verdict the lowest rank
+// prints names it, with the number where the ranks' collectives first differ.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/reducer.h"
+#include "core/check.h"
 #include "ddp/trainer.h"
 #include "io/flight_analysis.h"
 #include "mpi_test_helpers.h"
+#include "train/flight_log.h"
 
 namespace {
 
@@ -72,4 +76,73 @@ TEST_CASE("flight records: every rank numbers the same collectives alike, bucket
   INFO("rank " << comm->rank() << ": " << mine.dump().substr(0, 600));
   ddp_test::require_on_all_ranks(*comm, errors, "ranks whose flight records disagree");
   if (comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// The last rank queues buckets 0, 2 and 3 of a step, the others 0 to 3, all of one size: the
+// first three pairs complete (the ranks' buckets mismatched from the second on), the others
+// then time out in bucket 3, which the last rank never queues. Its peers' lanes are broken and
+// their communicators leaked on purpose (a job would now end); the last rank leaks its own too,
+// as the windows it would free collectively are its peers'. Only MPI_COMM_WORLD is used after.
+TEST_CASE("flight records: a rank that skips a bucket is named by the hang analysis",
+          "[flight][errors]") {
+  const std::string dir = ddp_test::shared_scratch_dir("ddp_flight_", "skip");
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) {
+    WARN("skipped: needs 2 ranks");
+    return;
+  }
+  const int victim = size - 1;
+  constexpr size_t kBucket = 100, kBuckets = 4;
+  constexpr double kTimeout = 5.0;
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  auto recorder = std::make_shared<ddp::FlightRecorder>(64);
+  comm->set_flight_recorder(recorder);
+  comm->set_timeout(kTimeout);
+  ddp::FlightLog log(recorder, {dir, "skip-job", rank, size, kTimeout});
+  float* arena = comm->gradient_arena(kBucket * kBuckets, ddp::BucketWire{});
+  recorder->set_step(1);
+  std::vector<std::shared_ptr<ddp::Work>> works;
+  for (size_t b = 0; b < kBuckets; ++b) {
+    if (rank == victim && b == 1) continue;
+    recorder->set_bucket(static_cast<int64_t>(b));
+    works.push_back(comm->allreduce_async(arena + b * kBucket, kBucket, false));
+    recorder->set_bucket(-1);
+  }
+  std::string error;
+  try {
+    for (const auto& w : works) w->synchronize();
+  } catch (const ddp::Error& e) {
+    error = e.what();
+  }
+  if (error.empty()) {
+    log.write("exit", "");  // the last rank, done with its three
+  } else {
+    log.on_failure(error);  // the others: the lowest prints and keeps the verdict
+  }
+  works.clear();
+  if (rank == victim) (void)comm.release();
+  comm.reset();
+  MPI_Barrier(MPI_COMM_WORLD);
+  int reporter = -1;
+  const std::string verdict = ddp::read_flight_verdict(dir, "skip-job", &reporter);
+  const ddp::HangVerdict again = ddp::analyze_hang(ddp::read_flight_records(dir, "skip-job"));
+  INFO("rank " << rank << ": " << error << "\nverdict by rank " << reporter << ":\n" << verdict);
+  long errors = 0;
+  errors += (rank == victim) != error.empty();  // only the others timed out
+  errors += reporter != 0;
+  errors += verdict != again.message;
+  // The others' last bucket, after the setup's collectives.
+  errors += again.stuck_seq != recorder->last_issued() + (rank == victim ? 1 : 0);
+  errors += again.culprits != std::vector<int>{victim};
+  errors += again.never_entered != std::vector<int>{victim};
+  errors += verdict.find("culprit: rank " + std::to_string(victim)) == std::string::npos;
+  // Where the collectives first differ: bucket 2 on the last rank, bucket 1 on the others.
+  errors += verdict.find("bucket 2, step 1 (400 bytes) where rank 0's is allreduce of 100 "
+                         "floats, bucket 1, step 1 (400 bytes)") == std::string::npos;
+  CHECK(errors == 0);
+  ddp_test::require_on_all_ranks(*ddp::make_mpi_communicator(MPI_COMM_WORLD), errors,
+                                 "ranks whose hang verdict does not name the skipping rank");
+  if (rank == 0) std::filesystem::remove_all(dir);
 }

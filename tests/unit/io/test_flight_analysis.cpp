@@ -94,8 +94,11 @@ TEST_CASE("ranks print compactly, runs of three or more as a range", "[flight]")
 
 TEST_CASE("a rank that never entered the stuck collective is named with what it did last",
           "[flight]") {
+  // Rank 1's training thread is back in step 13 (its entries agree with the others').
+  json behind = record(1, 4, 56, 56, 14);
+  behind["step"] = 13;
   const auto v =
-      ddp::analyze_hang(records_of(4, {record(0, 4, 56, 57, 14), record(1, 4, 56, 56, 13),
+      ddp::analyze_hang(records_of(4, {record(0, 4, 56, 57, 14), behind,
                                        record(2, 4, 56, 57, 14), record(3, 4, 56, 57, 14)}));
   CHECK(v.stuck_seq == 57);
   CHECK(v.entered == std::vector<int>{0, 2, 3});
@@ -172,17 +175,28 @@ TEST_CASE("ranks that issued different collectives at one seq are named", "[flig
   CHECK(v.stuck_seq == 57);
   CHECK(v.entered == std::vector<int>{0, 1, 2});
   CHECK(v.culprits == std::vector<int>{2});
-  CHECK_THAT(v.message, Contains("rank 2's collective #54 is broadcast of 8 bytes (8 bytes) where "
-                                 "rank 0's is allreduce of 540 floats (2160 bytes): the ranks "
-                                 "issued different collectives"));
+  CHECK_THAT(v.message, Contains("rank 2's collective #54 is broadcast of 8 bytes, bucket 0, "
+                                 "step 14 (8 bytes) where rank 0's is allreduce of 540 floats, "
+                                 "bucket 0, step 14 (2160 bytes): the ranks issued different "
+                                 "collectives"));
   CHECK_THAT(v.message, !Contains("transport"));
   SECTION("two ranks that disagree: the lower rank is the reference, bytes alone differ too") {
     records = {record(0, 2, 9, 10, 3), record(1, 2, 9, 10, 3)};
     records[1]["entries"][7]["bytes"] = 1;  // seq 10
     const auto w = ddp::analyze_hang(records_of(2, records));
     CHECK(w.culprits == std::vector<int>{1});
-    CHECK_THAT(w.message, Contains("rank 1's collective #10 is allreduce of 100 floats (1 bytes) "
-                                   "where rank 0's is allreduce of 100 floats (400 bytes)"));
+    CHECK_THAT(w.message, Contains("rank 1's collective #10 is allreduce of 100 floats, bucket 1, "
+                                   "step 3 (1 bytes) where rank 0's is allreduce of 100 floats, "
+                                   "bucket 1, step 3 (400 bytes)"));
+  }
+  SECTION("a skipped bucket: the same collective and size under another bucket is a desync") {
+    records = {record(0, 3, 9, 10, 3), record(1, 3, 9, 10, 3), record(2, 3, 9, 10, 3)};
+    records[2]["entries"][4]["bucket"] = 0;  // seq 7: bucket 0 where the others have 1
+    const auto w = ddp::analyze_hang(records_of(3, records));
+    CHECK(w.culprits == std::vector<int>{2});
+    CHECK_THAT(w.message, Contains("rank 2's collective #7 is allreduce of 70 floats, bucket 0, "
+                                   "step 3 (280 bytes) where rank 0's is allreduce of 70 floats, "
+                                   "bucket 1, step 3 (280 bytes)"));
   }
 }
 
