@@ -1,6 +1,8 @@
 // The flight recorder (flight_recorder.h).
 #include "comm/flight_recorder.h"
 
+#include "core/clock.h"
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -10,7 +12,7 @@ namespace ddp {
 namespace {
 
 // A time of the record: seconds, or null where it is not known.
-nlohmann::json time_or_null(double t) { return t > 0 ? nlohmann::json(t) : nlohmann::json(); }
+double now_or(double at) { return at == FlightRecorder::kNow ? seconds_now() : at; }
 
 }  // namespace
 
@@ -35,11 +37,12 @@ double unix_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-FlightRecorder::FlightRecorder(size_t capacity) : ring_(capacity) {}
+FlightRecorder::FlightRecorder(size_t capacity)
+    : unix_offset_(unix_seconds() - seconds_now()), ring_(capacity) {}
 
 uint64_t FlightRecorder::issued(std::string what, size_t bytes, std::string wire,
                                 std::optional<int64_t> bucket) {
-  const double now = unix_seconds();
+  const double now = seconds_now();
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = ++issued_;
   open_.push_back(false);
@@ -62,18 +65,19 @@ FlightRecorder::Entry* FlightRecorder::find_locked(uint64_t seq) {
   return e.seq == seq ? &e : nullptr;
 }
 
-void FlightRecorder::started(uint64_t seq) {
-  const double now = unix_seconds();
+void FlightRecorder::started(uint64_t seq, double at) {
+  const double time = now_or(at);
   std::lock_guard<std::mutex> lock(mu_);
   if (Entry* e = find_locked(seq); e != nullptr && e->state == State::Queued) {
     e->state = State::Started;
-    e->started = now;
+    e->started = time;
   }
 }
 
-void FlightRecorder::ended(uint64_t seq, bool ok) {
+void FlightRecorder::ended(uint64_t seq, bool ok, double at) {
+  const double time = now_or(at);
   std::lock_guard<std::mutex> lock(mu_);
-  end_locked(seq, ok ? State::Completed : State::Failed);
+  end_locked(seq, ok ? State::Completed : State::Failed, time);
 }
 
 void FlightRecorder::timed_out(uint64_t seq) {
@@ -86,11 +90,11 @@ void FlightRecorder::timed_out(uint64_t seq) {
 // Marks `seq` ended (once); a completed one moves completed_ over every seq that has
 // completed. A failed one stays open: the job is ending, and the analysis must see that it did
 // not complete (a timed-out one keeps saying so).
-void FlightRecorder::end_locked(uint64_t seq, State state) {
+void FlightRecorder::end_locked(uint64_t seq, State state, double at) {
   if (seq <= completed_ || seq > issued_) return;
   if (Entry* e = find_locked(seq); e != nullptr) {
     if (e->state != State::TimedOut) e->state = state;
-    e->ended = unix_seconds();
+    e->ended = at;
   }
   if (state != State::Completed) return;
   open_[seq - completed_ - 1] = true;
@@ -121,6 +125,9 @@ nlohmann::json FlightRecorder::snapshot() {
     if (probe_) probe_();
   }
   std::lock_guard<std::mutex> lock(mu_);
+  auto unix_or_null = [this](double t) {
+    return t > 0 ? nlohmann::json(t + unix_offset_) : nlohmann::json();
+  };
   nlohmann::json entries = nlohmann::json::array();
   const uint64_t kept = std::min<uint64_t>(issued_, ring_.size());
   for (uint64_t seq = issued_ - kept + 1; seq <= issued_; ++seq) {
@@ -132,9 +139,9 @@ nlohmann::json FlightRecorder::snapshot() {
                        {"wire", e.wire},
                        {"step", e.step},
                        {"state", to_string(e.state)},
-                       {"enqueued", time_or_null(e.enqueued)},
-                       {"started", time_or_null(e.started)},
-                       {"ended", time_or_null(e.ended)}});
+                       {"enqueued", unix_or_null(e.enqueued)},
+                       {"started", unix_or_null(e.started)},
+                       {"ended", unix_or_null(e.ended)}});
   }
   return {{"step", step_.load(std::memory_order_relaxed)},
           {"issued", issued_},

@@ -23,6 +23,7 @@ namespace ddp {
 class FlightRecorder {
  public:
   enum class State { Queued, Started, Completed, Failed, TimedOut };
+  static constexpr double kNow = -1.0;
 
   /// Keeps the last `capacity` collectives (0: counts them, keeps none).
   explicit FlightRecorder(size_t capacity);
@@ -37,10 +38,12 @@ class FlightRecorder {
   /// bucket is the one set_bucket() named, unless given (a replayed graph's collectives).
   uint64_t issued(std::string what, size_t bytes, std::string wire,
                   std::optional<int64_t> bucket = std::nullopt);
-  /// It began executing (on the host; a device collective's start may never be known).
-  void started(uint64_t seq);
-  /// It ended: completed, or failed with an error.
-  void ended(uint64_t seq, bool ok);
+  /// It began executing (on the host; a device collective's start may never be known), at
+  /// `at` on the seconds_now() clock (core/clock.h; default: now) — the time its Work reports,
+  /// so that the record and the trace tell the same times.
+  void started(uint64_t seq, double at = kNow);
+  /// It ended: completed, or failed with an error (at `at`, as above).
+  void ended(uint64_t seq, bool ok, double at = kNow);
   /// Waiting for it gave up after the timeout.
   void timed_out(uint64_t seq);
   /// Whether some wait of this rank timed out (the hang analysis is worth running).
@@ -68,11 +71,14 @@ class FlightRecorder {
     size_t bytes = 0;
     int64_t bucket = -1, step = 0;
     State state = State::Queued;
-    double enqueued = 0, started = 0, ended = 0;  // unix seconds; 0: not (yet) known
+    double enqueued = 0, started = 0, ended = 0;  // seconds_now() clock; 0: not (yet) known
   };
   Entry* find_locked(uint64_t seq);  // nullptr once it left the ring (or never was)
-  void end_locked(uint64_t seq, State state);
+  void end_locked(uint64_t seq, State state, double at);
 
+  // The records' times are unix seconds: comparable across ranks, where seconds_now() (steady)
+  // is not. Taken once, so that times within a record keep the steady clock's differences.
+  const double unix_offset_;
   std::mutex probe_mu_;  // held while the probe runs, so that clearing it waits for it
   std::function<void()> probe_;
   mutable std::mutex mu_;

@@ -5,7 +5,9 @@
 // that skips a bucket: its peers time out in the last bucket, and the verdict the lowest rank
 // prints names it, with the number where the ranks' collectives first differ.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi/mpi_communicator.h"
@@ -145,4 +147,61 @@ TEST_CASE("flight records: a rank that skips a bucket is named by the hang analy
   ddp_test::require_on_all_ranks(*ddp::make_mpi_communicator(MPI_COMM_WORLD), errors,
                                  "ranks whose hang verdict does not name the skipping rank");
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// The flight records and the trace tell the same story: every bucket collective the trace shows
+// (its span on the communication track, args step) is in the rank's record under that step and
+// bucket, of the plan's bytes, and their times agree — the durations and the gaps between the
+// starts, to the microsecond (one clock behind both; the record's in unix seconds).
+TEST_CASE("flight records: the buckets and their times agree with the trace", "[flight]") {
+  const std::string dir = ddp_test::shared_scratch_dir("ddp_flight_", "trace");
+  ddp::TrainConfig cfg = ddp_test::small_training_config(dir);
+  cfg.data.train.samples = 64 * ddp_test::world_size();  // 8 steps
+  cfg.training.epochs = 1;
+  cfg.training.batch_size = 8;
+  cfg.output.trace = true;
+  cfg.output.trace_steps = 0;  // every step
+  cfg.output.flight_record_at_exit = true;
+  cfg.output.flight_recorder = 100000;
+  ddp_test::train(cfg, MPI_COMM_WORLD);
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  comm->barrier();
+  const ddp::FlightRecords records = ddp::read_flight_records(dir);
+  const nlohmann::json& mine = records.records.at(static_cast<size_t>(comm->rank()));
+  std::ifstream in(dir + "/trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  long errors = 0, spans = 0;
+  double first_span = 0, first_entry = 0;
+  for (const nlohmann::json& ev : trace["traceEvents"]) {
+    const std::string name = ev.value("name", "");
+    if (ev["pid"] != comm->rank() + 1 || name.rfind("allreduce bucket ", 0) != 0) continue;
+    const int64_t bucket = std::stoll(name.substr(17));
+    const int64_t step = static_cast<int64_t>(ev["args"]["step"].get<double>());
+    const nlohmann::json* entry = nullptr;
+    for (const nlohmann::json& e : mine["entries"])
+      if (e["bucket"] == bucket && e["step"] == step) entry = &e;
+    INFO("rank " << comm->rank() << ": span " << ev.dump() << ", entry "
+                 << (entry ? entry->dump() : "none"));
+    const bool found = entry != nullptr && (*entry)["state"] == "completed" &&
+                       (*entry)["bytes"] == ev["args"]["floats"].get<double>() * sizeof(float);
+    CHECK(found);
+    errors += !found;
+    if (!found) continue;
+    const double started = (*entry)["started"], ended = (*entry)["ended"];
+    const double span_begin = ev["ts"].get<double>() * 1e-6;
+    const double span_end = span_begin + ev["dur"].get<double>() * 1e-6;
+    if (spans++ == 0) {
+      first_span = span_begin;
+      first_entry = started;
+    }
+    const bool same_times = std::fabs((ended - started) - (span_end - span_begin)) < 2e-6 &&
+                            std::fabs((started - first_entry) - (span_begin - first_span)) < 2e-6;
+    CHECK(same_times);
+    errors += !same_times;
+  }
+  errors += spans < 8 * 2;  // 8 steps of several buckets each
+  INFO("rank " << comm->rank() << ": " << spans << " bucket spans");
+  ddp_test::require_on_all_ranks(*comm, errors, "ranks whose flight record and trace disagree");
+  comm->barrier();
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -115,7 +115,7 @@ void LaneWork::run(bool cancelled) {
     if (cancelled) DDP_THROW(what_ << " cancelled: an earlier collective was lost");
     if (hooks_.ready) hooks_.ready();
     start_ = seconds_now();
-    if (recorder_) recorder_->started(seq_);
+    if (recorder_) recorder_->started(seq_, start_);
     if (hooks_.before) hooks_.before();
     fn_();
     if (hooks_.after) hooks_.after();
@@ -124,7 +124,7 @@ void LaneWork::run(bool cancelled) {
   }
   if (start_ == 0.0) start_ = seconds_now();
   end_ = seconds_now();
-  if (recorder_) recorder_->ended(seq_, error_ == nullptr);
+  if (recorder_) recorder_->ended(seq_, error_ == nullptr, end_);
   fn_ = nullptr;  // what it captured goes now, not when the last handle does
   hooks_ = LaneHooks{};
 }
