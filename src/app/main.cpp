@@ -15,6 +15,7 @@
 
 #include "comm/agreement.h"
 #include "comm/environment.h"
+#include "comm/lost_peer.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "config/schema.h"
 #include "core/check.h"
@@ -45,12 +46,13 @@ struct Options {
   std::string run_id;           // analyze: whose records ("": the newest job's)
 };
 
-// The exit code of a failed command: 1, or for a one-shot command a signal stopped (its loops
-// throw once a stop is requested), 128 + the signal, as if the signal had ended it.
+// The exit code of a failed command: 1; for a one-shot command a signal stopped (its loops
+// throw once a stop is requested), 128 + the signal, as if the signal had ended it; after a
+// collective timed out (a peer was lost), kExitPeerLost, which a launcher may retry.
 int failure_code(const Options& opt) {
   const int signal = ddp::stop_requested();
-  if (opt.command == Command::Train || signal == 0) return 1;
-  return ddp::exit_code_of_stop(signal);
+  if (opt.command != Command::Train && signal != 0) return ddp::exit_code_of_stop(signal);
+  return ddp::collective_timed_out() ? ddp::kExitPeerLost : 1;
 }
 
 // Whether an error only this rank saw must end the job with MPI_Abort: peers may be waiting in

@@ -11,6 +11,11 @@ namespace ddp {
 /// again"; resume with --resume auto).
 constexpr int kExitInterrupted = 75;
 
+/// Exit code of a run that lost a peer: a collective timed out (a rank died, stalled or stopped
+/// on an error only it saw). Unlike 1 (an error every rank agreed on: config, data, checkpoint)
+/// a restart from the newest checkpoint can help; launch/ddp-run --max-restarts retries on it.
+constexpr int kExitPeerLost = 76;
+
 /// Exit code of a one-shot command (convert, predict, evaluate) a signal stopped: 128 + the
 /// signal, as a shell reports a process the signal killed (SIGTERM 143, SIGINT 130).
 constexpr int exit_code_of_stop(int signal) { return 128 + signal; }

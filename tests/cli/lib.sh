@@ -134,8 +134,8 @@ expect_error() {
 # config endlessly with distributed.timeout_s=TIMEOUT_S (output in DIR, log in DIR.log); once
 # training runs, rank VICTIM (1) is stopped with SIGSTOP. The job must end non-zero within
 # TIMEOUT_S + 10 s plus the hang analysis' wait for the stopped rank's record (TIMEOUT_S, at
-# most 10 s), naming the collective that did not complete, with rank 0 exiting 1 by itself
-# (rank 1 when rank 0 is the one stopped); the hang analysis must name the victim, and
+# most 10 s), naming the collective that did not complete, with rank 0 exiting 76 (a lost peer)
+# by itself (rank 1 when rank 0 is the one stopped) and the launcher returning 76; the hang analysis must name the victim, and
 # `ddp-train analyze DIR` must give the same verdict from the records the others left.
 stalled_rank_check() {
   local label="$1" timeout_s="$2" dir="$3" ranks="${4:-2}" victim_rank="${5:-1}" victim=""
@@ -168,12 +168,12 @@ stalled_rank_check() {
   read_rank_codes "$ranks"
   local codes=($rank_codes) verdict
   verdict="$(grep -A1 'hang analysis by rank' "$dir.log" | tail -1)"
-  if ((rc == 0)); then
-    fail "$label: the job exited 0"
+  if ((rc != 76)); then
+    fail "$label: the job exited $rc, expected 76 (a lost peer)"
   elif ! grep -q "did not complete within $timeout_s s" "$dir.log"; then
     fail "$label: no timeout message"; tail -5 "$dir.log"
-  elif [[ "${codes[$reporter]}" != 1 ]]; then
-    fail "$label: rank $reporter exited '${codes[$reporter]}', expected 1 (codes: $rank_codes)"
+  elif [[ "${codes[$reporter]}" != 76 ]]; then
+    fail "$label: rank $reporter exited '${codes[$reporter]}', expected 76 (codes: $rank_codes)"
   elif [[ "$(grep -c 'hang analysis by rank' "$dir.log")" != 1 ]]; then
     fail "$label: not one hang analysis:"; grep -A6 'hang analysis' "$dir.log"
   elif ! sed -n '/hang analysis by rank/,/^ddp-train: error/p' "$dir.log" |

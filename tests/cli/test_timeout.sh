@@ -1,6 +1,7 @@
 # A rank that stops answering (here: SIGSTOP mid-training) must not hang the job: the others
 # give up after distributed.timeout_s naming the collective, the lowest rank that can names the
-# stopped rank (the hang analysis of the flight records), they end with code 1 by themselves,
+# stopped rank (the hang analysis of the flight records), they end with code 76 (a lost peer:
+# launch/ddp-run --max-restarts retries it) by themselves,
 # and the launcher ends the stalled rank: the whole job is over within seconds of the timeout.
 # A rank killed outright is named from the records the others write on the launcher's SIGTERM.
 source "$(dirname "$0")/lib.sh"

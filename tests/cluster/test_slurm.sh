@@ -7,7 +7,8 @@
 # 10 s, non-zero, naming the task (Slurm's PMIx plugin sees the death first; a stalled rank,
 # which nothing sees, is tests/cli/test_timeout.sh). (d) SIGTERM to a batch job: the
 # ranks checkpoint and exit 75, the script requeues the job, and the job continues from the
-# checkpoint to the end.
+# checkpoint to the end. (e) DDP_MAX_RESTARTS=1 and a task SIGKILLed in a batch job: the script
+# probes both nodes, runs the step again with --resume auto, and the job completes.
 # shellcheck source=tests/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
 require_tools slurmctld slurmd srun sbatch scontrol sinfo munge unmunge unshare
@@ -146,6 +147,35 @@ else
     pass "sbatch requeue: SIGTERM -> $(grep -m1 -o 'step-[0-9]*.safetensors' "$out") -> exit 75 -> requeued (restarts $restarts) -> $(grep -m1 -o '^resume: .*)' "$out" | sed 's/.*: epoch/epoch/') -> COMPLETED"
     compare "sbatch requeued 2 nodes x 2 ranks vs uninterrupted 1 node x 4 ranks" \
       "$WORK/longref/model.safetensors" "$WORK/requeue/model.safetensors"
+  fi
+fi
+
+# (e) DDP_MAX_RESTARTS: a task SIGKILLed in a batch job; the step runs again and the job completes.
+jid="$(cd "$DDP_SOURCE_DIR" && DDP_TRAIN="$DDP_TRAIN" DDP_MAX_RESTARTS=1 sbatch --parsable -N 2 \
+  --ntasks-per-node=2 --output="$WORK/restart-%j.out" launch/slurm/train.sbatch configs/seed.yaml \
+  --set training.epochs=300 --set training.log_every=0 --set training.print_shapes=false \
+  --set checkpoint.every_steps=50 --set distributed.timeout_s=10 --set output.dir="$WORK/restart")"
+if [[ -z "$jid" ]]; then
+  fail "sbatch (DDP_MAX_RESTARTS) did not submit"
+else
+  victim=""
+  for ((i = 0; i < 1200; ++i)); do
+    victim="$(task_pid "$WORK/restart" 3)"
+    [[ -n "$victim" ]] && compgen -G "$WORK/restart/checkpoints/step-*" >/dev/null && break
+    victim=""
+    sleep 0.1
+  done
+  [[ -n "$victim" ]] && kill -9 "$victim"
+  wait_job "$jid" 240
+  out="$WORK/restart-$jid.out"
+  if [[ -z "$victim" ]]; then
+    tail -20 "$out"; fail "sbatch DDP_MAX_RESTARTS: task 3 never wrote a checkpoint"
+  elif [[ "$job_state" != COMPLETED ]] ||
+      ! grep -q "^train.sbatch: attempt 2 of 2 after a rank killed by SIGKILL (exit 137): resuming from the newest checkpoint$" "$out" ||
+      ! grep -q "^resume: .*step-" "$out" || [[ ! -f "$WORK/restart/model.safetensors" ]]; then
+    grep -v '^epoch' "$out" | tail -30; fail "sbatch DDP_MAX_RESTARTS: job $jid ended $job_state"
+  else
+    pass "sbatch DDP_MAX_RESTARTS=1, task 3 SIGKILLed: $(grep -m1 '^train.sbatch: attempt' "$out" | cut -c15-) -> $(grep -m1 -o '^resume: .*)' "$out" | sed 's/.*: epoch/epoch/') -> COMPLETED"
   fi
 fi
 finish

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <utility>
 
+#include "comm/lost_peer.h"
 #include "core/check.h"
 #include "core/clock.h"
 
@@ -92,6 +93,7 @@ WaitResult poll_until(const std::function<bool()>& done, double timeout_s,
 }
 
 void throw_collective_timeout(const std::string& what, double timeout_s) {
+  note_collective_timeout();
   DDP_THROW(what << " did not complete within " << timeout_s
                  << " s (distributed.timeout_s): a peer rank died, stalled or stopped on an "
                     "error");

@@ -1,6 +1,7 @@
 // The communication lane and the node barrier (src/comm/mpi/lane.h, shm_barrier.h) on threads of
-// one process: order, visibility, deadlines, cancellation, and that a waiter sleeps rather than
-// spins (its CPU time while it waits for a late peer).
+// one process: order, visibility, deadlines (which mark the process as having lost a peer),
+// cancellation, and that a waiter sleeps rather than spins (its CPU time while it waits for a
+// late peer).
 #include <catch2/catch.hpp>
 
 #include <ctime>
@@ -9,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/clock.h"
+#include "comm/lost_peer.h"
 #include "comm/mpi/lane.h"
 #include "comm/mpi/shm_barrier.h"
 
@@ -165,6 +167,7 @@ TEST_CASE("lane: a collective that never ends times out, names itself, and break
   CHECK_THROWS_WITH(behind->wait(),
                     Catch::Contains("barrier did not complete within 0.3 s (distributed.timeout_s)"));
   CHECK(lane->broken());
+  CHECK(ddp::collective_timed_out());  // main() then exits kExitPeerLost (76), not 1
   CHECK_THROWS_WITH(lane->submit("broadcast of 4 bytes from rank 0", [] {}),
                     Catch::Contains("refused: an earlier collective timed out"));
   // Once the stuck call returns, stopping the broken lane joins its thread (had it stayed stuck,
