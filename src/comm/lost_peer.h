@@ -7,7 +7,8 @@
 
 namespace ddp {
 
-/// Records that a collective of this process timed out (throw_collective_timeout calls it).
+/// Records that a collective of this process timed out (throw_collective_timeout calls it, and
+/// the NCCL communicator on a timeout or a peer's remote error).
 void note_collective_timeout();
 
 /// Whether a collective of this process has timed out.

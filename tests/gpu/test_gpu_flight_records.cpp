@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/device_communicators.h"
+#include "comm/lost_peer.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "ddp/trainer.h"
 #include "gpu_training_setup.h"
@@ -113,6 +114,7 @@ TEST_CASE("GPU training: the NCCL buckets are in the flight records, eager and a
 // The emulated NCCL fails rank 1's third allreduce (DDP_NCCL_EMU_FAIL, emu/nccl_emu.h); rank 0
 // waits for it until the emulation's timeout. Both records must leave that bucket (step 1, the
 // third bucket) as the first collective that did not complete, and the analysis must find it.
+// Rank 0 lost its peer, which is what makes ddp-train exit 76 (a restart can help).
 TEST_CASE("GPU training: a failed NCCL bucket is the one the flight records leave open",
           "[gpu][nccl][flight][errors]") {
   if (ddp_test::world_size() < 2 || !gpu_per_rank()) {
@@ -151,6 +153,10 @@ TEST_CASE("GPU training: a failed NCCL bucket is the one the flight records leav
   }
   CHECK(verdict.stuck_seq > 0);
   errors += verdict.stuck_seq == 0;
+  // Rank 0 lost its peer (NCCL's remote error): it would exit kExitPeerLost, which a launcher
+  // restarts; rank 1's own failure is an error like any other.
+  if (comm->rank() == 0) CHECK(ddp::collective_timed_out());
+  errors += comm->rank() == 0 && !ddp::collective_timed_out();
   ddp_test::require_on_all_ranks(*comm, errors, "ranks whose records miss the failed bucket");
 }
 #endif

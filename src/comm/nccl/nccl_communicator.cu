@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/device_communicators.h"
+#include "comm/lost_peer.h"
 #include "comm/nccl/nccl_flight_ledger.h"
 #include "comm/shard_plan.h"
 #include "core/clock.h"
@@ -265,6 +266,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
     if (state != ncclSuccess && state != ncclInProgress) {
       const std::string detail = ncclGetLastError(comm_);
       ledger_.gave_up(false);
+      note_if_peer_lost(state);
       abort();
       DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
                      << (detail.empty() ? "" : " (" + detail + ")"));
@@ -284,6 +286,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
       check_async(what);
       if (seconds_now() > deadline) {
         ledger_.gave_up(true);
+        note_collective_timeout();
         abort();
         DDP_THROW(what << " did not complete within " << timeout_s_
                        << " s (distributed.timeout_s): a peer rank died, stalled or stopped on "
@@ -388,6 +391,7 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
   void settle(ncclResult_t rc, const std::string& what) {
     if (rc != ncclSuccess && rc != ncclInProgress) {
       const std::string detail = comm_ != nullptr ? ncclGetLastError(comm_) : "";
+      note_if_peer_lost(rc);
       if (comm_ != nullptr) abort();
       DDP_THROW(what << " failed: " << ncclGetErrorString(rc)
                      << (detail.empty() ? "" : " (" + detail + ")"));
@@ -399,17 +403,25 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
         const std::string detail = ncclGetLastError(comm_);
+        note_if_peer_lost(state);
         abort();
         DDP_THROW(what << " failed: NCCL reports " << ncclGetErrorString(state)
                        << (detail.empty() ? "" : " (" + detail + ")"));
       }
       if (seconds_now() > deadline) {
+        note_collective_timeout();
         abort();
         DDP_THROW(what << " did not complete within " << timeout_s_
                        << " s (distributed.timeout_s): a peer rank never joined");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
+  }
+
+  // A peer that went away (NCCL's remote error: it exited, or the network between failed) is
+  // what a restart on the ranks that remain can fix: main exits kExitPeerLost.
+  static void note_if_peer_lost(ncclResult_t rc) {
+    if (rc == ncclRemoteError) note_collective_timeout();
   }
 
   void abort() {
