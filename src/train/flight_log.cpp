@@ -31,6 +31,9 @@ extern "C" void on_dump_signal(int) { g_dump_requests.fetch_add(1); }
 // The longest the analysis waits for the other ranks' records: they time out at about the same
 // moment as this rank, unless stopped (their record never comes).
 constexpr double kMaxGraceSeconds = 10.0;
+// What a rank that is not the reporter gives the reporter to print and exit, once the verdict is
+// kept (and, beyond the grace, to keep it at all).
+constexpr double kReporterSeconds = 1.0;
 
 // <output.dir>/flight, made if missing; a link or file planted under that name is refused.
 void make_flight_directory(const std::string& dir) {
@@ -146,6 +149,23 @@ void FlightLog::on_failure(const std::string& error) const {
 // there once all are (or the grace is over) prints the verdict, so it is printed once even when
 // rank 0 is the one that stopped. A stopped rank that the launcher continues to end it times out
 // at once and finds the verdict given (a record says "reported"): it prints nothing more.
+// Not the reporter: it prints the verdict and ends the job. This rank's own exit would have the
+// launcher end the job at once, the reporter's message possibly unprinted: so it waits until the
+// verdict is kept (the reporter writes it before printing), then a moment more for the reporter
+// to exit first (bounded: the reporter may itself be stuck).
+void FlightLog::wait_for_reporter(double grace) const {
+  const double deadline = seconds_now() + grace + kReporterSeconds;
+  while (seconds_now() < deadline) {
+    try {
+      if (!read_flight_verdict(id_.output_dir, id_.run, nullptr).empty()) break;
+    } catch (const std::exception&) {
+      // unreadable for now: keep waiting
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(kReporterSeconds));
+}
+
 void FlightLog::analyze_hang_after_timeout(const std::string& error) const {
   const double grace = std::min(id_.timeout_s, kMaxGraceSeconds);
   const double deadline = seconds_now() + grace;
@@ -164,8 +184,7 @@ void FlightLog::analyze_hang_after_timeout(const std::string& error) const {
   for (const nlohmann::json& r : records.records)
     if (r.value("reported", false)) return;
   if (records.records.front().value("rank", -1) != id_.rank) {
-    // Not the reporter: it prints and ends the job meanwhile.
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(grace, 3.0)));
+    wait_for_reporter(grace);
     return;
   }
   const HangVerdict verdict = analyze_hang(records);

@@ -54,6 +54,7 @@ class FlightLog {
  private:
   void watch();
   void analyze_hang_after_timeout(const std::string& error) const;
+  void wait_for_reporter(double grace) const;
 
   std::shared_ptr<FlightRecorder> recorder_;
   Identity id_;

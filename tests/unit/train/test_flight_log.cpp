@@ -119,6 +119,36 @@ TEST_CASE("flight log: after a timeout the reporting rank keeps the verdict and 
   fs::remove_all(dir);
 }
 
+// Rank 1 is not the reporter (rank 0 has a record), and rank 0 reports 2.5 s late (it timed out
+// later): rank 1 must not return (and so end the job) before rank 0 has kept the verdict and
+// returned itself — it waits for the verdict up to its grace (2 s) and one second more.
+TEST_CASE("flight log: a rank that is not the reporter returns after the reporter", "[flight]") {
+  const fs::path dir = fresh_dir("reporter");
+  auto timed_out_recorder = [] {
+    auto rec = std::make_shared<ddp::FlightRecorder>(8);
+    rec->timed_out(rec->issued("allreduce of 243 floats", 972, "float32"));
+    return rec;
+  };
+  ddp::FlightLog log0(timed_out_recorder(), ddp::FlightLog::Identity{dir.string(), "job-3", 0, 2, 2});
+  ddp::FlightLog log1(timed_out_recorder(), ddp::FlightLog::Identity{dir.string(), "job-3", 1, 2, 2});
+  REQUIRE_FALSE(log0.write("signal", "").empty());  // rank 0's record is there from the start
+  double reporter_done = 0;
+  std::thread reporter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    log0.on_failure("rank 0: allreduce of 243 floats did not complete within 2 s");
+    reporter_done = ddp::seconds_now();
+  });
+  log1.on_failure("rank 1: allreduce of 243 floats did not complete within 2 s");
+  const double other_done = ddp::seconds_now();
+  reporter.join();
+  int by = -1;
+  CHECK_FALSE(ddp::read_flight_verdict(dir.string(), "job-3", &by).empty());
+  CHECK(by == 0);
+  CHECK(reporter_done > 0);
+  CHECK(reporter_done < other_done);
+  fs::remove_all(dir);
+}
+
 // A stop request (the launcher's SIGTERM after a peer died) writes the record once, within the
 // watcher's poll; a second request does not write it again.
 TEST_CASE("flight log: the first stop request writes the record, quietly and once", "[flight]") {
