@@ -113,6 +113,22 @@ void Reporter::print_shapes(int64_t rows, int64_t features, int64_t classes) {
   say_each_rank(mine.str());
 }
 
+namespace {
+// The per-rank report's fields of the summary record; none when output.straggler_threshold
+// turned it off, null ones when no rank was a persistent straggler.
+void add_straggler_fields(const TrainSummary& sum, nlohmann::json& rec) {
+  if (sum.straggler_threshold <= 0) return;
+  const bool named = sum.straggler_rank >= 0;
+  const nlohmann::json none;
+  rec["straggler_threshold"] = sum.straggler_threshold;
+  rec["logged_intervals"] = sum.logged_intervals;
+  rec["straggler_flagged_intervals"] = sum.straggler_flagged;
+  rec["straggler_rank"] = named ? nlohmann::json(sum.straggler_rank) : none;
+  rec["straggler_slowest_at"] = named ? nlohmann::json(sum.straggler_slowest_at) : none;
+  rec["straggler_skew"] = named ? nlohmann::json(sum.straggler_skew) : none;
+}
+}  // namespace
+
 void Reporter::summary(const TrainSummary& sum, double overlap, const std::string& device) {
   std::ostringstream line;
   line << (sum.interrupted ? "interrupted: " : "done: ") << sum.epochs << " epoch(s), " << sum.steps
@@ -157,15 +173,7 @@ void Reporter::summary(const TrainSummary& sum, double overlap, const std::strin
       {"peak_flops_per_rank", sum.peak_flops > 0 ? nlohmann::json(sum.peak_flops) : none},
       {"peak_source", sum.peak_source},
       {"mfu", sum.peak_flops > 0 ? nlohmann::json(sum.mfu) : none}};
-  if (sum.straggler_threshold > 0) {
-    const bool named = sum.straggler_rank >= 0;
-    rec["straggler_threshold"] = sum.straggler_threshold;
-    rec["logged_intervals"] = sum.logged_intervals;
-    rec["straggler_flagged_intervals"] = sum.straggler_flagged;
-    rec["straggler_rank"] = named ? nlohmann::json(sum.straggler_rank) : none;
-    rec["straggler_slowest_at"] = named ? nlohmann::json(sum.straggler_slowest_at) : none;
-    rec["straggler_skew"] = named ? nlohmann::json(sum.straggler_skew) : none;
-  }
+  add_straggler_fields(sum, rec);
   record(rec);
 }
 

@@ -6,6 +6,7 @@
 #include "core/clock.h"
 #include "core/tensor.h"
 #include "train/mfu.h"
+#include "train/report.h"
 
 using ddp::Precision;
 
@@ -78,4 +79,24 @@ TEST_CASE("mfu: the ceiling at a precision the backend has no kernels for is unk
   auto be = ddp::make_cpu_backend();
   CHECK(ddp::measure_gemm_ceiling(*be, Precision::Fp16, 0.01) == 0.0);  // fp16: GPUs only
   CHECK(ddp::measure_gemm_ceiling(*be, Precision::Bf16, 0.01) > 0.0);
+}
+
+TEST_CASE("mfu: the summary's words for a known and an unknown peak, and a straggler", "[mfu]") {
+  ddp::TrainSummary sum;
+  sum.peak_flops = 1.2e12;
+  sum.mfu = 0.123;
+  sum.peak_source = "measured GEMM ceiling";
+  CHECK(ddp::describe_mfu(sum) == "MFU 12.3% of 1.20 TFLOP/s per rank (measured GEMM ceiling)");
+  sum.peak_flops = 0;
+  sum.peak_source = "sm_86 bf16 is not in the peak table";
+  CHECK(ddp::describe_mfu(sum) ==
+        "MFU unknown (sm_86 bf16 is not in the peak table; output.peak_tflops sets it)");
+  sum.straggler_threshold = 1.5;
+  sum.straggler_rank = 1;
+  sum.straggler_slowest_at = 9;
+  sum.straggler_flagged = 10;
+  sum.straggler_skew = 2.44;
+  CHECK(ddp::describe_straggler(sum) ==
+        "straggler: rank 1 was slowest at 9 of 10 logged steps past 1.5x (compute+data 2.4x the "
+        "median)");
 }
