@@ -282,6 +282,11 @@ struct OutputConfig {
   /// Collectives each rank remembers for <dir>/flight/rank-<R>.json (0: no flight recorder).
   int64_t flight_recorder = 256;
   bool flight_record_at_exit = false;  ///< also write the records when training ends well
+  /// A progress line names the slowest rank when its compute + data wait is this many times the
+  /// median rank's; 0: no per-rank report (and no collective for it).
+  double straggler_threshold = 1.5;
+  /// Peak TFLOP/s of one rank for the summary's MFU; 0: the device's (GPU) or measured (CPU).
+  double peak_tflops = 0.0;
 };
 
 /// Periodic checkpoints (model, optimizer state, position in the data) for --resume. One is

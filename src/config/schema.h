@@ -33,6 +33,8 @@ constexpr double kLoaderWorkers = 64;       ///< threads that assemble batches
 constexpr double kGpu = 65535;              ///< a GPU ordinal
 constexpr double kKept = 1e6;               ///< checkpoints kept
 constexpr double kFlightEntries = 1e6;      ///< collectives a flight recorder keeps
+constexpr double kSkew = 1e6;               ///< a slowest rank's time over the median's
+constexpr double kPeakTflops = 1e9;         ///< one rank's peak TFLOP/s (a zettaFLOP/s)
 constexpr double kTimeoutS = 1e9;           ///< 1e18 ns: a deadline on the steady clock fits int64
 constexpr double kBucketMiB = 1e9;          ///< 2^50 bytes: the cap in bytes fits size_t
 constexpr double kByteMiB = 1.0 / 1048576;  ///< one byte: a smaller cap would be 0 bytes
@@ -365,6 +367,16 @@ void visit_config(TrainConfig& c, V& v) {
                 .doc("collectives each rank keeps for <dir>/flight/rank-R.json; 0: off"));
     s.field("flight_record_at_exit", c.output.flight_record_at_exit,
             Key().doc("write the flight records when training ends well too"));
+    s.field("straggler_threshold", c.output.straggler_threshold,
+            Key()
+                .non_negative()
+                .at_most(bounds::kSkew)
+                .doc("name the slowest rank past this x the median's compute + data; 0: off"));
+    s.field("peak_tflops", c.output.peak_tflops,
+            Key()
+                .non_negative()
+                .at_most(bounds::kPeakTflops)
+                .doc("a rank's peak TFLOP/s for MFU; 0: the GPU's table or the measured GEMM"));
   });
   v.section("checkpoint", [&](V& s) {
     s.field("dir", c.checkpoint.dir, Key().doc("\"\": <output.dir>/checkpoints"));

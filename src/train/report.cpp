@@ -113,6 +113,22 @@ void Reporter::print_shapes(int64_t rows, int64_t features, int64_t classes) {
   say_each_rank(mine.str());
 }
 
+namespace {
+// The per-rank report's fields of the summary record; none when output.straggler_threshold
+// turned it off, null ones when no rank was a persistent straggler.
+void add_straggler_fields(const TrainSummary& sum, nlohmann::json& rec) {
+  if (sum.straggler_threshold <= 0) return;
+  const bool named = sum.straggler_rank >= 0;
+  const nlohmann::json none;
+  rec["straggler_threshold"] = sum.straggler_threshold;
+  rec["logged_intervals"] = sum.logged_intervals;
+  rec["straggler_flagged_intervals"] = sum.straggler_flagged;
+  rec["straggler_rank"] = named ? nlohmann::json(sum.straggler_rank) : none;
+  rec["straggler_slowest_at"] = named ? nlohmann::json(sum.straggler_slowest_at) : none;
+  rec["straggler_skew"] = named ? nlohmann::json(sum.straggler_skew) : none;
+}
+}  // namespace
+
 void Reporter::summary(const TrainSummary& sum, double overlap, const std::string& device) {
   std::ostringstream line;
   line << (sum.interrupted ? "interrupted: " : "done: ") << sum.epochs << " epoch(s), " << sum.steps
@@ -128,28 +144,58 @@ void Reporter::summary(const TrainSummary& sum, double overlap, const std::strin
   if (sum.loss_scale > 0)
     line << "; loss scale " << std::defaultfloat << std::setprecision(9) << sum.loss_scale << ", "
          << sum.scaler_skipped_steps << " step(s) skipped on overflow";
+  line << "; " << describe_mfu(sum);
+  if (sum.straggler_rank >= 0) line << "; " << describe_straggler(sum);
   say(line.str());
   const nlohmann::json none;
-  record({{"type", "summary"},
-          {"epochs", sum.epochs},
-          {"steps", sum.steps},
-          {"samples", sum.samples},
-          {"seconds", sum.seconds},
-          {"samples_per_sec", sum.samples_per_sec},
-          {"world_size", comm_.size()},
-          {"device", device},
-          {"test_accuracy", sum.evaluated ? nlohmann::json(sum.test_accuracy) : none},
-          {"test_loss", sum.evaluated ? nlohmann::json(sum.test_loss) : none},
-          {"allreduce_seconds", sum.comm_seconds},
-          {"allreduce_hidden_fraction", overlap},
-          {"allreduce_wait_seconds", sum.wait_seconds},
-          {"data_wait_seconds", sum.data_wait_seconds},
-          {"skipped_steps", sum.skipped_steps},
-          {"scaler_skipped_steps", sum.scaler_skipped_steps},
-          {"graph_steps", sum.graph_steps},
-          {"loss_scale", sum.loss_scale > 0 ? nlohmann::json(sum.loss_scale) : none},
-          {"resumed", sum.resumed},
-          {"interrupted", sum.interrupted}});
+  nlohmann::json rec = {
+      {"type", "summary"},
+      {"epochs", sum.epochs},
+      {"steps", sum.steps},
+      {"samples", sum.samples},
+      {"seconds", sum.seconds},
+      {"samples_per_sec", sum.samples_per_sec},
+      {"world_size", comm_.size()},
+      {"device", device},
+      {"test_accuracy", sum.evaluated ? nlohmann::json(sum.test_accuracy) : none},
+      {"test_loss", sum.evaluated ? nlohmann::json(sum.test_loss) : none},
+      {"allreduce_seconds", sum.comm_seconds},
+      {"allreduce_hidden_fraction", overlap},
+      {"allreduce_wait_seconds", sum.wait_seconds},
+      {"data_wait_seconds", sum.data_wait_seconds},
+      {"skipped_steps", sum.skipped_steps},
+      {"scaler_skipped_steps", sum.scaler_skipped_steps},
+      {"graph_steps", sum.graph_steps},
+      {"loss_scale", sum.loss_scale > 0 ? nlohmann::json(sum.loss_scale) : none},
+      {"resumed", sum.resumed},
+      {"interrupted", sum.interrupted},
+      {"flops_per_sample", sum.flops_per_sample},
+      {"peak_flops_per_rank", sum.peak_flops > 0 ? nlohmann::json(sum.peak_flops) : none},
+      {"peak_source", sum.peak_source},
+      {"mfu", sum.peak_flops > 0 ? nlohmann::json(sum.mfu) : none}};
+  add_straggler_fields(sum, rec);
+  record(rec);
+}
+
+std::string describe_mfu(const TrainSummary& sum) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (sum.peak_flops <= 0) {
+    out << "MFU unknown (" << sum.peak_source << "; output.peak_tflops sets it)";
+  } else {
+    out << "MFU " << 100.0 * sum.mfu << "% of " << std::setprecision(2) << sum.peak_flops / 1e12
+        << " TFLOP/s per rank (" << sum.peak_source << ")";
+  }
+  return out.str();
+}
+
+std::string describe_straggler(const TrainSummary& sum) {
+  std::ostringstream out;
+  out << "straggler: rank " << sum.straggler_rank << " was slowest at " << sum.straggler_slowest_at
+      << " of " << sum.straggler_flagged << " logged steps past " << std::defaultfloat
+      << sum.straggler_threshold << "x (compute+data " << std::fixed << std::setprecision(1)
+      << sum.straggler_skew << "x the median)";
+  return out.str();
 }
 
 void Reporter::start_trace(const DeviceContext& ctx) {

@@ -34,6 +34,12 @@ struct Tally {
 std::string format_rate(double samples_per_sec);
 std::string percent(double fraction);
 
+/// "MFU 12.3% of 1.20 TFLOP/s per rank (measured GEMM ceiling)", or why it is unknown.
+std::string describe_mfu(const TrainSummary& sum);
+/// "straggler: rank 1 was slowest at 9 of 10 logged steps past 1.5x (compute+data 2.4x the
+/// median)"; for a summary that names one (straggler_rank >= 0).
+std::string describe_straggler(const TrainSummary& sum);
+
 class Reporter {
  public:
   /// log: where rank 0 prints (nullptr: silent).

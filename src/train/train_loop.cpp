@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "data/sampler.h"
+#include "train/mfu.h"
 #include "train/stop_request.h"
 
 namespace ddp {
@@ -23,7 +24,8 @@ TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool res
                     ? start.schedule_steps
                     : schedule_total_steps(parts.cfg, parts.data.steps_per_epoch(parts.cfg))),
       start_(start),
-      at_(start) {
+      at_(start),
+      stragglers_(parts.comm.size()) {
   const TrainingData& data = parts.data;
   train_feed_ = parts.ctx.make_batch_feed(parts.cfg.training.batch_size, data.train.features);
   if (data.has_test) test_feed_ = parts.ctx.make_batch_feed(kEvalBatch, data.test.features);
@@ -37,6 +39,9 @@ TrainLoop::TrainLoop(const RunParts& parts, const TrainingState& start, bool res
     pipeline_.scaler().restore(static_cast<float>(start.loss_scale),
                                start.loss_scale_growth_tracker);
   note_scaler();
+  // Rank 0's threshold: output.* may differ between ranks, and the report is a collective.
+  straggler_threshold_ = parts.cfg.output.straggler_threshold;
+  parts.comm.broadcast(&straggler_threshold_, sizeof(straggler_threshold_), 0);
   first_step_ = sum_.steps;
   const int64_t max_steps = parts.cfg.training.max_steps;
   stop_ = max_steps > 0 && sum_.steps >= max_steps;
@@ -75,6 +80,8 @@ TrainLoop::Epoch TrainLoop::begin_epoch(int64_t index) {
   e.restored_count = continued ? start_.epoch_count : 0.0;
   e.complete = e.batches == 0;
   log_start_ = seconds_now();
+  log_data_wait_start_ = p_.data.train_loader->wait_seconds();
+  log_collective_wait_ = 0;
   return e;
 }
 
@@ -247,6 +254,7 @@ TrainSummary TrainLoop::finish() {
   double comm_totals[2] = {sum_.comm_seconds, sum_.hidden_seconds};
   p_.comm.allreduce(comm_totals, 2, ReduceOp::Sum);
   const double overlap = comm_totals[0] > 0 ? comm_totals[1] / comm_totals[0] : 1.0;
+  note_stragglers_and_mfu();
   const std::string device = p_.ctx.placement().describe();
   p_.report.summary(sum_, overlap, device);
   p_.report.write_trace(device);
@@ -260,6 +268,7 @@ TrainSummary TrainLoop::finish() {
 // of a logging interval, a progress line.
 void TrainLoop::read_step(const StepResult& r) {
   sum_.wait_seconds += r.wait_seconds;
+  log_collective_wait_ += r.wait_seconds;
   sum_.comm_seconds += r.comm_seconds;
   sum_.hidden_seconds += r.hidden_seconds;
   sum_.graph_steps += r.graphed ? 1 : 0;
@@ -290,6 +299,9 @@ void TrainLoop::read_all_steps() {
 
 // Collective: loss, accuracy and samples/s over every rank since the last line.
 void TrainLoop::progress_line(const StepResult& rec) {
+  const double interval_end = seconds_now();
+  std::optional<IntervalReport> ranks;
+  if (straggler_threshold_ > 0) ranks = gather_rank_splits(interval_end);
   const Tally g = log_tally_.reduced(p_.comm);
   const double now = seconds_now();
   const double rate = g.count / std::max(1e-9, now - log_start_);
@@ -303,6 +315,9 @@ void TrainLoop::progress_line(const StepResult& rec) {
   const bool scaling = pipeline_.scaler().enabled();
   if (scaling) line << " scale " << std::defaultfloat << std::setprecision(9) << rec.loss_scale;
   line << " " << format_rate(rate);
+  if (ranks && ranks->skew >= straggler_threshold_)
+    line << " | straggler: rank " << ranks->slowest << " " << std::fixed << std::setprecision(1)
+         << ranks->skew << "x median";
   p_.report.say(line.str());
   nlohmann::json record = {{"type", "train"},           {"epoch", rec.epoch + 1},
                            {"step", rec.step_in_epoch}, {"global_step", rec.global_step},
@@ -310,6 +325,7 @@ void TrainLoop::progress_line(const StepResult& rec) {
                            {"samples", g.count},        {"samples_per_sec", rate},
                            {"time", now - run_start_},  {"lr", rec.lr}};
   if (rec.has_norm) record["grad_norm"] = rec.grad_norm;
+  if (ranks) record["ranks"] = ranks_record(*ranks);
   if (scaling) {  // the scale the step ran with; the overflow skips so far
     record["loss_scale"] = rec.loss_scale;
     record["scaler_skipped_steps"] = sum_.scaler_skipped_steps;
@@ -318,6 +334,61 @@ void TrainLoop::progress_line(const StepResult& rec) {
   if (p_.report.tracer().enabled()) p_.report.tracer().counter("samples/s (all ranks)", now, rate);
   log_tally_ = Tally{};
   log_start_ = seconds_now();
+  log_data_wait_start_ = p_.data.train_loader->wait_seconds();
+  log_collective_wait_ = 0;
+}
+
+// Collective (one allgather of 3 doubles, on logged steps only): every rank's split of the
+// interval since the last progress line, the wall time up to `interval_end` (before this line's
+// collectives) being
+// - data wait: the training thread blocked in Loader::next() for a batch not yet assembled;
+// - collective wait: StepResult::wait_seconds, the training thread blocked in
+//   Reducer::finalize() for the gradient buckets (on the host the allreduces themselves; on a
+//   GPU only what the host waits to queue the wait on the stream, near 0: there a slow rank
+//   shows as compute on every rank, and its peers' wait hides in reading their steps);
+// - compute: the rest, the rank's own work (forward, backward, optimizer, the small
+//   collectives of loss totals and stop polls, checkpoints written inside the interval).
+// The slowest is the rank with the most compute + data wait: its peers reach the allreduce
+// first and wait there, so theirs is the large collective wait and the slow rank's the small.
+IntervalReport TrainLoop::gather_rank_splits(double interval_end) {
+  const RankSplit mine = split_interval(interval_end - log_start_,
+                                        p_.data.train_loader->wait_seconds() - log_data_wait_start_,
+                                        log_collective_wait_);
+  const double sent[3] = {mine.compute, mine.data_wait, mine.collective_wait};
+  std::vector<double> all(3 * static_cast<size_t>(p_.comm.size()));
+  p_.comm.allgather(sent, 3, all.data());
+  std::vector<RankSplit> splits(static_cast<size_t>(p_.comm.size()));
+  for (size_t r = 0; r < splits.size(); ++r)
+    splits[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
+  const IntervalReport report = report_interval(splits);
+  stragglers_.add(report, straggler_threshold_);
+  return report;
+}
+
+// The straggler verdict and the MFU in the summary. Collective: every rank measures or reads its
+// peak (a CPU rank times its GEMMs here, after the timed training), and the job's is their mean
+// (unknown when one rank's is).
+void TrainLoop::note_stragglers_and_mfu() {
+  sum_.straggler_threshold = straggler_threshold_;
+  sum_.logged_intervals = stragglers_.logged();
+  sum_.straggler_flagged = stragglers_.flagged();
+  if (const std::optional<StragglerTally::Verdict> v = stragglers_.persistent()) {
+    sum_.straggler_rank = v->rank;
+    sum_.straggler_slowest_at = v->slowest_at;
+    sum_.straggler_skew = v->mean_skew;
+  }
+  const DevicePlacement& place = p_.ctx.placement();
+  const PeakFlops peak =
+      rank_peak(p_.cfg.output.peak_tflops, be_, place.device == Device::CUDA ? place.gpu : -1,
+                p_.cfg.training.precision);
+  double lowest = peak.per_rank, total = peak.per_rank;
+  p_.comm.allreduce(&lowest, 1, ReduceOp::Min);
+  p_.comm.allreduce(&total, 1, ReduceOp::Sum);
+  sum_.flops_per_sample = flops_per_sample(p_.cfg.model.layers);
+  sum_.peak_flops = lowest > 0 ? total / p_.comm.size() : 0.0;
+  sum_.peak_source = peak.source;
+  sum_.mfu = model_flops_utilisation(sum_.flops_per_sample, sum_.samples_per_sec, sum_.peak_flops,
+                                     p_.comm.size());
 }
 
 // A progress line ends the step: every training.log_every steps and at training.max_steps.

@@ -19,6 +19,7 @@
 #include "train/report.h"
 #include "train/step.h"
 #include "train/stop_poll.h"
+#include "train/straggler.h"
 #include "train/training_data.h"
 
 namespace ddp {
@@ -67,6 +68,8 @@ class TrainLoop {
   void read_step(const StepResult& r);
   void read_all_steps();
   void progress_line(const StepResult& rec);
+  IntervalReport gather_rank_splits(double interval_end);
+  void note_stragglers_and_mfu();
   bool logged(int64_t global_step) const;
   bool traced_now() const;
   const Batch* next_train_batch();
@@ -87,6 +90,12 @@ class TrainLoop {
   Tally epoch_tally_, log_tally_;
   int64_t steps_in_epoch_ = 0;
   double run_start_ = 0, log_start_ = 0, train_seconds_ = 0;
+  /// The per-rank report: rank 0's output.straggler_threshold (0: off), the training thread's
+  /// waits since the last progress line (the loader's total at its start; the buckets'), and
+  /// which rank was slowest at each logged interval.
+  double straggler_threshold_ = 0;
+  double log_data_wait_start_ = 0, log_collective_wait_ = 0;
+  StragglerTally stragglers_;
 };
 
 }  // namespace ddp

@@ -124,6 +124,8 @@ void require_same(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.output.trace_steps == b.output.trace_steps);
   CHECK(a.output.flight_recorder == b.output.flight_recorder);
   CHECK(a.output.flight_record_at_exit == b.output.flight_record_at_exit);
+  CHECK(a.output.straggler_threshold == b.output.straggler_threshold);
+  CHECK(a.output.peak_tflops == b.output.peak_tflops);
   CHECK(a.training.resume == b.training.resume);
   CHECK(a.training.nan_policy == b.training.nan_policy);
   CHECK(a.checkpoint.dir == b.checkpoint.dir);
@@ -431,6 +433,10 @@ TEST_CASE("config: each range rule rejects its first bad value and names the key
        "output.trace_steps: must be >= 0, got -1"},
       {[](TrainConfig& c) { c.output.flight_recorder = -1; },
        "output.flight_recorder: must be >= 0, got -1"},
+      {[](TrainConfig& c) { c.output.straggler_threshold = -1; },
+       "output.straggler_threshold: must be >= 0, got -1.0"},
+      {[](TrainConfig& c) { c.output.peak_tflops = -0.5; },
+       "output.peak_tflops: must be >= 0, got -0.5"},
       {[](TrainConfig& c) { c.distributed.bucket_cap_mb = 0; },
        "distributed.bucket_cap_mb: must be >= 9.5367431640625e-07 (one byte), got 0.0"},
       {[](TrainConfig& c) { c.distributed.first_bucket_mb = -1; },
@@ -785,6 +791,9 @@ TEST_CASE("config: every numeric key has an upper bound, and a value above it na
        "--set output.trace_steps: must be <= 1000000000000, got 1000000000001"},
       {"output.flight_recorder=1000001",
        "--set output.flight_recorder: must be <= 1000000, got 1000001"},
+      {"output.straggler_threshold=1.000001e6",
+       "--set output.straggler_threshold: must be <= 1e+06, got 1000001.0"},
+      {"output.peak_tflops=2e9", "--set output.peak_tflops: must be <= 1e+09, got 2e+09"},
       {"checkpoint.every_steps=4611686018427387904",
        "--set checkpoint.every_steps: must be <= 1000000000000, got 4611686018427387904"},
       {"checkpoint.every_epochs=1000000001",
@@ -835,6 +844,8 @@ TEST_CASE("config: the bounds themselves are allowed", "[config][bounds]") {
   c.distributed.timeout_s = 1e9;
   c.output.trace_steps = c.checkpoint.every_steps = 1000000000000;
   c.checkpoint.keep_last = c.output.flight_recorder = 1000000;
+  c.output.straggler_threshold = 1e6;
+  c.output.peak_tflops = 1e9;
   CHECK(error_of([&] { ddp::validate_config(c); }) == "(no error)");
   c.checkpoint.every_steps = 0;
   c.checkpoint.every_epochs = 1000000000;
