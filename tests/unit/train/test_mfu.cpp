@@ -57,7 +57,11 @@ TEST_CASE("mfu: the CPU GEMM ceiling is measured within its budget", "[mfu]") {
   const ddp::PeakFlops p = ddp::rank_peak(0.0, *be, -1, Precision::Fp32);
   const double took = ddp::seconds_now() - t0;
   INFO("ceiling " << p.per_rank / 1e9 << " GFLOP/s in " << took << " s");
-  CHECK(took < 0.2);
+  // The budget (0.15 s), the warm-up call and the call that crosses the budget (a call takes
+  // at least the best call's time: 70 ms under a sanitizer), one call more for their spread,
+  // and 50 ms for the set-up.
+  const double call = 2.0 * 512 * 512 * 512 / p.per_rank;
+  CHECK(took < 0.15 + 3 * call + 0.05);
   CHECK(p.source == "measured GEMM ceiling");
   // One core: more than 100 MFLOP/s, less than 10 TFLOP/s.
   CHECK(p.per_rank > 1e8);
