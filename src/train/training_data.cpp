@@ -70,6 +70,15 @@ bool share_split(ProcessGroup& comm, Dataset& ds, const char* split, const std::
   return true;
 }
 
+// Whether the job shares each node's copy: data.share_on_node and some node of more than one
+// rank. Sharing is collective over the whole job, so every rank must decide alike: a node of one
+// rank beside larger nodes shares too (its copy, with itself). Collective.
+bool job_shares(const TrainConfig& cfg, ProcessGroup& comm) {
+  double most = comm.local_size();
+  comm.allreduce(&most, 1, ReduceOp::Max);
+  return cfg.data.share_on_node && most > 1;
+}
+
 std::string mib(size_t bytes) {
   std::ostringstream oss;
   oss << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1024.0 * 1024.0)
@@ -86,7 +95,7 @@ std::string TrainingData::share(const TrainConfig& cfg, ProcessGroup& comm) {
            "in the page cache): " +
            mib(train.x.bytes()) + " of training features" + stored;
   }
-  if (!shares(cfg, comm)) {
+  if (!job_shares(cfg, comm)) {
     if (comm.local_size() == 1) return "";
     return "data: a copy per rank (data.share_on_node: false), " + mib(train.x.bytes()) +
            " of training features each" + stored;

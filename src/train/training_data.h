@@ -38,8 +38,8 @@ class TrainingData {
   /// collective.
   void read(const TrainConfig& cfg, const ProcessGroup& comm);
   /// Collective, after read(): with data.share_on_node, every rank of a node views one copy of
-  /// each split that the node's first rank wrote; where that cannot be, every rank reads its
-  /// own. .npy features need neither: every rank maps the files, whose pages the node's page
+  /// each split that the node's first rank wrote (on every node alike, one of a single rank
+  /// too, when any node has more); where that cannot be, every rank reads its own. .npy features need neither: every rank maps the files, whose pages the node's page
   /// cache holds once. Returns the log line that says which.
   std::string share(const TrainConfig& cfg, ProcessGroup& comm);
   /// Normalises both splits (data.normalize, fitted on the training split) and checks that

@@ -74,10 +74,8 @@ if ((rc != 205)) || grep -q "^ddp-run: attempt" "$log" ||
 else
   pass "h2 lost, --min-ranks 3: exit 205, \"$(grep -m1 '^ddp-run: not restarting' "$log" | cut -c10-)\""
 fi
-# 2 + 1 ranks: a node of one rank and one of two refuse to share their data copies ("the nodes
-# read different data: their first ranks' copies hold 1 to 168128 bytes"), so each rank reads
-# its own here.
-run_losing_h2 global 2 1 --set data.share_on_node=false
+# 2 + 1 ranks: nodes of different sizes, each sharing its copy of the data (data.share_on_node).
+run_losing_h2 global 2 1
 if ((rc != 205)) || grep -q "^ddp-run: attempt" "$log" ||
     ! grep -q "^ddp-run: cannot keep the global batch of 150 samples (3 ranks x 50 x 1) on 2 ranks: 2 x training.batch_size 50 does not divide it; not restarting (--shrink keep-rank-batch continues with a smaller global batch)$" "$log"; then
   fail "3 ranks, h2 lost: exit $rc"; grep '^ddp-run' "$log"
@@ -85,7 +83,7 @@ else
   pass "3 ranks, h2 lost, --shrink keep-global-batch: exit 205, the global batch of 150 does not divide over 2 ranks"
 fi
 
-run_losing_h2 rank_batch 2 1 --shrink keep-rank-batch --set data.share_on_node=false
+run_losing_h2 rank_batch 2 1 --shrink keep-rank-batch
 if ((rc != 0)) ||
     ! grep -q "^ddp-run: 2 of 3 ranks, 50 samples per rank: the global batch shrinks from 150 to 100 samples per step (--shrink keep-rank-batch)$" "$log" ||
     ! grep -q "^warning: the global batch changes from 150 samples per step (3 rank(s) in the checkpoint) to 100" "$log"; then

@@ -157,6 +157,43 @@ TEST_CASE("IDX files and their .npy conversion train bitwise alike, the .npy map
   REQUIRE(bitwise_equal(a, b));
 }
 
+// Stand-in nodes of different sizes (blocks of three ranks: 3 and 1 at four ranks). Sharing is
+// collective over the job, so the node of one rank must take the same path as the other: the
+// run shares, trains bitwise as a copy per rank, and no rank meets another's collective.
+TEST_CASE("nodes of different sizes share alike and train bitwise as a copy per rank",
+          "[mpi][data]") {
+  const int n = ddp_test::world_size();
+  if (n < 4) {
+    WARN("skipped: needs 4 ranks (nodes of 3 and 1)");
+    return;
+  }
+  const std::string dir = shared_scratch("uneven");
+  if (ddp_test::world_rank() == 0) {
+    write_idx(dir + "/train-images", dir + "/train-labels", 97, 1);
+    write_idx(dir + "/test-images", dir + "/test-labels", 31, 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::vector<ddp::NamedTensor> weights[2];
+  bool said[2] = {false, false};
+  for (const bool share : {false, true}) {
+    ddp::TrainConfig cfg = idx_config(dir);
+    cfg.data.share_on_node = share;
+    cfg.output.dir = dir + (share ? "/shared" : "/own");
+    auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD, 3);
+    std::ostringstream log;
+    ddp::Trainer trainer(cfg, *comm, &log);
+    trainer.run();
+    weights[share] = trainer.weights();
+    int says = log.str().find("data: one copy per node") != std::string::npos;
+    MPI_Bcast(&says, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    said[share] = says != 0;
+  }
+  CHECK_FALSE(said[0]);
+  CHECK(said[1]);
+  require_identical_replicas(weights[1]);
+  REQUIRE(bitwise_equal(weights[0], weights[1]));
+}
+
 // Two stand-in nodes (halves of the job) that run the same config, whose relative data.dir
 // holds other files on each (each node's ranks work in their own directory): every rank stops
 // with one message that says the data differs, never a hang or a partial start. With a copy per
