@@ -32,8 +32,10 @@ extern "C" void on_dump_signal(int) { g_dump_requests.fetch_add(1); }
 // moment as this rank, unless stopped (their record never comes).
 constexpr double kMaxGraceSeconds = 10.0;
 // What a rank that is not the reporter gives the reporter to print and exit, once the verdict is
-// kept (and, beyond the grace, to keep it at all).
-constexpr double kReporterSeconds = 1.0;
+// kept (and, beyond the grace, to keep it at all). The reporter's exit (MPI_Abort) ends this
+// rank first unless the reporter is stuck, so a long wait costs nothing; a short one lost the
+// race to a reporter whose lane took its second to stop.
+constexpr double kReporterSeconds = 5.0;
 
 // <output.dir>/flight, made if missing; a link or file planted under that name is refused.
 void make_flight_directory(const std::string& dir) {
@@ -151,7 +153,7 @@ void FlightLog::on_failure(const std::string& error) const {
 // at once and finds the verdict given (a record says "reported"): it prints nothing more.
 // Not the reporter: it prints the verdict and ends the job. This rank's own exit would have the
 // launcher end the job at once, the reporter's message possibly unprinted: so it waits until the
-// verdict is kept (the reporter writes it before printing), then a moment more for the reporter
+// verdict is kept (the reporter writes it before printing), then long enough for the reporter
 // to exit first (bounded: the reporter may itself be stuck).
 void FlightLog::wait_for_reporter(double grace) const {
   const double deadline = seconds_now() + grace + kReporterSeconds;

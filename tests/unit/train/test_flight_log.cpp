@@ -121,7 +121,7 @@ TEST_CASE("flight log: after a timeout the reporting rank keeps the verdict and 
 
 // Rank 1 is not the reporter (rank 0 has a record), and rank 0 reports 2.5 s late (it timed out
 // later): rank 1 must not return (and so end the job) before rank 0 has kept the verdict and
-// returned itself — it waits for the verdict up to its grace (2 s) and one second more.
+// returned itself — it waits for the verdict up to its grace (2 s) and five seconds more.
 TEST_CASE("flight log: a rank that is not the reporter returns after the reporter", "[flight]") {
   const fs::path dir = fresh_dir("reporter");
   auto timed_out_recorder = [] {
