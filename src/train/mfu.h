@@ -41,7 +41,8 @@ struct PeakFlops {
 double measure_gemm_ceiling(Backend& be, Precision precision, double budget_s);
 
 /// This rank's peak: `configured_tflops` when > 0; else, on CUDA device `gpu`, from its
-/// properties; else (gpu < 0) the measured GEMM ceiling of `be`.
+/// properties; else (gpu < 0) the measured GEMM ceiling of `be` (0.15 s, once per process and
+/// precision).
 PeakFlops rank_peak(double configured_tflops, Backend& be, int gpu, Precision precision);
 
 }  // namespace ddp

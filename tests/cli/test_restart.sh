@@ -25,8 +25,8 @@ start_run() {
   runner=$!
 }
 
-# signal_rank DIR SIGNAL R: once DIR has a checkpoint and rank R of the current attempt runs
-# (resumed, after a restart: $2 resumes seen), sends it SIGNAL; fails when it never does.
+# signal_rank DIR SIGNAL RESUMES: once DIR has a checkpoint and rank 1 of the attempt after
+# RESUMES resumes runs (0: the first attempt), sends it SIGNAL; fails when it never does.
 signal_rank() {
   local dir="$1" signal="$2" resumes="$3" victim="" i
   wait_until 120 has_checkpoint "$dir" || return 1
