@@ -297,6 +297,9 @@ struct CheckpointConfig {
   int64_t every_steps = 0;   ///< write after every N optimizer steps (0 = off)
   int64_t every_epochs = 0;  ///< write after every N epochs (0 = off); not with every_steps
   int64_t keep_last = 3;     ///< checkpoints kept (older ones removed); 0 = keep all
+  /// Write each checkpoint on a thread from a copy taken at the step boundary; training goes on
+  /// while it is written, and the next checkpoint (or the run's end) waits for it.
+  bool async = false;
   /// The directory checkpoints go to: dir, or <output_dir>/checkpoints when dir is empty.
   std::string directory(const std::string& output_dir) const {
     return dir.empty() ? output_dir + "/checkpoints" : dir;

@@ -30,6 +30,17 @@ struct NamedTensor {
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+/// A tensor to write under `name`, by reference (a checkpoint writes its weights and optimizer
+/// state without copying them): `tensor` must outlive the call.
+struct TensorView {
+  std::string name;
+  const NamedTensor* tensor;
+};
+
+/// As save_safetensors, for tensors written under names of their own.
+void save_safetensors_views(const std::string& path, const std::vector<TensorView>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
 /// Reads and fully validates an F32 safetensors file (in time linear in its size, at most
 /// kMaxSafetensorsTensors tensors); returns its tensors in file (data offset) order, or throws
 /// ddp::Error naming the file and, where it applies, the tensor.

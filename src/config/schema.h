@@ -389,6 +389,8 @@ void visit_config(TrainConfig& c, V& v) {
             Key().at_least(0).at_most(bounds::kEpochs).doc("checkpoint every N epochs; 0: off"));
     s.field("keep_last", c.checkpoint.keep_last,
             Key().at_least(0).at_most(bounds::kKept).doc("checkpoints kept; 0: all"));
+    s.field("async", c.checkpoint.async,
+            Key().doc("write from a copy on a thread while training goes on"));
   });
 }
 

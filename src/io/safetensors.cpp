@@ -86,7 +86,7 @@ void require_utf8(const std::string& s, const std::string& context) {
 }
 
 // The length field, then the JSON header padded with spaces so the data starts 8-byte aligned.
-std::string encode_header(const std::string& where, const std::vector<NamedTensor>& tensors,
+std::string encode_header(const std::string& where, const std::vector<TensorView>& tensors,
                           const std::map<std::string, std::string>& metadata) {
   OrderedJson header = OrderedJson::object();
   for (const auto& entry : metadata) require_utf8(entry.first, where + ": metadata key");
@@ -96,16 +96,17 @@ std::string encode_header(const std::string& where, const std::vector<NamedTenso
                   << " a file may hold");
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const NamedTensor& t : tensors) {
-    const std::string context = where + ": tensor '" + t.name + "'";
-    DDP_CHECK(t.name != kMetadataKey, context << ": the name is reserved for metadata");
-    DDP_CHECK(names.insert(t.name).second, context << ": duplicate tensor name");
-    require_utf8(t.name, context + ": the name");
+  for (const TensorView& view : tensors) {
+    const NamedTensor& t = *view.tensor;
+    const std::string context = where + ": tensor '" + view.name + "'";
+    DDP_CHECK(view.name != kMetadataKey, context << ": the name is reserved for metadata");
+    DDP_CHECK(names.insert(view.name).second, context << ": duplicate tensor name");
+    require_utf8(view.name, context + ": the name");
     const uint64_t numel = shape_numel(t.shape, context);
     DDP_CHECK(t.data.size() == numel, context << ": shape " << shape_string(t.shape) << " needs "
                                               << numel << " values but data has " << t.data.size());
     const uint64_t end = offset + numel * sizeof(float);
-    header[t.name] = OrderedJson{
+    header[view.name] = OrderedJson{
         {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", OrderedJson::array({offset, end})}};
     offset = end;
   }
@@ -379,12 +380,21 @@ std::vector<NamedTensor> read_tensors(int fd, const std::vector<TensorEntry>& en
 
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorView> views;
+  views.reserve(tensors.size());
+  for (const NamedTensor& t : tensors) views.push_back({t.name, &t});
+  save_safetensors_views(path, views, metadata);
+}
+
+void save_safetensors_views(const std::string& path, const std::vector<TensorView>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
   require_little_endian();
   const std::string header =
       encode_header("cannot save safetensors '" + path + "'", tensors, metadata);
   AtomicFile file(path, "safetensors");
   file.write(header.data(), header.size());
-  for (const NamedTensor& t : tensors) file.write(t.data.data(), t.data.size() * sizeof(float));
+  for (const TensorView& t : tensors)
+    file.write(t.tensor->data.data(), t.tensor->data.size() * sizeof(float));
   file.commit();
 }
 

@@ -62,10 +62,11 @@ uint32_t crc_string(uint32_t crc, const std::string& s) {
 
 // Over every tensor (name, shape, data) in order and every metadata entry but the checksum
 // itself: any change to what the file means changes it.
-uint32_t checkpoint_crc(const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
+uint32_t checkpoint_crc(const std::vector<TensorView>& tensors, const Metadata& metadata) {
   uint32_t crc = static_cast<uint32_t>(crc32(0L, Z_NULL, 0));
-  for (const NamedTensor& t : tensors) {
-    crc = crc_string(crc, t.name);
+  for (const TensorView& view : tensors) {
+    const NamedTensor& t = *view.tensor;
+    crc = crc_string(crc, view.name);
     for (int64_t d : t.shape) crc = crc_bytes(crc, &d, sizeof d);
     crc = crc_bytes(crc, t.data.data(), t.data.size() * sizeof(float));
   }
@@ -239,16 +240,17 @@ std::string checkpoint_path(const std::string& dir, int64_t global_step) {
 }
 
 void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
-  std::vector<NamedTensor> tensors = ckpt.weights;
+  std::vector<TensorView> tensors;  // the checkpoint's own tensors, not copies
+  for (const NamedTensor& t : ckpt.weights) tensors.push_back({t.name, &t});
   for (const OptimizerState& state : ckpt.optimizer) {
     DDP_CHECK(!state.name.empty() && state.name.find('.') == std::string::npos,
               "checkpoint: optimizer state name '" << state.name << "' is empty or has a dot");
     for (const NamedTensor& t : state.tensors)
-      tensors.push_back(NamedTensor{kOptimizerPrefix + state.name + "." + t.name, t.shape, t.data});
+      tensors.push_back({kOptimizerPrefix + state.name + "." + t.name, &t});
   }
   Metadata metadata = encode_state(ckpt.state);
   metadata[kCrcKey] = hex32(checkpoint_crc(tensors, metadata));
-  save_safetensors(path, tensors, metadata);
+  save_safetensors_views(path, tensors, metadata);
 }
 
 TrainingCheckpoint read_checkpoint(const std::string& path) {
@@ -269,7 +271,9 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
                   << "' is not the supported " << kFormatVersion);
   const std::string stored = metadata.count(kCrcKey) ? metadata[kCrcKey] : "";
   DDP_CHECK(!stored.empty(), where << ": metadata '" << kCrcKey << "' is missing");
-  const std::string computed = hex32(checkpoint_crc(tensors, metadata));
+  std::vector<TensorView> views;
+  for (const NamedTensor& t : tensors) views.push_back({t.name, &t});
+  const std::string computed = hex32(checkpoint_crc(views, metadata));
   DDP_CHECK(stored == computed, where << ": checksum mismatch (stored " << stored << ", computed "
                                       << computed << "): the file is corrupt");
   require_finite(tensors, where);

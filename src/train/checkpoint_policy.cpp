@@ -16,6 +16,12 @@ namespace ddp {
 
 namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
 }  // namespace
 
 CheckpointPolicy::CheckpointPolicy(const TrainConfig& cfg, ProcessGroup& comm, DeviceContext& ctx,
@@ -43,6 +49,7 @@ bool CheckpointPolicy::due_at_end(int64_t global_step, int64_t first_step) const
 }
 
 void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
+  settle();  // one checkpoint in flight at a time
   const Tally g = epoch_tally.reduced(comm_);
   st.epoch_loss_sum = g.loss_sum;
   st.epoch_correct = g.correct;
@@ -56,43 +63,94 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
   const std::string path = checkpoint_path(dir_, st.global_step);
   const double t0 = seconds_now();
   ctx_.backend().synchronize();  // the last step's update has landed
-  double megabytes = 0.0;
-  auto optimizer_state = [this] {
-    std::vector<OptimizerState> out;
-    for (const std::string& name : replica_.optimizer().state_names())
-      out.push_back({name, replica_.named(replica_.host_optimizer_state(name))});
-    return out;
-  };
   // A sharded optimizer's state is gathered from every rank first (a collective).
-  std::vector<OptimizerState> gathered;
-  if (replica_.sharded()) gathered = optimizer_state();
+  if (replica_.sharded()) copy_optimizer_state();
+  const bool async = cfg_.checkpoint.async;
+  Written written;
   run_agreed(comm_, [&] {
     if (comm_.rank() != 0) return;
-    TrainingCheckpoint ck;
-    ck.state = st;
-    ck.weights = replica_.named(replica_.host_parameters());
-    ck.optimizer = replica_.sharded() ? std::move(gathered) : optimizer_state();
+    // A copy: training may change the replica's state from here.
+    snapshot_.state = st;
+    replica_.host_parameters(staging_);
+    replica_.named(staging_, snapshot_.weights);
+    if (!replica_.sharded()) copy_optimizer_state();
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     DDP_CHECK(!ec, "checkpoint.dir: cannot create " << dir_ << ": " << ec.message());
-    write_checkpoint(path, ck);
-    megabytes = static_cast<double>(std::filesystem::file_size(path, ec)) / kMiB;
-    prune_checkpoints(dir_, cfg_.checkpoint.keep_last, run_, path);
+    if (!async) {
+      written = write(path);
+      return;
+    }
+    writing_ = std::async(std::launch::async, [this, path] { return write(path); });
   });
-  last_ = path;
   last_step_ = st.global_step;
-  const double seconds = seconds_now() - t0;
+  const double blocked = seconds_now() - t0;
+  if (async) {
+    in_flight_ = InFlight{st, path, blocked};  // reported once it is durable
+    return;
+  }
+  last_ = path;
+  report(st, path, written.megabytes, blocked, nullptr);
+}
+
+void CheckpointPolicy::settle() {
+  if (!in_flight_) return;
+  const InFlight done = std::move(*in_flight_);
+  in_flight_.reset();
+  const double t0 = seconds_now();
+  Written written;
+  run_agreed(comm_, [&] {
+    if (comm_.rank() == 0) written = writing_.get();  // rethrows the writer's error
+  });
+  last_ = done.path;
+  report(done.at, done.path, written.megabytes, done.blocked_seconds + seconds_now() - t0,
+         &written);
+}
+
+// The optimizer's state arrays into the snapshot (rank 0); a sharded optimizer's are gathered
+// from every rank, a collective.
+void CheckpointPolicy::copy_optimizer_state() {
+  const std::vector<std::string> names = replica_.optimizer().state_names();
+  snapshot_.optimizer.resize(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    replica_.host_optimizer_state(names[i], staging_);
+    if (comm_.rank() != 0) continue;
+    snapshot_.optimizer[i].name = names[i];
+    replica_.named(staging_, snapshot_.optimizer[i].tensors);
+  }
+}
+
+CheckpointPolicy::Written CheckpointPolicy::write(const std::string& path) const {
+  const double t0 = seconds_now();
+  write_checkpoint(path, snapshot_);
+  std::error_code ec;
+  Written w;
+  w.megabytes = static_cast<double>(std::filesystem::file_size(path, ec)) / kMiB;
+  prune_checkpoints(dir_, cfg_.checkpoint.keep_last, run_, path);
+  w.seconds = seconds_now() - t0;
+  return w;
+}
+
+// `blocked_seconds`: the training thread's time in save and settle; `background`: the writer
+// thread's, for a checkpoint written asynchronously.
+void CheckpointPolicy::report(const TrainingState& at, const std::string& path, double megabytes,
+                              double blocked_seconds, const Written* background) {
   std::ostringstream line;
-  line << "checkpoint: " << path << " (epoch " << st.epoch + 1 << " step " << st.step_in_epoch
+  line << "checkpoint: " << path << " (epoch " << at.epoch + 1 << " step " << at.step_in_epoch
        << ", " << std::fixed << std::setprecision(1) << megabytes << " MiB in "
-       << std::setprecision(3) << seconds << " s)";
+       << std::setprecision(3) << (background ? background->seconds : blocked_seconds) << " s"
+       << (background ? " in the background, " + fixed(blocked_seconds, 3) + " s of training"
+                      : std::string())
+       << ")";
   report_.say(line.str());
-  report_.record({{"type", "checkpoint"},
-                  {"path", path},
-                  {"epoch", st.epoch + 1},
-                  {"step", st.step_in_epoch},
-                  {"global_step", st.global_step},
-                  {"seconds", seconds}});
+  nlohmann::json record = {{"type", "checkpoint"},
+                           {"path", path},
+                           {"epoch", at.epoch + 1},
+                           {"step", at.step_in_epoch},
+                           {"global_step", at.global_step},
+                           {"seconds", blocked_seconds}};
+  if (background) record["write_seconds"] = background->seconds;
+  report_.record(record);
 }
 
 }  // namespace ddp

@@ -163,14 +163,25 @@ void Replica::init_parameters(Sequential& target) const {
 }
 
 std::vector<float> Replica::host_parameters() {
-  std::vector<float> host(plan_.total_numel);
-  ctx_.copy_to_host(host.data(), params_, host.size());
+  std::vector<float> host;
+  host_parameters(host);
   return host;
 }
 
+void Replica::host_parameters(std::vector<float>& host) {
+  host.resize(plan_.total_numel);
+  ctx_.copy_to_host(host.data(), params_, host.size());
+}
+
 std::vector<float> Replica::host_optimizer_state(const std::string& name) {
+  std::vector<float> host;
+  host_optimizer_state(name, host);
+  return host;
+}
+
+void Replica::host_optimizer_state(const std::string& name, std::vector<float>& host) {
   const Tensor state = optimizer_->state(name);
-  std::vector<float> host(plan_.total_numel, 0.0f);
+  host.assign(plan_.total_numel, 0.0f);
   size_t at = 0;  // the state holds the optimizer's spans one after another
   for (const Span& s : optimizer_->spans()) {
     ctx_.copy_to_host(host.data() + s.offset, state.data + at, s.numel);
@@ -178,18 +189,24 @@ std::vector<float> Replica::host_optimizer_state(const std::string& name) {
   }
   // The host communicator gathers host memory on any device.
   if (path_.sharded) host_->allgather_async(host.data(), shards_.buckets)->wait();
-  return host;
 }
 
 std::vector<NamedTensor> Replica::named(const std::vector<float>& arena) const {
   std::vector<NamedTensor> out;
+  named(arena, out);
+  return out;
+}
+
+void Replica::named(const std::vector<float>& arena, std::vector<NamedTensor>& out) const {
   const auto& params = model_->parameters();
+  out.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const Parameter* p = params[i];
     const float* first = arena.data() + plan_.param_offset[i];
-    out.push_back(NamedTensor{p->name, p->shape, std::vector<float>(first, first + p->numel())});
+    out[i].name = p->name;
+    out[i].shape = p->shape;
+    out[i].data.assign(first, first + p->numel());
   }
-  return out;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> Replica::shapes() const {

@@ -89,11 +89,16 @@ class Replica {
   Tensor dlogits(int64_t rows);
 
   /// The parameters / one of the optimizer's state arrays in host memory, arena-shaped. A
-  /// sharded optimizer's state is gathered from every rank: then a collective.
+  /// sharded optimizer's state is gathered from every rank: then a collective. The forms
+  /// with `host` fill it, reusing its memory (a checkpoint's copy, taken again and again).
   std::vector<float> host_parameters();
   std::vector<float> host_optimizer_state(const std::string& name);
-  /// The parameters' slices of an arena-shaped array, as named tensors.
+  void host_parameters(std::vector<float>& host);
+  void host_optimizer_state(const std::string& name, std::vector<float>& host);
+  /// The parameters' slices of an arena-shaped array, as named tensors (into `out`: its
+  /// tensors' memory reused).
   std::vector<NamedTensor> named(const std::vector<float>& arena) const;
+  void named(const std::vector<float>& arena, std::vector<NamedTensor>& out) const;
   /// Names, and names with shapes, in registration order.
   std::vector<std::string> parameter_names() const { return model_->parameter_names(); }
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes() const;

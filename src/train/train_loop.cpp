@@ -245,6 +245,7 @@ Tally TrainLoop::evaluate() {
 TrainSummary TrainLoop::finish() {
   if (!sum_.interrupted && p_.checkpoints.due_at_end(sum_.steps, first_step_))
     p_.checkpoints.save(at_, at_.step_in_epoch == 0 ? Tally{} : epoch_tally_);
+  p_.checkpoints.settle();  // the last checkpoint is durable before the run reports its end
   sum_.last_checkpoint = p_.checkpoints.last();
   sum_.stop_signal = stop_requested();
   sum_.seconds = train_seconds_;
