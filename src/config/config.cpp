@@ -453,6 +453,8 @@ class RowLister {
         return "non-empty";
       case Key::Rule::Equals:
         return k.only;
+      case Key::Rule::OffOrAbove:
+        return "0 or > " + format_bound(k.lo, false);
       case Key::Rule::None:
         break;
     }
@@ -476,6 +478,8 @@ class RowLister {
         return "in (0, " + hi;
       case Key::Rule::NonNegative:
         return "in [0, " + hi;
+      case Key::Rule::OffOrAbove:
+        return "0 or in (" + format_bound(k.lo, false) + ", " + hi;
       default:
         return "<= " + format_bound(k.max, integer);
     }
@@ -646,6 +650,10 @@ void check_lower_rule(const Origin& o, const std::string& path, double v, const 
     if (!(v >= 0 && v < 1)) fail(o, path, "must be in [0, 1), got " + format_double(v));
   } else if (k.rule == Key::Rule::UnitInterval) {
     if (!(v > 0 && v <= 1)) fail(o, path, "must be in (0, 1], got " + format_double(v));
+  } else if (k.rule == Key::Rule::OffOrAbove) {
+    if (!(v == 0 || (v > k.lo && finite)))
+      fail(o, path, "must be 0 (off) or > " + format_bound(k.lo, false) + ", got " +
+                        format_double(v));
   } else if (k.rule != Key::Rule::None) {
     misdeclared(path);
   }

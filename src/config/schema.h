@@ -55,11 +55,12 @@ struct Key {
     Fraction,
     UnitInterval,
     NonEmpty,
-    Equals
+    Equals,
+    OffOrAbove
   };
   Rule rule = Rule::None;
   int64_t min = 0;          ///< AtLeast: the smallest integer (each entry of a list)
-  double lo = 0;            ///< NotBelow: the smallest number
+  double lo = 0;            ///< NotBelow: the smallest number; OffOrAbove: the bound
   const char* lo_is = "";   ///< NotBelow: what the smallest number is, for messages
   double max = HUGE_VAL;    ///< the largest value (each entry of a list); HUGE_VAL: none
   const char* only = "";    ///< Equals: the one accepted string
@@ -92,6 +93,11 @@ struct Key {
   /// In (0, 1].
   Key& unit_interval() { return set(Rule::UnitInterval); }
   Key& non_empty() { return set(Rule::NonEmpty); }
+  /// 0 (off), or a number > `smallest`.
+  Key& off_or_above(double smallest) {
+    lo = smallest;
+    return set(Rule::OffOrAbove);
+  }
   Key& equals(const char* value) {
     only = value;
     return set(Rule::Equals);
@@ -369,7 +375,7 @@ void visit_config(TrainConfig& c, V& v) {
             Key().doc("write the flight records when training ends well too"));
     s.field("straggler_threshold", c.output.straggler_threshold,
             Key()
-                .non_negative()
+                .off_or_above(1)
                 .at_most(bounds::kSkew)
                 .doc("name the slowest rank past this x the median's compute + data; 0: off"));
     s.field("peak_tflops", c.output.peak_tflops,

@@ -72,7 +72,7 @@ void StragglerTally::add(const IntervalReport& r, double threshold) {
 std::optional<StragglerTally::Verdict> StragglerTally::persistent() const {
   for (size_t rank = 0; rank < slowest_at_.size(); ++rank) {
     const int64_t n = slowest_at_[rank];
-    if (n >= kMinIntervals && 2 * n > flagged_)
+    if (n >= kMinIntervals && 2 * n > flagged_ && 4 * n >= logged_)
       return Verdict{static_cast<int>(rank), n, flagged_, skew_sum_[rank] / n};
   }
   return std::nullopt;

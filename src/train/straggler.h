@@ -1,8 +1,8 @@
 // Which rank the others wait for: each rank's time between two progress lines split into
 // compute, data wait and collective wait, gathered at the progress line and reduced to
 // min / median / max and the slowest rank; and, over the run, the rank that was slowest at most
-// of the intervals whose skew passed output.straggler_threshold (the persistent straggler the
-// summary names). Pure functions: the gathering is TrainLoop's.
+// of the intervals whose skew passed output.straggler_threshold, and at a quarter of all of them
+// at least (the persistent straggler the summary names). Pure functions: the gathering is TrainLoop's.
 #pragma once
 
 #include <cstdint>
@@ -66,8 +66,9 @@ class StragglerTally {
     int64_t flagged = 0;     ///< intervals whose skew passed the threshold
     double mean_skew = 0;    ///< its mean skew over the intervals where it was the slowest
   };
-  /// The persistent straggler: the rank slowest at more than half of the flagged intervals
-  /// and at least kMinIntervals of them; none otherwise.
+  /// The persistent straggler: the rank slowest at more than half of the flagged intervals,
+  /// at least kMinIntervals of them and at least a quarter of all logged intervals (so a few
+  /// noisy intervals of a long run name nobody); none otherwise.
   std::optional<Verdict> persistent() const;
   int64_t logged() const { return logged_; }
   int64_t flagged() const { return flagged_; }

@@ -100,7 +100,8 @@ TEST_CASE("straggler: persistent when slowest at more than half of the flagged i
   CHECK(v->mean_skew == Approx((5 * 2.0 + 4 * 2.1) / 9).epsilon(1e-12));
 }
 
-TEST_CASE("straggler: half is not more than half, and fewer than 3 is no verdict", "[straggler]") {
+TEST_CASE("straggler: half is not more than half, fewer than 3 or than a quarter is no verdict",
+          "[straggler]") {
   StragglerTally half(2);
   for (int i = 0; i < 4; ++i) half.add(interval(i % 2, 3.0), 1.5);
   CHECK_FALSE(half.persistent());
@@ -120,6 +121,17 @@ TEST_CASE("straggler: half is not more than half, and fewer than 3 is no verdict
   for (int i = 0; i < 20; ++i) quiet.add(interval(1, 1.2), 1.5);
   CHECK(quiet.flagged() == 0);
   CHECK_FALSE(quiet.persistent());
+
+  StragglerTally sparse(2);  // 3 noisy intervals of 30: fewer than a quarter
+  for (int i = 0; i < 27; ++i) sparse.add(interval(0, 1.2), 1.5);
+  for (int i = 0; i < 3; ++i) sparse.add(interval(0, 1.6), 1.5);
+  CHECK(sparse.flagged() == 3);
+  CHECK_FALSE(sparse.persistent());
+  for (int i = 0; i < 5; ++i) sparse.add(interval(0, 1.6), 1.5);  // 8 of 35: still fewer
+  CHECK_FALSE(sparse.persistent());
+  sparse.add(interval(0, 1.6), 1.5);  // 9 of 36: a quarter
+  REQUIRE(sparse.persistent());
+  CHECK(sparse.persistent()->slowest_at == 9);
 
   StragglerTally off(2);  // threshold 0: the report is off
   for (int i = 0; i < 5; ++i) off.add(interval(1, 9.0), 0.0);
