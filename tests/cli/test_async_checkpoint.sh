@@ -3,7 +3,8 @@
 # differ); a checkpoint is reported once it is durable, after training went on past it; a run
 # resumed from one ends bitwise where the uninterrupted run ends; a stop request (SIGTERM)
 # leaves a complete checkpoint; a full disk during a background write ends every rank with
-# code 1, naming the error, and keeps the previous checkpoint.
+# code 1, naming the error, and keeps the previous checkpoint; bench/checkpoint_cost.sh prints
+# a row per setting.
 source "$(dirname "$0")/lib.sh"
 
 seed="$DDP_SOURCE_DIR/configs/seed.yaml"
@@ -104,5 +105,16 @@ if [[ "$(id -u)" == 0 ]] && mount -t tmpfs -o size=16k tmpfs "$small" 2>/dev/nul
 else
   echo "skipped: full disk on a tmpfs (needs root and mount)"
 fi
+
+# --- bench/checkpoint_cost.sh: a row per setting, from a short series -------------------------
+table="$(timeout 180 bash "$DDP_SOURCE_DIR/bench/checkpoint_cost.sh" --runs 1 --steps 40 --every 20 \
+  --loads 0 --binary "$DDP_TRAIN" --dir "$WORK" 2>&1)"
+row='^\| 0 busy \| (none|inline every 20 steps|async every 20 steps) \| [0-9.]+ \| [-+][0-9.]+% \| ([0-9.]+|-) \| ([0-9.]+|-) \|$'
+if [[ "$(grep -cE "$row" <<<"$table")" -eq 3 ]]; then
+  pass "bench/checkpoint_cost.sh: a row for none, in line and async"
+else
+  fail "bench/checkpoint_cost.sh: expected 3 rows:"; echo "$table"
+fi
+checks=$((checks + 1))
 
 finish
