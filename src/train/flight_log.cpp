@@ -149,8 +149,9 @@ void FlightLog::on_failure(const std::string& error) const {
 
 // Every rank that timed out writes its record and comes here; the lowest rank whose record is
 // there once all are (or the grace is over) prints the verdict, so it is printed once even when
-// rank 0 is the one that stopped. A stopped rank that the launcher continues to end it times out
-// at once and finds the verdict given (a record says "reported"): it prints nothing more.
+// rank 0 is the one that stopped. A rank that times out after the reporter looked (a starved
+// core; a stopped rank the launcher continues to end it) finds the verdict given (a record says
+// "reported"): it prints nothing more, and waits for the reporter as the others do.
 // Not the reporter: it prints the verdict and ends the job. This rank's own exit would have the
 // launcher end the job at once, the reporter's message possibly unprinted: so it waits until the
 // verdict is kept (the reporter writes it before printing), then long enough for the reporter
@@ -183,9 +184,9 @@ void FlightLog::analyze_hang_after_timeout(const std::string& error) const {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (records.records.empty()) return;
-  for (const nlohmann::json& r : records.records)
-    if (r.value("reported", false)) return;
-  if (records.records.front().value("rank", -1) != id_.rank) {
+  bool reported = false;  // a rank that timed out late: the reporter is printing, or has printed
+  for (const nlohmann::json& r : records.records) reported = reported || r.value("reported", false);
+  if (reported || records.records.front().value("rank", -1) != id_.rank) {
     wait_for_reporter(grace);
     return;
   }

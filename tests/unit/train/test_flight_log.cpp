@@ -149,6 +149,34 @@ TEST_CASE("flight log: a rank that is not the reporter returns after the reporte
   fs::remove_all(dir);
 }
 
+// Rank 1 times out after rank 0 began to report (its record says "reported"), and rank 0 keeps
+// the verdict 1.5 s later: rank 1 must not return (and so end the job, the launcher killing the
+// reporter mid-message) before rank 0 has returned. Under load it once did, at once.
+TEST_CASE("flight log: a rank that times out after the reporter began waits for it too",
+          "[flight]") {
+  const fs::path dir = fresh_dir("late");
+  auto timed_out_recorder = [] {
+    auto rec = std::make_shared<ddp::FlightRecorder>(8);
+    rec->timed_out(rec->issued("allreduce of 243 floats", 972, "float32"));
+    return rec;
+  };
+  ddp::FlightLog log0(timed_out_recorder(), ddp::FlightLog::Identity{dir.string(), "job-4", 0, 2, 2});
+  ddp::FlightLog log1(timed_out_recorder(), ddp::FlightLog::Identity{dir.string(), "job-4", 1, 2, 2});
+  REQUIRE_FALSE(log0.write("timeout", "", /*reported=*/true).empty());
+  double reporter_done = 0;
+  std::thread reporter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ddp::write_flight_verdict(dir.string(), "job-4", 0, "collective #1 did not complete");
+    reporter_done = ddp::seconds_now();
+  });
+  log1.on_failure("rank 1: allreduce of 243 floats did not complete within 2 s");
+  const double other_done = ddp::seconds_now();
+  reporter.join();
+  CHECK(reporter_done > 0);
+  CHECK(reporter_done < other_done);
+  fs::remove_all(dir);
+}
+
 // A stop request (the launcher's SIGTERM after a peer died) writes the record once, within the
 // watcher's poll; a second request does not write it again.
 TEST_CASE("flight log: the first stop request writes the record, quietly and once", "[flight]") {
