@@ -41,6 +41,12 @@
 //     cudaDeviceSynchronize (also cudaFree, cudaFreeHost and cudaHostUnregister, which
 //     synchronise the device in CUDA) runs everything. Other queues stay queued, so a consumer
 //     that forgot to wait reads what the memory held before (cudaMalloc memory is NaN).
+//   * Until the device lag has passed (DDP_EMU_DEVICE_LAG_S, default 2 s, "never" for never;
+//     set_device_lag): an operation queued longer than that is run by the device's own thread,
+//     with what its stream queued before it, as a device runs its queues whether or not the host
+//     waits. So no process waits for ever on work its peer's host never synchronises on (a
+//     NCCL collective queued by a rank that went on into an MPI call), and a host that polls
+//     an event while the device runs that stream sees cudaErrorNotReady, as on a device.
 //   * cudaEventQuery on an event whose record has not run runs it and returns cudaErrorNotReady
 //     that once (a polling loop sees "not ready" and still finishes; like older CUDA versions it
 //     is also the thread's last error, which callers clear; while another thread runs that
@@ -56,7 +62,7 @@
 //     cudaDeviceSynchronize or cudaGetLastError of the process (cudaErrorLaunchFailure for
 //     kernels).
 //   * cudaStreamDestroy runs the stream's queue first. Work still queued at process exit never
-//     runs.
+//     runs (the device thread may have run what was older than the lag).
 //   Threads may queue and synchronise concurrently; a stream's operations run in order, on one
 //   thread at a time (whichever synchronises), never while the runtime's lock is held.
 // - Stream capture and graphs (cuda_emu_graphs.cpp) follow the CUDA Programming Guide ("CUDA
@@ -635,6 +641,15 @@ void set_stream_mode(StreamMode mode);
 /// A DDP_EMU_STREAMS value: unset or "" or "immediate", or "deferred"; anything else throws
 /// std::invalid_argument naming it.
 StreamMode parse_stream_mode(const char* value);
+/// Deferred mode: how long a queued operation waits for the host before the device's own thread
+/// runs it (infinity: never). DDP_EMU_DEVICE_LAG_S read once, at first use (unless
+/// set_device_lag chose one before); a value parse_device_lag refuses stops the process.
+double device_lag();
+/// Chooses the lag from now on (>= 0, infinity for never; else std::invalid_argument).
+void set_device_lag(double seconds);
+/// A DDP_EMU_DEVICE_LAG_S value: unset or "" (2 s), a number of seconds in [0, 1e6], or
+/// "never"; anything else throws std::invalid_argument naming it.
+double parse_device_lag(const char* value);
 /// How the threads of a block take turns (see the top of this header).
 enum class Schedule { kParallel, kForward, kReverse, kRandom, kRotate };
 

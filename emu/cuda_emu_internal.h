@@ -27,11 +27,13 @@
 
 namespace ddp_emu {
 namespace detail {
-// One operation queued on a stream in deferred mode: its sequence number on the stream and what
-// it does. run never throws (every queued function catches what it can fail with).
+// One operation queued on a stream in deferred mode: its sequence number on the stream, what it
+// does and when it was queued (the device runs it itself once it waited longer than the device
+// lag). run never throws (every queued function catches what it can fail with).
 struct QueuedOp {
   uint64_t seq;
   std::function<void()> run;
+  std::chrono::steady_clock::time_point queued;
 };
 
 // One operation of a captured graph: what it is (messages, graph_nodes), the earlier nodes it
@@ -287,6 +289,9 @@ void enqueue_locked(CUstream_st* s, std::function<void()> run);
 void run_until(CUstream_st* s, uint64_t serial, uint64_t target);
 void run_streams(bool blocking_only);
 void before_legacy_op();
+// Starts the thread that runs operations older than the device lag (cuda_emu_progress.cpp), once
+// per process.
+void start_device_thread();
 // What a kernel launch queued or captured runs: the kernel, with a fault reported as an
 // asynchronous error.
 std::function<void()> launch_op(std::shared_ptr<const LaunchArgs> args, std::string name, dim3 grid,

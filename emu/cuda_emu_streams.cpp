@@ -78,7 +78,9 @@ bool stream_valid(cudaStream_t s) {
 bool deferred() { return mode_now() == StreamMode::kDeferred; }
 
 void enqueue_locked(CUstream_st* s, std::function<void()> run) {
-  s->queue.push_back(detail::QueuedOp{++s->enqueued, std::move(run)});
+  s->queue.push_back(
+      detail::QueuedOp{++s->enqueued, std::move(run), std::chrono::steady_clock::now()});
+  start_device_thread();
 }
 
 // Runs stream s (if it still exists as `serial`) until its operation `target` has finished.

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -1032,6 +1034,67 @@ TEST_CASE("deferred mode: a wait runs the other stream up to the record it captu
   for (cudaStream_t st : {a, b, c}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Polls (without running anything) until nothing is queued on `streams`, for up to 10 s.
+bool drained_within_10s(std::initializer_list<cudaStream_t> streams) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    int64_t queued = 0;
+    for (cudaStream_t s : streams) queued += ddp_emu::queued_operations(s);
+    if (queued == 0) return true;
+    if (seconds_since(t0) > 10) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST_CASE("deferred mode: the device runs what waited longer than the device lag",
+          "[emu][deferred]") {
+  DeferredStreams deferred(0.05);
+  cudaStream_t a = make_stream(cudaStreamNonBlocking);
+  cudaStream_t b = make_stream(cudaStreamNonBlocking);
+  cudaEvent_t e = make_event();
+  DeviceFloats x(64), y(64);
+  const auto t0 = std::chrono::steady_clock::now();
+  fill(x, 1.0f, a);
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+  ddp_emu::launch(scale_kernel, dim3(1), dim3(64), b, x.get(), y.get(), 64, 10.0f);
+  // Nothing here synchronises: only the device's own thread can run these, in stream order.
+  CHECK(drained_within_10s({a, b}));
+  CHECK(seconds_since(t0) >= 0.05);
+  CHECK(all_equal(y.read(), 10.0f));
+
+  // A host polling an event while the device is busy with its stream sees "not ready" at once,
+  // and the event once the device got past it.
+  std::atomic<bool> release{false}, started{false};
+  REQUIRE(ddp_emu::enqueue_host_work(a, [&] {
+    started = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }));
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int k = 0; k < 3; ++k) {
+    CHECK(cudaEventQuery(e) == cudaErrorNotReady);
+    CHECK(cudaGetLastError() == cudaErrorNotReady);
+  }
+  release = true;
+  CHECK(drained_within_10s({a}));
+  CHECK(cudaEventQuery(e) == cudaSuccess);
+
+  // Never: what the host does not synchronise on stays queued.
+  ddp_emu::set_device_lag(std::numeric_limits<double>::infinity());
+  fill(x, 2.0f, a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(ddp_emu::queued_operations(a) == 1);
+  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  CHECK(all_equal(x.read(), 2.0f));
+  REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  for (cudaStream_t st : {a, b}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
+}
+
 TEST_CASE("deferred mode: the legacy stream waits for blocking streams, not non-blocking ones",
           "[emu][deferred]") {
   DeferredStreams deferred;
@@ -1398,6 +1461,16 @@ TEST_CASE("deferred mode: destroying a stream or leaving the mode runs what is q
   CHECK(ddp_emu::parse_stream_mode("deferred") == ddp_emu::StreamMode::kDeferred);
   CHECK_THROWS_WITH(ddp_emu::parse_stream_mode("Deferred"),
                     Contains("DDP_EMU_STREAMS='Deferred' is not a stream mode"));
+  CHECK(ddp_emu::parse_device_lag(nullptr) == 2.0);
+  CHECK(ddp_emu::parse_device_lag("") == 2.0);
+  CHECK(ddp_emu::parse_device_lag("0") == 0.0);
+  CHECK(ddp_emu::parse_device_lag("0.25") == 0.25);
+  CHECK(std::isinf(ddp_emu::parse_device_lag("never")));
+  for (const char* bad : {"-1", "soon", "1s", "nan", "inf", "2e6"}) {
+    CHECK_THROWS_WITH(ddp_emu::parse_device_lag(bad),
+                      Contains(std::string("DDP_EMU_DEVICE_LAG_S='") + bad + "' is not a number"));
+  }
+  CHECK_THROWS(ddp_emu::set_device_lag(-1.0));
 }
 
 // ----- the environment and process exit, in a fresh process -------------------------------------
@@ -1445,7 +1518,9 @@ __global__ void announce_kernel(int token) {
 }
 
 TEST_CASE(kExitChild, "[.emu_child]") {
-  // Queued kernels that would announce themselves; the process ends before anything runs them.
+  // Queued kernels that would announce themselves; the process ends before anything runs them
+  // (nor the device's own thread, however long the exit takes).
+  ddp_emu::set_device_lag(std::numeric_limits<double>::infinity());
   cudaStream_t s = make_stream(cudaStreamNonBlocking);
   ddp_emu::launch(announce_kernel, dim3(1), dim3(32), s, 1);
   ddp_emu::launch(announce_kernel, dim3(1), dim3(32), s, 2);

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -36,6 +37,7 @@ namespace {
 
 using Catch::Contains;
 using Clock = std::chrono::steady_clock;
+constexpr double kNever = std::numeric_limits<double>::infinity();
 
 // ----- running ranks as child processes ---------------------------------------------------------
 
@@ -1228,6 +1230,7 @@ TEST_CASE("deferred mode: collectives queued on streams meet across forked ranks
   const size_t count = 1000;  // four 1 KiB chunks
   const ncclUniqueId id = new_id();
   require_all_passed(run_ranks(n, {{"DDP_NCCL_EMU_CHUNK_BYTES", "1024"}}, [&](int rank) {
+    ddp_emu::set_device_lag(kNever);  // what is queued stays so until the rank synchronises
     ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
     ncclComm_t comm = init_rank(n, id, rank);
     if (!comm) return;
@@ -1272,6 +1275,49 @@ TEST_CASE("deferred mode: collectives queued on streams meet across forked ranks
     RANK_CHECK(cudaStreamDestroy(blocking) == cudaSuccess);
     RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
   }));
+  CHECK(shm_leftovers().empty());
+}
+
+// Rank 1 queues its allreduce and then waits for rank 0 outside CUDA and NCCL (a pipe here, an
+// MPI collective in a trainer) without synchronising its stream; rank 0 synchronises on its own
+// allreduce first. A device runs rank 1's collective anyway: the emulated one does so after the
+// device lag. With the lag at "never" rank 0 waits until the emulation's timeout instead.
+TEST_CASE("deferred mode: the device runs a collective its host never waits for",
+          "[nccl_emu][deferred]") {
+  int pipefd[2];
+  REQUIRE(pipe(pipefd) == 0);
+  const ncclUniqueId id = new_id();
+  const std::vector<int> codes = run_ranks(2, {{"DDP_NCCL_EMU_TIMEOUT_S", "20"}}, [&](int rank) {
+    ddp_emu::set_device_lag(0.05);
+    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
+    ncclComm_t comm = init_rank(2, id, rank);
+    if (!comm) return;
+    cudaStream_t stream = new_stream(cudaStreamNonBlocking);
+    DeviceBuffer<float> buf(100);
+    buf.upload(std::vector<float>(100, 1.0f + rank));
+    RANK_NCCL(ncclAllReduce(buf.get(), buf.get(), 100, ncclFloat, ncclSum, comm, stream),
+              ncclSuccess);
+    if (rank == 0) {
+      const Clock::time_point t0 = Clock::now();
+      RANK_CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+      RANK_CHECK(seconds_since(t0) < 10);  // not the emulation's timeout
+      ncclResult_t async = ncclInternalError;
+      RANK_NCCL(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+      RANK_CHECK(async == ncclSuccess);
+      RANK_CHECK(buf.download() == std::vector<float>(100, 3.0f));
+      RANK_CHECK(write(pipefd[1], "x", 1) == 1);
+    } else {
+      struct pollfd p = {pipefd[0], POLLIN, 0};
+      RANK_CHECK(poll(&p, 1, 30000) == 1);  // rank 0 is done: the device ran this rank's part
+      RANK_CHECK(ddp_emu::queued_operations(stream) == 0);
+      RANK_CHECK(buf.download() == std::vector<float>(100, 3.0f));
+    }
+    RANK_CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+    RANK_NCCL(ncclCommDestroy(comm), ncclSuccess);
+  });
+  close(pipefd[0]);
+  close(pipefd[1]);
+  require_all_passed(codes);
   CHECK(shm_leftovers().empty());
 }
 
@@ -1337,6 +1383,7 @@ TEST_CASE("deferred mode: a queued collective that times out sets the asynchrono
           "[nccl_emu][deferred]") {
   const ncclUniqueId id = new_id();
   require_all_passed(run_ranks(2, {{"DDP_NCCL_EMU_TIMEOUT_S", "1"}}, [&](int rank) {
+    ddp_emu::set_device_lag(kNever);  // rank 1's collective must never run
     ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
     ncclComm_t comm = init_rank(2, id, rank);
     if (!comm) return;
