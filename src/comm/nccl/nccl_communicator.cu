@@ -247,7 +247,6 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
 
   void set_flight_recorder(FlightRecorder* recorder) override { ledger_.set_recorder(recorder); }
   void set_capturing(bool capturing) override { ledger_.set_capturing(capturing); }
-  NcclFlightLedger& ledger() { return ledger_; }
 
   void set_timeout(double seconds) override {
     DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
@@ -273,14 +272,20 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
     }
   }
 
-  /// Waits until `event` completed, polling NCCL's error state; aborts and throws on error or
-  /// after the timeout.
-  /// The flight recorder hears which collective it gave up on.
-  void wait_event(cudaEvent_t event, const std::string& what) {
+  /// Waits until `event`, the end of collective `seq` (0: not numbered), completed, polling
+  /// NCCL's error state; aborts and throws on error or after the timeout. The flight recorder
+  /// hears that `seq` ended, or which collective the wait gave up on. An event that passed is
+  /// not enough: NCCL's error may have come since, from a collective after `seq` that the
+  /// device already ran, so the error state is read once more (and blames the one after).
+  void wait_event(cudaEvent_t event, const std::string& what, uint64_t seq) {
     const double deadline = seconds_now() + timeout_s_;
     for (int spins = 0;; ++spins) {
       const cudaError_t state = cudaEventQuery(event);
-      if (state == cudaSuccess) return;
+      if (state == cudaSuccess) {
+        ledger_.completed_through(seq);
+        check_async(what);
+        return;
+      }
       if (state != cudaErrorNotReady) DDP_CUDA_CHECK(state);
       (void)cudaGetLastError();  // not ready is not an error
       check_async(what);
@@ -479,8 +484,7 @@ void NcclWork::wait() {
 
 void NcclWork::synchronize() {
   if (synchronized_) return;
-  owner_.wait_event(end_, what_);
-  owner_.ledger().completed_through(seq_);
+  owner_.wait_event(end_, what_, seq_);
   start_seconds_ = clock_->seconds(start_);
   end_seconds_ = clock_->seconds(end_);
   synchronized_ = true;
@@ -490,8 +494,7 @@ void NcclFence::wait() { owner_.check_async(what_); }
 
 void NcclFence::synchronize() {
   if (synchronized_) return;
-  owner_.wait_event(end_, what_);
-  owner_.ledger().completed_through(seq_);
+  owner_.wait_event(end_, what_, seq_);
   synchronized_ = true;
 }
 
