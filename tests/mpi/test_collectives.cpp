@@ -355,3 +355,43 @@ TEST_CASE("allgather of doubles: rank order on every rank, shared memory and MPI
   comm->gradient_arena(64, ddp::BucketWire{});  // one node: the control window and its slots
   for (size_t count : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) check_rounds("window", count);
 }
+
+// Rank 0 gives up on an allreduce its peers join only later. MPI cannot cancel a collective, so
+// the request stays active and the late peers' sum still arrives: it must land in memory the
+// communicator keeps, never in the caller's (freed by then, in a caller that goes on).
+TEST_CASE("a collective given up on never writes into the caller's memory afterwards",
+          "[mpi][timeout]") {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) {
+    WARN("skipped: needs 2 ranks");
+    return;
+  }
+  auto comm = world();
+  const std::vector<double> sent(4, rank + 1.0);
+  std::vector<double> data = sent;
+  std::string error;
+  if (rank == 0) {
+    comm->set_timeout(0.3);
+    try {
+      comm->allreduce(data.data(), data.size(), ddp::ReduceOp::Sum);
+    } catch (const ddp::Error& e) {
+      error = e.what();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the peers join rank 0's lost allreduce only now
+  if (rank != 0) comm->allreduce(data.data(), data.size(), ddp::ReduceOp::Sum);
+  MPI_Barrier(MPI_COMM_WORLD);  // rank 0's MPI progresses here: the sum reaches its request
+  long errors = 0;
+  if (rank == 0) {
+    INFO(error);
+    errors += error.find("did not complete within 0.3 s") == std::string::npos;
+    errors += data != sent;
+  } else {
+    errors += data != std::vector<double>(4, size * (size + 1) / 2.0);
+  }
+  CHECK(errors == 0);
+  if (rank == 0) (void)comm.release();  // a lane stuck in a lost collective is left behind
+  require_on_all_ranks(*world(), errors, "ranks whose memory a lost collective wrote");
+}

@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +41,30 @@ MPI_Op to_mpi(ReduceOp op) {
       return MPI_MIN;
   }
   return MPI_SUM;
+}
+
+// Host memory a polled MPI collective works in (a copy of the caller's). A collective whose wait
+// gave up stays active, as MPI cannot cancel one, and a late peer's data would land in memory
+// the caller has freed since: such a copy is kept until the process ends.
+class CollectiveCopy {
+ public:
+  explicit CollectiveCopy(size_t bytes) : bytes_(new unsigned char[std::max<size_t>(1, bytes)]) {}
+  unsigned char* data() { return bytes_.get(); }
+  void keep_forever() {
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::unique_ptr<unsigned char[]>>();  // never freed
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(std::move(bytes_));
+  }
+
+ private:
+  std::unique_ptr<unsigned char[]> bytes_;
+};
+
+size_t type_bytes(MPI_Datatype type) {
+  int size = 0;
+  DDP_MPI_CHECK(MPI_Type_size(type, &size));
+  return static_cast<size_t>(size);
 }
 
 // The average of a sum over `size` ranks.
@@ -234,10 +260,15 @@ class LaneMpiCommunicator final : public MpiCommunicator {
       return;
     }
     run_here(std::move(what), [this, mine, count, all] {
+      const size_t sent = count * sizeof(double), got = sent * static_cast<size_t>(size_);
+      CollectiveCopy copy(sent + got);
+      std::memcpy(copy.data(), mine, sent);
       MPI_Request request = MPI_REQUEST_NULL;
-      DDP_MPI_CHECK(MPI_Iallgather(mine, static_cast<int>(count), MPI_DOUBLE, all,
-                                   static_cast<int>(count), MPI_DOUBLE, comm_, &request));
-      complete(request);
+      DDP_MPI_CHECK(MPI_Iallgather(copy.data(), static_cast<int>(count), MPI_DOUBLE,
+                                   copy.data() + sent, static_cast<int>(count), MPI_DOUBLE, comm_,
+                                   &request));
+      complete(request, copy);
+      std::memcpy(all, copy.data() + sent, got);
     });
   }
 
@@ -256,17 +287,22 @@ class LaneMpiCommunicator final : public MpiCommunicator {
         {"broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
          bytes, "bytes"},
         [this, data, bytes, root] {
+          CollectiveCopy copy(bytes);
+          std::memcpy(copy.data(), data, bytes);
           MPI_Request request = MPI_REQUEST_NULL;
-          DDP_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
-          complete(request);
+          DDP_MPI_CHECK(
+              MPI_Ibcast(copy.data(), static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
+          complete(request, copy);
+          std::memcpy(data, copy.data(), bytes);
         });
   }
 
   void barrier() override {
     run_here("barrier", [this] {
+      CollectiveCopy none(0);
       MPI_Request request = MPI_REQUEST_NULL;
       DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
-      complete(request);
+      complete(request, none);
     });
   }
 
@@ -448,22 +484,32 @@ class LaneMpiCommunicator final : public MpiCommunicator {
 
   void scale(float* data, size_t count) const { divide(data, count, size_); }
 
-  // An in-place MPI_Iallreduce of host memory, completed by polling.
+  // An MPI_Iallreduce of host memory, in place in a copy, completed by polling.
   void polled_allreduce(void* data, size_t count, MPI_Datatype type, MPI_Op op) {
+    const size_t bytes = count * type_bytes(type);
+    CollectiveCopy copy(bytes);
+    std::memcpy(copy.data(), data, bytes);
     MPI_Request request = MPI_REQUEST_NULL;
-    DDP_MPI_CHECK(
-        MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm_, &request));
-    complete(request);
+    DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, copy.data(), static_cast<int>(count), type, op,
+                                 comm_, &request));
+    complete(request, copy);
+    std::memcpy(data, copy.data(), bytes);
   }
 
-  // Completes a non-blocking MPI call by polling it (each MPI_Test also progresses MPI), within
-  // the lane's deadline and yielding the core while the peers are late.
-  void complete(MPI_Request& request) {
-    lane_->wait_until([&request] {
-      int flag = 0;
-      DDP_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
-      return flag != 0;
-    });
+  // Completes a non-blocking MPI call on `copy` by polling it (each MPI_Test also progresses
+  // MPI), within the lane's deadline and yielding the core while the peers are late. A call it
+  // gives up on keeps its copy for good.
+  void complete(MPI_Request& request, CollectiveCopy& copy) {
+    try {
+      lane_->wait_until([&request] {
+        int flag = 0;
+        DDP_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+        return flag != 0;
+      });
+    } catch (...) {
+      if (request != MPI_REQUEST_NULL) copy.keep_forever();
+      throw;
+    }
   }
 
   // Hierarchical: the allreduce of a rank's chunk, summed over its node, with the same chunk of
