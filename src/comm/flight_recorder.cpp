@@ -80,6 +80,14 @@ void FlightRecorder::ended(uint64_t seq, bool ok, double at) {
   end_locked(seq, ok ? State::Completed : State::Failed, time);
 }
 
+void FlightRecorder::device_times(uint64_t seq, double started, double ended) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Entry* e = find_locked(seq); e != nullptr && e->state == State::Completed) {
+    e->started = started;
+    e->ended = ended;
+  }
+}
+
 void FlightRecorder::timed_out(uint64_t seq) {
   saw_timeout_ = true;
   std::lock_guard<std::mutex> lock(mu_);

@@ -44,6 +44,9 @@ class FlightRecorder {
   void started(uint64_t seq, double at = kNow);
   /// It ended: completed, or failed with an error (at `at`, as above).
   void ended(uint64_t seq, bool ok, double at = kNow);
+  /// A device collective that completed: its own start and end (its events' times, on the
+  /// same clock), which replace the moment the host saw it end.
+  void device_times(uint64_t seq, double started, double ended);
   /// Waiting for it gave up after the timeout.
   void timed_out(uint64_t seq);
   /// Whether some wait of this rank timed out (the hang analysis is worth running).

@@ -61,6 +61,18 @@ std::string bucket_problems(const nlohmann::json& record, int64_t steps) {
   return "";
 }
 
+// What is wrong with the times of a NCCL bucket the host waited for (an eager step's): the
+// device's start and end (its events), after it was queued.
+std::string time_problems(const nlohmann::json& record) {
+  for (const nlohmann::json& e : record["entries"]) {
+    if (!nccl_bucket(e)) continue;
+    if (e["started"].is_null() || e["ended"].is_null()) return "entry " + e.dump() + " untimed";
+    const double queued = e["enqueued"], started = e["started"], ended = e["ended"];
+    if (!(queued <= started && started <= ended)) return "entry " + e.dump() + " out of order";
+  }
+  return "";
+}
+
 // Whether the ranks' records agree: the same collective (what, bucket, step) under each number.
 bool ranks_agree(const ddp::FlightRecords& records) {
   for (const nlohmann::json& r : records.records) {
@@ -97,7 +109,8 @@ TEST_CASE("GPU training: the NCCL buckets are in the flight records, eager and a
     REQUIRE(records.records.size() == static_cast<size_t>(comm->size()));
     long errors = 0;
     for (const nlohmann::json& record : records.records) {
-      const std::string problem = bucket_problems(record, summary.steps);
+      const std::string problem =
+          bucket_problems(record, summary.steps) + (graphs ? "" : time_problems(record));
       INFO("rank " << record["rank"] << ": " << problem);
       CHECK(problem.empty());
       errors += !problem.empty();

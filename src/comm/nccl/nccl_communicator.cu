@@ -247,6 +247,9 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
 
   void set_flight_recorder(FlightRecorder* recorder) override { ledger_.set_recorder(recorder); }
   void set_capturing(bool capturing) override { ledger_.set_capturing(capturing); }
+  void device_times(uint64_t seq, double started, double ended) {
+    ledger_.device_times(seq, started, ended);
+  }
 
   void set_timeout(double seconds) override {
     DDP_CHECK(seconds > 0, "communicator timeout must be > 0 s, got " << seconds);
@@ -368,9 +371,11 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
     auto work = std::make_shared<NcclWork>(*this, clock_, ready, start, end, what);
     DDP_CUDA_CHECK(cudaEventRecord(ready, backend_->stream()));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-    DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
+    // Numbered (and its queuing time taken) before its start is queued: the device may pass
+    // an event on an idle stream before the host's next call.
     const uint64_t seq = ledger_.number({std::move(what), bytes, std::move(wire)});
     try {
+      DDP_CUDA_CHECK(cudaEventRecord(start, stream_));
       issue();
     } catch (const Error&) {
       ledger_.failed(seq);
@@ -487,6 +492,7 @@ void NcclWork::synchronize() {
   owner_.wait_event(end_, what_, seq_);
   start_seconds_ = clock_->seconds(start_);
   end_seconds_ = clock_->seconds(end_);
+  owner_.device_times(seq_, start_seconds_, end_seconds_);
   synchronized_ = true;
 }
 

@@ -95,6 +95,11 @@ class NcclFlightLedger {
     drop_ended_locked();
   }
 
+  /// Collective `seq`, seen ended, began and ended at these times on the device.
+  void device_times(uint64_t seq, double started, double ended) {
+    if (recorder_ != nullptr && seq != 0) recorder_->device_times(seq, started, ended);
+  }
+
   /// A wait on the comm stream gave up (after the timeout, or on a NCCL error): the first
   /// collective that had not ended is the one that did not complete. After an error the end
   /// events say nothing (the stream runs on past a failed collective), so only the waits that
