@@ -361,14 +361,12 @@ TEST_CASE("allgather of doubles: rank order on every rank, shared memory and MPI
 // communicator keeps, never in the caller's (freed by then, in a caller that goes on).
 TEST_CASE("a collective given up on never writes into the caller's memory afterwards",
           "[mpi][timeout]") {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto comm = world();
+  const int rank = comm->rank(), size = comm->size();
   if (size < 2) {
     WARN("skipped: needs 2 ranks");
     return;
   }
-  auto comm = world();
   const std::vector<double> sent(4, rank + 1.0);
   std::vector<double> data = sent;
   std::string error;
