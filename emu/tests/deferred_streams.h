@@ -1,7 +1,10 @@
 // The emulator's tests: deferred streams (cuda_emu.h) for the scope of an in-process test.
 #pragma once
 
+#include <chrono>
+#include <initializer_list>
 #include <limits>
+#include <thread>
 
 #include "cuda_emu.h"
 
@@ -28,5 +31,19 @@ class DeferredStreams {
   ddp_emu::StreamMode before_;
   double lag_before_;
 };
+
+/// Polls, running nothing, until nothing is queued on `streams`; false after `seconds`.
+inline bool drained_within(double seconds, std::initializer_list<cudaStream_t> streams) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(seconds));
+  for (;;) {
+    int64_t queued = 0;
+    for (cudaStream_t s : streams) queued += ddp_emu::queued_operations(s);
+    if (queued == 0) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 }  // namespace ddp_emu_test

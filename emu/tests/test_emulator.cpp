@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -1034,22 +1033,6 @@ TEST_CASE("deferred mode: a wait runs the other stream up to the record it captu
   for (cudaStream_t st : {a, b, c}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Polls (without running anything) until nothing is queued on `streams`, for up to 10 s.
-bool drained_within_10s(std::initializer_list<cudaStream_t> streams) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    int64_t queued = 0;
-    for (cudaStream_t s : streams) queued += ddp_emu::queued_operations(s);
-    if (queued == 0) return true;
-    if (seconds_since(t0) > 10) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
 TEST_CASE("deferred mode: the device runs what waited longer than the device lag",
           "[emu][deferred]") {
   DeferredStreams deferred(0.05);
@@ -1063,8 +1046,8 @@ TEST_CASE("deferred mode: the device runs what waited longer than the device lag
   REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
   ddp_emu::launch(scale_kernel, dim3(1), dim3(64), b, x.get(), y.get(), 64, 10.0f);
   // Nothing here synchronises: only the device's own thread can run these, in stream order.
-  CHECK(drained_within_10s({a, b}));
-  CHECK(seconds_since(t0) >= 0.05);
+  CHECK(ddp_emu_test::drained_within(10, {a, b}));
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(50));
   CHECK(all_equal(y.read(), 10.0f));
 
   // A host polling an event while the device is busy with its stream sees "not ready" at once,
@@ -1081,7 +1064,7 @@ TEST_CASE("deferred mode: the device runs what waited longer than the device lag
     CHECK(cudaGetLastError() == cudaErrorNotReady);
   }
   release = true;
-  CHECK(drained_within_10s({a}));
+  CHECK(ddp_emu_test::drained_within(10, {a}));
   CHECK(cudaEventQuery(e) == cudaSuccess);
 
   // Never: what the host does not synchronise on stays queued.
@@ -1477,6 +1460,7 @@ TEST_CASE("deferred mode: destroying a stream or leaving the mode runs what is q
 
 constexpr char kExitChild[] = "deferred work queued at exit";
 constexpr char kModeChild[] = "the stream mode of this process";
+constexpr char kLagChild[] = "the device lag of this process";
 constexpr char kReadPastEndChild[] = "a kernel reads past the end of a device allocation";
 constexpr char kScheduleChild[] = "the thread schedule of this process";
 
@@ -1527,6 +1511,10 @@ TEST_CASE(kExitChild, "[.emu_child]") {
   std::printf("queued %lld\n", static_cast<long long>(ddp_emu::queued_operations(s)));
 }
 
+TEST_CASE(kLagChild, "[.emu_child]") {
+  std::printf("lag %g\n", ddp_emu::device_lag());
+}
+
 TEST_CASE(kModeChild, "[.emu_child]") {
   std::printf("mode %s\n",
               ddp_emu::stream_mode() == ddp_emu::StreamMode::kDeferred ? "deferred" : "immediate");
@@ -1547,6 +1535,15 @@ TEST_CASE("DDP_EMU_STREAMS chooses the mode once; work queued at exit never runs
   INFO(out);
   CHECK(WIFSIGNALED(status));
   CHECK_THAT(out, Contains("DDP_EMU_STREAMS='defered' is not a stream mode"));
+  out.clear();
+  status = run_child(kLagChild, "DDP_EMU_DEVICE_LAG_S=0.5", &out);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(out, Contains("lag 0.5"));
+  out.clear();
+  status = run_child(kLagChild, "DDP_EMU_DEVICE_LAG_S=soon", &out);
+  INFO(out);
+  CHECK(WIFSIGNALED(status));
+  CHECK_THAT(out, Contains("DDP_EMU_DEVICE_LAG_S='soon' is not a number of seconds"));
 
   out.clear();
   status = run_child(kExitChild, "DDP_EMU_STREAMS=deferred", &out);
