@@ -650,6 +650,11 @@ void set_device_lag(double seconds);
 /// A DDP_EMU_DEVICE_LAG_S value: unset or "" (2 s), a number of seconds in [0, 1e6], or
 /// "never"; anything else throws std::invalid_argument naming it.
 double parse_device_lag(const char* value);
+/// Every kernel this process runs from now on takes `seconds` longer (>= 0, else
+/// std::invalid_argument), as on a slower GPU or one another job shares: for tests of what one
+/// slow device does to its peers. 0 (the default): no delay.
+void set_kernel_delay(double seconds);
+double kernel_delay();
 /// How the threads of a block take turns (see the top of this header).
 enum class Schedule { kParallel, kForward, kReverse, kRandom, kRotate };
 

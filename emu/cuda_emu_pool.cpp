@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -226,6 +228,7 @@ class Pool {
 
 std::atomic<int64_t> g_launches{0};
 std::mutex g_launch_mu;
+std::atomic<double> g_kernel_delay{0.0};  // seconds
 
 }  // namespace
 
@@ -238,7 +241,8 @@ SharedArray::SharedArray(void* address, size_t bytes) {
   a.arrays.emplace_back(address, bytes);
 }
 
-// Runs a checked launch on the pool, one launch at a time; throws KernelFault if it faults.
+// Runs a checked launch on the pool, one launch at a time (a slow device's delay after it);
+// throws KernelFault if it faults.
 void execute_launch(const LaunchArgs& args, const std::string& name, dim3 grid, dim3 block) {
   std::lock_guard<std::mutex> serial(g_launch_mu);
   Launch l;
@@ -272,6 +276,8 @@ void execute_launch(const LaunchArgs& args, const std::string& name, dim3 grid, 
   if (is_aborted(l)) throw KernelFault(l.fault);
   const std::string overrun = check_device_guards();
   if (!overrun.empty()) throw KernelFault("kernel " + name + ": " + overrun);
+  const double delay = kernel_delay();
+  if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
 }
 
 }  // namespace detail
@@ -279,5 +285,13 @@ void execute_launch(const LaunchArgs& args, const std::string& name, dim3 grid, 
 int64_t launch_count() { return g_launches; }
 
 int worker_threads() { return Pool::instance().size(); }
+
+void set_kernel_delay(double seconds) {
+  if (!(seconds >= 0 && seconds < 1e6))
+    throw std::invalid_argument("set_kernel_delay: the delay must be in [0, 1e6) s");
+  g_kernel_delay.store(seconds);
+}
+
+double kernel_delay() { return g_kernel_delay.load(); }
 
 }  // namespace ddp_emu

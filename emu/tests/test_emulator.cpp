@@ -619,6 +619,40 @@ TEST_CASE("events measure host time between records", "[emu]") {
   CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
 }
 
+TEST_CASE("a kernel delay makes every kernel that much longer on the stream's clock", "[emu]") {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t before = nullptr, after = nullptr;
+  int* out = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&before) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&after) == cudaSuccess);
+  REQUIRE(cudaMalloc(&out, 4 * sizeof(int)) == cudaSuccess);
+  // Two launches between the events: the stream's time between them, without and with a delay.
+  const auto timed_pair = [&] {
+    CHECK(cudaEventRecord(before, stream) == cudaSuccess);
+    for (int i = 0; i < 2; ++i)
+      ddp_emu::launch(per_thread_copy_kernel, dim3(1), dim3(4), stream, i, out);
+    CHECK(cudaEventRecord(after, stream) == cudaSuccess);
+    CHECK(cudaEventSynchronize(after) == cudaSuccess);
+    float ms = -1.0f;
+    CHECK(cudaEventElapsedTime(&ms, before, after) == cudaSuccess);
+    return ms;
+  };
+  CHECK(ddp_emu::kernel_delay() == 0.0);
+  const float plain = timed_pair();
+  ddp_emu::set_kernel_delay(0.03);
+  CHECK(ddp_emu::kernel_delay() == 0.03);
+  const float slowed = timed_pair();
+  ddp_emu::set_kernel_delay(0.0);
+  INFO("two kernels: " << plain << " ms, with a 30 ms delay each " << slowed << " ms");
+  CHECK(slowed >= 60.0f);  // each sleeps 30 ms after it ran: never less, whatever the load
+  CHECK_THROWS(ddp_emu::set_kernel_delay(-0.5));
+  CHECK(ddp_emu::kernel_delay() == 0.0);
+  CHECK(cudaFree(out) == cudaSuccess);
+  for (cudaEvent_t e : {before, after}) CHECK(cudaEventDestroy(e) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 TEST_CASE("the emulated device reports one small device", "[emu]") {
   int count = 0, dev = -1, value = 0;
   CHECK(cudaGetDeviceCount(&count) == cudaSuccess);

@@ -20,6 +20,9 @@ class Work {
   /// communication lane.
   virtual double start_time() const = 0;
   virtual double end_time() const = 0;
+  /// When what the collective waits for was there (a bucket: its gradients, on the compute
+  /// stream on a GPU); start_time() where the lane begins a collective only then.
+  virtual double ready_time() const { return start_time(); }
 };
 
 }  // namespace ddp

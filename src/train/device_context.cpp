@@ -55,6 +55,7 @@ class HostContext final : public DeviceContext {
   size_t arena_alignment() const override { return 1; }
   Mark mark() override { return Mark{nullptr, seconds_now()}; }
   double compute_seconds(double, double, double thread_cpu) const override { return thread_cpu; }
+  bool host_waits_for_buckets() const override { return true; }
   std::unique_ptr<GradientCommunicator> make_gradient_communicator(
       ProcessGroup&, HostGradientCommunicator&, const DistributedConfig&) override {
     return nullptr;
@@ -126,6 +127,7 @@ class CudaContext final : public DeviceContext {
   size_t arena_alignment() const override { return 4; }  // 16-byte aligned for the kernels
   Mark mark() override { return Mark{mark_stream(*backend_), 0.0}; }
   double compute_seconds(double begin, double end, double) const override { return end - begin; }
+  bool host_waits_for_buckets() const override { return false; }
   std::unique_ptr<GradientCommunicator> make_gradient_communicator(
       ProcessGroup& group, HostGradientCommunicator& host, const DistributedConfig& cfg) override {
     if (!uses_nccl()) return make_staged_communicator(host, *backend_);

@@ -73,6 +73,10 @@ class DeviceContext {
   /// thread's CPU time in it (`thread_cpu`; communication on its core took turns with it), on
   /// a GPU the wall time from `begin` to `end`.
   virtual double compute_seconds(double begin, double end, double thread_cpu) const = 0;
+  /// Where a rank waits for its peers' gradients: on the host the training thread waits in
+  /// Reducer::finalize; on a GPU the device does (the host only queues the wait), and the
+  /// buckets' own times tell how long (bucket_wait).
+  virtual bool host_waits_for_buckets() const = 0;
 
   /// Collective over `group`: the communicator of the gradient buckets on this device (NCCL,
   /// or staged through `host`), or nullptr where `host` (the gradient communicator of host

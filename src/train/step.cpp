@@ -149,6 +149,8 @@ StepResult StepPipeline::read_oldest() {
   const ReducerStepStats stats = overlap_stats(s.works, window);
   r.comm_seconds = stats.comm_seconds;
   r.hidden_seconds = stats.hidden_seconds;
+  r.collective_wait = ctx_.host_waits_for_buckets() ? r.wait_seconds : bucket_wait(s.works);
+  r.wait_timed = true;
   trace_.write(s.trace, s.works, replica_.plan(), replica_.sharded(), r.global_step);
   return r;
 }

@@ -57,6 +57,11 @@ struct StepResult {
   bool has_norm = false;        ///< the gradient norm was computed (clipping, or a logged step)
   double grad_norm = 0.0;       ///< the averaged gradient's L2 norm before clipping
   double wait_seconds = 0.0;    ///< the training thread's wait for the buckets in finalize
+  /// The rank's wait for its peers' gradients after its backward (the straggler report): the
+  /// training thread's in finalize on the host, the device's on a GPU (bucket_wait); valid when
+  /// wait_timed (not for a replayed graph, whose collectives have no times).
+  double collective_wait = 0.0;
+  bool wait_timed = false;
   double comm_seconds = 0.0;    ///< the step's collectives' time (the overlap statistics)
   double hidden_seconds = 0.0;  ///< the part of it hidden behind backward
   bool graphed = false;         ///< its device work ran as a graph (no times of its collectives)

@@ -15,6 +15,19 @@ RankSplit split_interval(double wall, double data_wait, double collective_wait) 
   return s;
 }
 
+void WaitTally::add(bool timed, double seconds) {
+  ++steps_;
+  if (!timed) return;
+  ++timed_;
+  timed_seconds_ += seconds;
+}
+
+double WaitTally::estimate() const {
+  if (timed_ == 0) return 0.0;
+  if (timed_ == steps_) return timed_seconds_;  // every step: the sum itself, not rescaled
+  return timed_seconds_ / static_cast<double>(timed_) * static_cast<double>(steps_);
+}
+
 SpreadOfRanks spread(const std::vector<double>& values) {
   DDP_CHECK(!values.empty(), "spread of no ranks");
   std::vector<double> sorted = values;

@@ -16,8 +16,23 @@ namespace ddp {
 struct RankSplit {
   double compute = 0;          ///< the rest: its own work (the interval minus the two waits)
   double data_wait = 0;        ///< the training thread waited for the loader's next batch
-  double collective_wait = 0;  ///< the training thread waited for the gradient buckets
+  double collective_wait = 0;  ///< it waited for its peers' gradients (StepResult::collective_wait)
   double busy() const { return compute + data_wait; }
+};
+
+/// A rank's collective wait over the steps of one interval. Where only some steps were timed (on
+/// a GPU, replayed graphs carry no times: only the eager steps, the logged one among them), the
+/// timed steps' mean stands for every step of the interval.
+class WaitTally {
+ public:
+  void add(bool timed, double seconds);
+  /// The interval's wait: the timed steps' sum scaled to every step, 0 when none was timed.
+  double estimate() const;
+  void reset() { *this = WaitTally{}; }
+
+ private:
+  double timed_seconds_ = 0;
+  int64_t steps_ = 0, timed_ = 0;
 };
 
 /// The split of an interval of `wall` seconds: the waits measured, the rest compute (never

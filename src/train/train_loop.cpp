@@ -81,7 +81,7 @@ TrainLoop::Epoch TrainLoop::begin_epoch(int64_t index) {
   e.complete = e.batches == 0;
   log_start_ = seconds_now();
   log_data_wait_start_ = p_.data.train_loader->wait_seconds();
-  log_collective_wait_ = 0;
+  log_waits_.reset();
   return e;
 }
 
@@ -269,7 +269,7 @@ TrainSummary TrainLoop::finish() {
 // of a logging interval, a progress line.
 void TrainLoop::read_step(const StepResult& r) {
   sum_.wait_seconds += r.wait_seconds;
-  log_collective_wait_ += r.wait_seconds;
+  log_waits_.add(r.wait_timed, r.collective_wait);
   sum_.comm_seconds += r.comm_seconds;
   sum_.hidden_seconds += r.hidden_seconds;
   sum_.graph_steps += r.graphed ? 1 : 0;
@@ -336,17 +336,18 @@ void TrainLoop::progress_line(const StepResult& rec) {
   log_tally_ = Tally{};
   log_start_ = seconds_now();
   log_data_wait_start_ = p_.data.train_loader->wait_seconds();
-  log_collective_wait_ = 0;
+  log_waits_.reset();
 }
 
 // Collective (one allgather of 3 doubles, on logged steps only): every rank's split of the
 // interval since the last progress line, the wall time up to `interval_end` (before this line's
 // collectives) being
 // - data wait: the training thread blocked in Loader::next() for a batch not yet assembled;
-// - collective wait: StepResult::wait_seconds, the training thread blocked in
-//   Reducer::finalize() for the gradient buckets (on the host the allreduces themselves; on a
-//   GPU only what the host waits to queue the wait on the stream, near 0: there a slow rank
-//   shows as compute on every rank, and its peers' wait hides in reading their steps);
+// - collective wait: StepResult::collective_wait, the rank's wait for its peers' gradients after
+//   its own backward: on the host the training thread blocked in Reducer::finalize(); on a GPU
+//   the device, from the buckets' events (the host only queues that wait, and reading a step
+//   waits for the slowest rank alike on every rank). Graph replays carry no times: the
+//   interval's eager steps (the logged one at least) stand for them (WaitTally);
 // - compute: the rest, the rank's own work (forward, backward, optimizer, the small
 //   collectives of loss totals and stop polls, checkpoints written inside the interval).
 // The slowest is the rank with the most compute + data wait: its peers reach the allreduce
@@ -354,7 +355,7 @@ void TrainLoop::progress_line(const StepResult& rec) {
 IntervalReport TrainLoop::gather_rank_splits(double interval_end) {
   const RankSplit mine = split_interval(interval_end - log_start_,
                                         p_.data.train_loader->wait_seconds() - log_data_wait_start_,
-                                        log_collective_wait_);
+                                        log_waits_.estimate());
   const double sent[3] = {mine.compute, mine.data_wait, mine.collective_wait};
   std::vector<double> all(3 * static_cast<size_t>(p_.comm.size()));
   p_.comm.allgather(sent, 3, all.data());

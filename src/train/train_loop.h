@@ -90,11 +90,12 @@ class TrainLoop {
   Tally epoch_tally_, log_tally_;
   int64_t steps_in_epoch_ = 0;
   double run_start_ = 0, log_start_ = 0, train_seconds_ = 0;
-  /// The per-rank report: rank 0's output.straggler_threshold (0: off), the training thread's
-  /// waits since the last progress line (the loader's total at its start; the buckets'), and
+  /// The per-rank report: rank 0's output.straggler_threshold (0: off), the rank's waits since
+  /// the last progress line (the loader's total at its start; the steps' collective waits), and
   /// which rank was slowest at each logged interval.
   double straggler_threshold_ = 0;
-  double log_data_wait_start_ = 0, log_collective_wait_ = 0;
+  double log_data_wait_start_ = 0;
+  WaitTally log_waits_;
   StragglerTally stragglers_;
 };
 

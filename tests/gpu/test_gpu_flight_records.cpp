@@ -17,6 +17,17 @@
 #include "io/flight_analysis.h"
 #include "mpi_test_helpers.h"
 
+#if defined(DDP_CUDA_EMULATION)
+#include <memory>
+
+#include "comm/flight_recorder.h"
+#include "core/clock.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_api.h"
+#include "nccl_emu.h"
+#include "tests/deferred_streams.h"
+#endif
+
 namespace {
 
 using ddp_gpu_test::gpu_per_rank;
@@ -171,5 +182,63 @@ TEST_CASE("GPU training: a failed NCCL bucket is the one the flight records leav
   if (comm->rank() == 0) CHECK(ddp::collective_timed_out());
   errors += comm->rank() == 0 && !ddp::collective_timed_out();
   ddp_test::require_on_all_ranks(*comm, errors, "ranks whose records miss the failed bucket");
+}
+
+// NCCL never gives up on a peer: the host's wait does (the watchdog). Rank 0 queues an allreduce
+// that rank 1 never posts, and its device (the emulation's device thread, at a lag of 0) runs
+// it and waits there for the peer, as a GPU does; the emulation's own timeout (60 s) stands for
+// NCCL's none. The host polls the end event, not ready, until distributed.timeout_s (1 s here),
+// then aborts: the error names the collective and the timeout, the flight record leaves it
+// timed out, and the abort frees the device. This test runs after the failed-bucket test above,
+// whose peer-lost check it would otherwise satisfy in advance.
+TEST_CASE("GPU: a NCCL collective its peer never joins is given up after the timeout, recorded",
+          "[gpu][nccl][flight][errors]") {
+  if (ddp_test::world_size() < 2 || !gpu_per_rank()) {
+    WARN("skipped: needs 2 ranks with a GPU each");
+    return;
+  }
+  auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  ddp_emu_test::DeferredStreams deferred(/*lag=*/0.0);
+  ddp::FlightRecorder recorder(16);
+  setenv("DDP_NCCL_EMU_TIMEOUT_S", "60", 1);
+  auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
+  ddp::NcclOptions options;
+  options.timeout_s = 1.0;
+  auto comm = ddp::make_nccl_communicator(*mpi, *backend, options);
+  unsetenv("DDP_NCCL_EMU_TIMEOUT_S");
+  auto& numbered = dynamic_cast<ddp::CapturableCommunicator&>(*comm);
+  numbered.set_flight_recorder(&recorder);
+  float* arena = comm->gradient_arena(64, ddp::BucketWire{});
+  long errors = 0;
+  if (mpi->rank() == 0) {
+    std::shared_ptr<ddp::Work> work = comm->allreduce_async(arena, 64, false);
+    const bool on_device =
+        ddp_test::within(30, [] { return ddp_nccl_emu::running_collectives() == 1; });
+    const double start = ddp::seconds_now();
+    std::string message;
+    try {
+      work->synchronize();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    const double seconds = ddp::seconds_now() - start;
+    const nlohmann::json entry = recorder.snapshot()["entries"].back();
+    const bool freed =
+        ddp_test::within(10, [] { return ddp_nccl_emu::running_collectives() == 0; });
+    INFO("the device ran it: " << on_device << "; the wait gave up after " << seconds
+                               << " s: " << message << "\nits record: " << entry.dump()
+                               << "\nthe abort freed the device: " << freed);
+    errors += !on_device || !freed;
+    errors += seconds < 0.9 || seconds > 10;  // its timeout, not the emulation's 60 s
+    errors +=
+        message.find("did not complete within 1 s (distributed.timeout_s)") == std::string::npos;
+    errors += entry["state"] != "timed_out" || !recorder.saw_timeout();
+    errors += !ddp::collective_timed_out();
+    CHECK(errors == 0);
+    (void)cudaGetLastError();  // the aborted collective's result, on the device thread's stream
+  }
+  ddp_test::require_on_all_ranks(*mpi, errors, "ranks whose NCCL wait did not give up in time");
+  numbered.set_flight_recorder(nullptr);
+  comm.reset();
 }
 #endif

@@ -16,34 +16,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "mpi_test_helpers.h"
 #include "nccl_emu.h"
-
-namespace {
-
-// Deferred streams for one test case (collectives then wait on their stream, as on a device,
-// instead of at the call); the mode the process had comes back afterwards.
-class DeferredStreams {
- public:
-  DeferredStreams() : before_(ddp_emu::stream_mode()) {
-    ddp_emu::set_stream_mode(ddp_emu::StreamMode::kDeferred);
-  }
-  ~DeferredStreams() { ddp_emu::set_stream_mode(before_); }
-
- private:
-  ddp_emu::StreamMode before_;
-};
-
-// Waits up to `seconds` for `done`; whether it held.
-template <class Done>
-bool within(double seconds, Done done) {
-  const double deadline = ddp::seconds_now() + seconds;
-  while (!done()) {
-    if (ddp::seconds_now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
-}  // namespace
+#include "tests/deferred_streams.h"
 
 // Rank 0 queues an allreduce that no other rank posts; a thread runs the compute stream, which
 // waits for it (the device, busy with the collective). NCCL itself never gives up on a peer:
@@ -56,7 +29,7 @@ TEST_CASE("NCCL: a communicator destroyed with a collective waiting for a peer r
     WARN("skipped: needs 2 ranks with a GPU each");
     return;
   }
-  DeferredStreams deferred;
+  ddp_emu_test::DeferredStreams deferred(ddp_emu::device_lag());  // as the process has it
   setenv("DDP_NCCL_EMU_TIMEOUT_S", "60", 1);
   auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
   ddp::NcclOptions options;
@@ -70,7 +43,8 @@ TEST_CASE("NCCL: a communicator destroyed with a collective waiting for a peer r
     work->wait();
     cudaStream_t compute = dynamic_cast<ddp::cuda::CudaBackend&>(*backend).stream();
     std::thread device([compute] { (void)cudaStreamSynchronize(compute); });
-    const bool waiting = within(30, [] { return ddp_nccl_emu::running_collectives() == 1; });
+    const bool waiting =
+        ddp_test::within(30, [] { return ddp_nccl_emu::running_collectives() == 1; });
     const double start = ddp::seconds_now();
     comm.reset();
     const double seconds = ddp::seconds_now() - start;

@@ -9,21 +9,35 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/agreement.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "core/clock.h"
 #include "ddp/safetensors.h"
 #include "ddp/trainer.h"
 #include "scratch_dirs.h"
 
 namespace ddp_test {
+
+/// Polls `done` every millisecond for up to `seconds`; whether it held.
+template <class Done>
+bool within(double seconds, Done done) {
+  const double deadline = ddp::seconds_now() + seconds;
+  while (!done()) {
+    if (ddp::seconds_now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 /// REQUIREs on every rank that no rank counted an error.
 inline void require_on_all_ranks(ddp::ProcessGroup& comm, long local_errors,

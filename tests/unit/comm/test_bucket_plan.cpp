@@ -368,6 +368,39 @@ TEST_CASE("overlap_stats: allreduce time inside backward, less time off the core
   CHECK(ddp::overlap_stats({}, {0.0, 1.0, 1.0}).comm_seconds == 0.0);
 }
 
+// A bucket whose gradients were ready at `ready`, its collective ran [start, end].
+struct TimedWork : ddp::Work {
+  TimedWork(double ready, double start, double end) : ready(ready), start(start), end(end) {}
+  double ready, start, end;
+  void wait() override {}
+  double start_time() const override { return start; }
+  double end_time() const override { return end; }
+  double ready_time() const override { return ready; }
+};
+
+TEST_CASE("bucket_wait: the last bucket's end less the last bucket's ready time", "[reducer]") {
+  using Works = std::vector<std::shared_ptr<ddp::Work>>;
+  // Backward readied buckets at 1, 2, 3; the peers held the last one until 7.
+  const Works waited = {std::make_shared<TimedWork>(1.0, 1.0, 2.5),
+                        std::make_shared<TimedWork>(2.0, 2.5, 4.0),
+                        std::make_shared<TimedWork>(3.0, 4.0, 7.0)};
+  CHECK(ddp::bucket_wait(waited) == Approx(4.0));
+  // Every bucket done before backward readied the last: its own collective alone.
+  const Works overlapped = {std::make_shared<TimedWork>(1.0, 1.0, 1.5),
+                            std::make_shared<TimedWork>(3.0, 3.0, 3.25)};
+  CHECK(ddp::bucket_wait(overlapped) == Approx(0.25));
+  // The last to end need not be the last readied; the clocks never make the wait negative.
+  const Works crossed = {std::make_shared<TimedWork>(2.0, 2.0, 6.0),
+                         std::make_shared<TimedWork>(5.0, 5.0, 5.5)};
+  CHECK(ddp::bucket_wait(crossed) == Approx(1.0));
+  CHECK(ddp::bucket_wait({std::make_shared<TimedWork>(2.0, 2.0, 1.9)}) == 0.0);
+  CHECK(ddp::bucket_wait({}) == 0.0);
+  // A lane's collective is ready when it starts (Work::ready_time's default).
+  RecordingComm comm;
+  const Works lane = {comm.allreduce_async(nullptr, 1, false)};  // ran [1, 1.5]
+  CHECK(ddp::bucket_wait(lane) == Approx(0.5));
+}
+
 TEST_CASE("bucket plan with alignment: every tensor starts on a multiple of 4 floats", "[bucket]") {
   // A 784-256-256-10 MLP's parameters and some awkward sizes.
   const std::vector<size_t> numel = {200704, 256, 65536, 256, 2560, 10, 7, 3, 5};

@@ -21,6 +21,21 @@ TEST_CASE("straggler: an interval's compute is the wall time less both waits, ne
   CHECK(ddp::split_interval(1.0, 0.75, 0.5).compute == 0.0);
 }
 
+TEST_CASE("straggler: an interval's collective wait from the steps that were timed",
+          "[straggler]") {
+  ddp::WaitTally t;
+  CHECK(t.estimate() == 0.0);
+  t.add(true, 0.25);
+  t.add(true, 0.5);
+  CHECK(t.estimate() == 0.75);  // every step timed: their sum
+  t.add(false, 99.0);           // a replayed graph: its time is not known, nor read
+  t.add(false, 0.0);
+  CHECK(t.estimate() == Approx(0.375 * 4));  // the timed steps' mean for each of the 4
+  t.reset();
+  t.add(false, 1.0);
+  CHECK(t.estimate() == 0.0);  // nothing timed: no wait known
+}
+
 TEST_CASE("straggler: min, lower median, max and the lowest rank at the max", "[straggler]") {
   const ddp::SpreadOfRanks odd = ddp::spread({3.0, 1.0, 5.0, 2.0, 4.0});
   CHECK(odd.min == 1.0);

@@ -1,0 +1,116 @@
+// The straggler report of GPU ranks (train/straggler.h): a rank whose device is slow is named,
+// eager and with steps replayed as CUDA graphs. On a GPU the hosts of all ranks wait alike
+// (reading a step waits for the slowest device), so only the devices' own times tell who waits
+// for whom: each step's wait for its buckets after backward (bucket_wait), from the buckets'
+// events. Graph replays carry no events; the interval's eager steps stand for them.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "comm/mpi/mpi_communicator.h"
+#include "ddp/trainer.h"
+#include "gpu_training_setup.h"
+#include "mpi_test_helpers.h"
+
+#if defined(DDP_CUDA_EMULATION)
+#include "cuda_emu.h"
+
+namespace {
+
+// The train records of metrics.jsonl (rank 0 writes it).
+std::vector<nlohmann::json> train_records(const std::string& dir) {
+  std::vector<nlohmann::json> records;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json r = nlohmann::json::parse(line);
+    if (r["type"] == "train") records.push_back(std::move(r));
+  }
+  return records;
+}
+
+// Each interval's slowest rank, skew and the ranks' collective waits, for messages.
+std::string intervals(const std::vector<nlohmann::json>& train) {
+  std::string out;
+  for (const nlohmann::json& r : train) {
+    const nlohmann::json& ranks = r["ranks"];
+    out += "\n  step " + r["global_step"].dump() + ": slowest " + ranks["slowest"].dump() +
+           ", skew " + ranks["skew"].dump() + ", collective wait " +
+           ranks["collective_wait"]["min"].dump() + " to " +
+           ranks["collective_wait"]["max"].dump() + " s (rank " +
+           ranks["collective_wait"]["slowest"].dump() + ")";
+  }
+  return out;
+}
+
+// What is wrong with a run whose last rank's device was slow: it must be the slowest at most
+// intervals, and the run's persistent straggler; its peers must have waited longer than it.
+std::string verdict_problems(const ddp::TrainSummary& s, const std::vector<nlohmann::json>& train,
+                             int slow) {
+  if (s.straggler_rank != slow)
+    return "the summary names rank " + std::to_string(s.straggler_rank) + ", not " +
+           std::to_string(slow);
+  int slowest = 0, waited = 0;
+  for (const nlohmann::json& r : train) {
+    slowest += r["ranks"]["slowest"] == slow;
+    waited += r["ranks"]["collective_wait"]["min"] < r["ranks"]["collective_wait"]["max"] &&
+              r["ranks"]["collective_wait"]["slowest"] != slow;
+  }
+  if (2 * slowest <= static_cast<int>(train.size()) || 2 * waited <= static_cast<int>(train.size()))
+    return "rank " + std::to_string(slow) + " was the slowest at " + std::to_string(slowest) +
+           " and a peer waited longest at " + std::to_string(waited) + " of " +
+           std::to_string(train.size()) + " intervals";
+  return "";
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("GPU training: a rank whose device is slow is named the straggler, eager and as graphs",
+          "[gpu][nccl][straggler]") {
+  if (!ddp_gpu_test::gpu_per_rank() || ddp_test::world_size() < 2) {
+    WARN("skipped: needs 2 ranks and one GPU per rank (NCCL)");
+    return;
+  }
+#if !defined(DDP_CUDA_EMULATION)
+  WARN("skipped: slowing one device takes the emulation's kernel delay");
+#else
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const int slow = comm->size() - 1;
+  // About 30 kernels a step: 15 ms each make the slow rank's steps far longer than its peers'.
+  if (comm->rank() == slow) ddp_emu::set_kernel_delay(0.015);
+  for (const bool graphs : {false, true}) {
+    const std::string name = graphs ? "straggler_graphs" : "straggler_eager";
+    ddp::TrainConfig cfg = ddp_gpu_test::small_config(name, ddp::DeviceChoice::Cuda);
+    cfg.distributed.backend = ddp::BackendChoice::Nccl;
+    cfg.output.dir = ddp_test::shared_scratch_dir("ddp_gpu_test_", name);
+    cfg.data.train.samples = 48 * comm->size();  // 6 steps an epoch on each rank
+    cfg.training.epochs = 4;
+    cfg.training.log_every = 3;  // 8 intervals; with graphs 1 step in 3 eager (the logged one)
+    cfg.training.cuda_graphs = graphs;
+    // One bucket. The emulated device runs the compute stream only as far as a collective
+    // waits for it, so with several buckets a fast rank's backward would advance one bucket
+    // per completed collective, and its wait would be the slow rank's last bucket alone. A GPU
+    // runs backward beside the collectives; with one bucket the emulation waits as it does.
+    cfg.distributed.first_bucket_mb = 1;
+    cfg.distributed.bucket_cap_mb = 1;
+    ddp::TrainSummary summary;
+    ddp_test::train(cfg, MPI_COMM_WORLD, &summary);
+    comm->barrier();  // metrics.jsonl is complete
+    const std::vector<nlohmann::json> train = train_records(cfg.output.dir);
+    const std::string problem = verdict_problems(summary, train, slow);
+    INFO((graphs ? "graphs" : "eager") << ": " << summary.graph_steps << " of " << summary.steps
+                                       << " steps as graphs; " << problem << intervals(train));
+    long errors = problem.empty() ? 0 : 1;
+    CHECK(problem.empty());
+    CHECK(train.size() == 8);
+    errors += train.size() != 8;
+    if (graphs) {
+      CHECK(summary.graph_steps >= summary.steps / 2);
+      errors += summary.graph_steps < summary.steps / 2;
+    }
+    ddp_test::require_on_all_ranks(*comm, errors, "ranks whose run did not name the straggler");
+  }
+  ddp_emu::set_kernel_delay(0.0);
+#endif
+}
