@@ -195,12 +195,9 @@ ReducerStepStats overlap_stats(const std::vector<std::shared_ptr<Work>>& works,
 
 double bucket_wait(const std::vector<std::shared_ptr<Work>>& works) {
   if (works.empty()) return 0.0;
-  double ready = works.front()->ready_time(), end = works.front()->end_time();
-  for (const auto& w : works) {
-    ready = std::max(ready, w->ready_time());
-    end = std::max(end, w->end_time());
-  }
-  return std::max(0.0, end - ready);
+  double end = works.front()->end_time();
+  for (const auto& w : works) end = std::max(end, w->end_time());
+  return std::max(0.0, end - works.back()->ready_time());
 }
 
 }  // namespace ddp

@@ -66,7 +66,9 @@ ReducerStepStats overlap_stats(const std::vector<std::shared_ptr<Work>>& works,
                                const BackwardWindow& backward);
 
 /// How long a step waited for its buckets once backward had made the last of them ready: the
-/// last bucket's end less the last bucket's ready time (Work::ready_time), 0 without buckets.
+/// latest end of `works` less the ready time (Work::ready_time) of the last of them, the one
+/// backward readied last (buckets are launched in the order they are readied); 0 without
+/// buckets.
 /// What a rank waits for its peers after its own backward: a GPU's device waits there while its
 /// host only queues the wait. The collectives must have completed, as for overlap_stats.
 double bucket_wait(const std::vector<std::shared_ptr<Work>>& works);

@@ -77,16 +77,18 @@ TEST_CASE("GPU training: a rank whose device is slow is named the straggler, eag
 #else
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   const int slow = comm->size() - 1;
-  // About 30 kernels a step: 15 ms each make the slow rank's steps far longer than its peers'.
-  if (comm->rank() == slow) ddp_emu::set_kernel_delay(0.015);
+  // 14 kernels an eager step: 40 ms each make the slow rank's steps far longer than its peers'
+  // (a sleep: it stays 40 ms when other programs load the cores, whose share of the peers'
+  // own emulated kernels grows; 15 ms gave a skew of 1.1-1.6 beside two other emulated tests).
+  if (comm->rank() == slow) ddp_emu::set_kernel_delay(0.04);
   for (const bool graphs : {false, true}) {
     const std::string name = graphs ? "straggler_graphs" : "straggler_eager";
     ddp::TrainConfig cfg = ddp_gpu_test::small_config(name, ddp::DeviceChoice::Cuda);
     cfg.distributed.backend = ddp::BackendChoice::Nccl;
     cfg.output.dir = ddp_test::shared_scratch_dir("ddp_gpu_test_", name);
     cfg.data.train.samples = 48 * comm->size();  // 6 steps an epoch on each rank
-    cfg.training.epochs = 4;
-    cfg.training.log_every = 3;  // 8 intervals; with graphs 1 step in 3 eager (the logged one)
+    cfg.training.epochs = 3;
+    cfg.training.log_every = 3;  // 6 intervals; with graphs 1 step in 3 eager (the logged one)
     cfg.training.cuda_graphs = graphs;
     // One bucket. The emulated device runs the compute stream only as far as a collective
     // waits for it, so with several buckets a fast rank's backward would advance one bucket
@@ -103,8 +105,8 @@ TEST_CASE("GPU training: a rank whose device is slow is named the straggler, eag
                                        << " steps as graphs; " << problem << intervals(train));
     long errors = problem.empty() ? 0 : 1;
     CHECK(problem.empty());
-    CHECK(train.size() == 8);
-    errors += train.size() != 8;
+    CHECK(train.size() == 6);
+    errors += train.size() != 6;
     if (graphs) {
       CHECK(summary.graph_steps >= summary.steps / 2);
       errors += summary.graph_steps < summary.steps / 2;

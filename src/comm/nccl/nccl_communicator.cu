@@ -74,7 +74,12 @@ class NcclWork final : public Work {
   void synchronize() override;
   double start_time() const override { return start_seconds_; }
   double end_time() const override { return end_seconds_; }
-  double ready_time() const override { return ready_seconds_; }
+  // Read when asked (the last bucket's, for the straggler report): each read is two runtime
+  // calls on the host.
+  double ready_time() const override {
+    if (synchronized_ && ready_seconds_ == 0.0) ready_seconds_ = clock_->seconds(ready_);
+    return ready_seconds_;
+  }
   cudaEvent_t end_event() const { return end_; }
   void set_seq(uint64_t seq) { seq_ = seq; }
 
@@ -85,7 +90,8 @@ class NcclWork final : public Work {
   std::string what_;
   uint64_t seq_ = 0;  // in the flight recorder (0: not numbered)
   bool synchronized_ = false;
-  double ready_seconds_ = 0.0, start_seconds_ = 0.0, end_seconds_ = 0.0;
+  mutable double ready_seconds_ = 0.0;
+  double start_seconds_ = 0.0, end_seconds_ = 0.0;
 };
 
 // A fence behind replayed collectives (CapturableCommunicator::fence): one event on the
@@ -491,7 +497,6 @@ void NcclWork::wait() {
 void NcclWork::synchronize() {
   if (synchronized_) return;
   owner_.wait_event(end_, what_, seq_);
-  ready_seconds_ = clock_->seconds(ready_);
   start_seconds_ = clock_->seconds(start_);
   end_seconds_ = clock_->seconds(end_);
   owner_.device_times(seq_, start_seconds_, end_seconds_);

@@ -378,7 +378,7 @@ struct TimedWork : ddp::Work {
   double ready_time() const override { return ready; }
 };
 
-TEST_CASE("bucket_wait: the last bucket's end less the last bucket's ready time", "[reducer]") {
+TEST_CASE("bucket_wait: the buckets' last end less the last bucket's ready time", "[reducer]") {
   using Works = std::vector<std::shared_ptr<ddp::Work>>;
   // Backward readied buckets at 1, 2, 3; the peers held the last one until 7.
   const Works waited = {std::make_shared<TimedWork>(1.0, 1.0, 2.5),
@@ -389,7 +389,7 @@ TEST_CASE("bucket_wait: the last bucket's end less the last bucket's ready time"
   const Works overlapped = {std::make_shared<TimedWork>(1.0, 1.0, 1.5),
                             std::make_shared<TimedWork>(3.0, 3.0, 3.25)};
   CHECK(ddp::bucket_wait(overlapped) == Approx(0.25));
-  // The last to end need not be the last readied; the clocks never make the wait negative.
+  // The last to end need not be the last launched; the clocks never make the wait negative.
   const Works crossed = {std::make_shared<TimedWork>(2.0, 2.0, 6.0),
                          std::make_shared<TimedWork>(5.0, 5.0, 5.5)};
   CHECK(ddp::bucket_wait(crossed) == Approx(1.0));
