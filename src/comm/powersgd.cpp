@@ -1,0 +1,191 @@
+// PowerSGD's compressor of one bucket (powersgd.h).
+#include "comm/powersgd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "core/check.h"
+#include "core/random.h"
+
+namespace ddp {
+
+void orthogonalize_columns(float* a, size_t rows, size_t cols) {
+  const auto dot = [&](size_t x, size_t y) {
+    double d = 0.0;
+    for (size_t i = 0; i < rows; ++i) d += double{a[i * cols + x]} * a[i * cols + y];
+    return d;
+  };
+  for (size_t c = 0; c < cols; ++c) {
+    // Twice against every column before it: once is not enough where the column is mostly
+    // rounding (a gradient of rank below the factors'), the second pass makes it orthogonal.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t before = 0; before < c; ++before) {
+        const double d = dot(before, c);
+        for (size_t i = 0; i < rows; ++i)
+          a[i * cols + c] = static_cast<float>(a[i * cols + c] - d * a[i * cols + before]);
+      }
+    }
+    const double norm = std::sqrt(dot(c, c));
+    if (norm > 0.0) {
+      for (size_t i = 0; i < rows; ++i) a[i * cols + c] = static_cast<float>(a[i * cols + c] / norm);
+    }
+  }
+}
+
+PowerSgdBucket::PowerSgdBucket(std::vector<GradientMatrix> params, size_t numel,
+                               const PowerSgdOptions& options)
+    : numel_(numel), options_(options) {
+  DDP_CHECK(options.rank >= 1, "PowerSGD: the rank must be at least 1, got " << options.rank);
+  size_t end = 0;
+  for (const GradientMatrix& m : params) {
+    DDP_CHECK(m.offset >= end && m.offset + m.rows * m.cols <= numel,
+              "PowerSGD: a parameter of " << m.rows << " x " << m.cols << " at " << m.offset
+                                          << " overlaps another or leaves the bucket of "
+                                          << numel);
+    end = m.offset + m.rows * m.cols;
+    Planned p;
+    p.m = m;
+    const size_t r = std::min({m.rows, m.cols, static_cast<size_t>(options.rank)});
+    const double sent = static_cast<double>((m.rows + m.cols) * r);
+    if (sent * options.min_compression_rate < static_cast<double>(m.rows * m.cols)) {
+      p.rank = r;
+      p.p_at = p_size_;
+      p.q_at = q_size_;
+      p_size_ += m.rows * r;
+      q_size_ += m.cols * r;
+    } else {
+      whole_ += m.rows * m.cols;
+    }
+    plan_.push_back(p);
+  }
+}
+
+void PowerSgdBucket::reduce(float* bucket, int world, const SumOverRanks& sum, uint64_t seed) {
+  if (options_.error_feedback) {
+    if (error_.empty()) error_.assign(numel_, 0.0f);
+    for (const Planned& p : plan_) {
+      float* g = bucket + p.m.offset;
+      const float* e = error_.data() + p.m.offset;
+      for (size_t i = 0; i < p.m.rows * p.m.cols; ++i) g[i] += e[i];
+    }
+  }
+  if (options_.error_feedback) share_.assign(bucket, bucket + numel_);  // for this step's error
+  if (q_.empty() || !options_.warm_start) {
+    start_q(seed);
+  } else {
+    for (const Planned& p : plan_)
+      if (p.rank > 0) orthogonalize_columns(q_.data() + p.q_at, p.m.cols, p.rank);
+  }
+  // The first sum: the whole parameters, then P.
+  wire_.resize(whole_ + p_size_);
+  size_t at = 0;
+  for (const Planned& p : plan_) {
+    if (p.rank > 0) continue;
+    std::copy_n(bucket + p.m.offset, p.m.rows * p.m.cols, wire_.data() + at);
+    at += p.m.rows * p.m.cols;
+  }
+  float* p_all = wire_.data() + whole_;
+  compute_p(bucket, p_all);
+  if (!wire_.empty()) sum(wire_.data(), wire_.size());
+  at = 0;
+  for (const Planned& p : plan_) {
+    if (p.rank > 0) continue;
+    std::copy_n(wire_.data() + at, p.m.rows * p.m.cols, bucket + p.m.offset);
+    at += p.m.rows * p.m.cols;
+  }
+  // The second: Q from the orthogonalised P.
+  for (const Planned& p : plan_)
+    if (p.rank > 0) orthogonalize_columns(p_all + p.p_at, p.m.rows, p.rank);
+  compute_q(bucket, p_all);
+  if (!q_.empty()) sum(q_.data(), q_.size());
+  decompress(p_all, bucket);
+  if (options_.error_feedback) {
+    const float inv_world = 1.0f / static_cast<float>(world);
+    for (const Planned& p : plan_) {
+      for (size_t i = p.m.offset; i < p.m.offset + p.m.rows * p.m.cols; ++i)
+        error_[i] = share_[i] - bucket[i] * inv_world;
+    }
+  }
+}
+
+void PowerSgdBucket::restore(std::vector<float> error, std::vector<float> q) {
+  DDP_CHECK(error.empty() || error.size() == numel_,
+            "PowerSGD state: an error feedback of " << error.size() << " floats for a bucket of "
+                                                    << numel_);
+  DDP_CHECK(q.empty() || q.size() == q_size_,
+            "PowerSGD state: a Q of " << q.size() << " floats where the bucket's factors take "
+                                      << q_size_);
+  error_ = std::move(error);
+  q_ = std::move(q);
+}
+
+// Q's random start: standard normal values from `seed`, each matrix's Q orthogonalised.
+void PowerSgdBucket::start_q(uint64_t seed) {
+  q_.assign(q_size_, 0.0f);
+  Rng rng(seed);
+  for (float& v : q_) v = static_cast<float>(rng.normal());
+  for (const Planned& p : plan_)
+    if (p.rank > 0) orthogonalize_columns(q_.data() + p.q_at, p.m.cols, p.rank);
+}
+
+// P = M Q for every compressed matrix.
+void PowerSgdBucket::compute_p(const float* bucket, float* p_all) const {
+  std::vector<double> acc;
+  for (const Planned& p : plan_) {
+    if (p.rank == 0) continue;
+    const size_t r = p.rank, cols = p.m.cols;
+    const float* m = bucket + p.m.offset;
+    const float* q = q_.data() + p.q_at;
+    float* out = p_all + p.p_at;
+    acc.assign(r, 0.0);
+    for (size_t i = 0; i < p.m.rows; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (size_t j = 0; j < cols; ++j) {
+        const double mij = m[i * cols + j];
+        for (size_t k = 0; k < r; ++k) acc[k] += mij * q[j * r + k];
+      }
+      for (size_t k = 0; k < r; ++k) out[i * r + k] = static_cast<float>(acc[k]);
+    }
+  }
+}
+
+// Q = M^T P for every compressed matrix, into q_.
+void PowerSgdBucket::compute_q(const float* bucket, const float* p_all) {
+  std::vector<double> acc;
+  for (const Planned& p : plan_) {
+    if (p.rank == 0) continue;
+    const size_t r = p.rank, cols = p.m.cols;
+    const float* m = bucket + p.m.offset;
+    const float* pm = p_all + p.p_at;
+    acc.assign(cols * r, 0.0);
+    for (size_t i = 0; i < p.m.rows; ++i) {
+      for (size_t j = 0; j < cols; ++j) {
+        const double mij = m[i * cols + j];
+        for (size_t k = 0; k < r; ++k) acc[j * r + k] += mij * pm[i * r + k];
+      }
+    }
+    float* q = q_.data() + p.q_at;
+    for (size_t x = 0; x < cols * r; ++x) q[x] = static_cast<float>(acc[x]);
+  }
+}
+
+// M = P Q^T for every compressed matrix.
+void PowerSgdBucket::decompress(const float* p_all, float* bucket) const {
+  for (const Planned& p : plan_) {
+    if (p.rank == 0) continue;
+    const size_t r = p.rank, cols = p.m.cols;
+    const float* pm = p_all + p.p_at;
+    const float* q = q_.data() + p.q_at;
+    float* m = bucket + p.m.offset;
+    for (size_t i = 0; i < p.m.rows; ++i) {
+      for (size_t j = 0; j < cols; ++j) {
+        double v = 0.0;
+        for (size_t k = 0; k < r; ++k) v += double{pm[i * r + k]} * q[j * r + k];
+        m[i * cols + j] = static_cast<float>(v);
+      }
+    }
+  }
+}
+
+}  // namespace ddp
