@@ -1,6 +1,9 @@
-// What the GPU training tests share: their small config and whether every rank has a GPU.
+// What the GPU training tests share: their small config, whether every rank has a GPU, and (in
+// the emulation) a NCCL communicator that gives up on a missing peer after 1 s.
 #pragma once
 
+#include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "comm/device_communicators.h"
@@ -46,5 +49,20 @@ inline bool gpu_per_rank() {
   comm->allreduce(&enough, 1, ddp::ReduceOp::Min);
   return enough > 0 && ddp::nccl_built();
 }
+
+#if defined(DDP_CUDA_EMULATION)
+// A NCCL communicator over `group` on `backend`'s GPU whose own timeout is 1 s, while the
+// emulated NCCL waits 60 s for a peer that never posts (NCCL itself never gives up: the 60 s
+// stand for that), for the tests of what the communicator does when a peer is missing.
+inline std::unique_ptr<ddp::ShardedCommunicator> nccl_with_1s_timeout(ddp::ProcessGroup& group,
+                                                                      ddp::Backend& backend) {
+  setenv("DDP_NCCL_EMU_TIMEOUT_S", "60", 1);
+  ddp::NcclOptions options;
+  options.timeout_s = 1.0;
+  auto comm = ddp::make_nccl_communicator(group, backend, options);
+  unsetenv("DDP_NCCL_EMU_TIMEOUT_S");
+  return comm;
+}
+#endif
 
 }  // namespace ddp_gpu_test

@@ -200,12 +200,8 @@ TEST_CASE("GPU: a NCCL collective its peer never joins is given up after the tim
   auto mpi = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   ddp_emu_test::DeferredStreams deferred(/*lag=*/0.0);
   ddp::FlightRecorder recorder(16);
-  setenv("DDP_NCCL_EMU_TIMEOUT_S", "60", 1);
   auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
-  ddp::NcclOptions options;
-  options.timeout_s = 1.0;
-  auto comm = ddp::make_nccl_communicator(*mpi, *backend, options);
-  unsetenv("DDP_NCCL_EMU_TIMEOUT_S");
+  auto comm = ddp_gpu_test::nccl_with_1s_timeout(*mpi, *backend);
   auto& numbered = dynamic_cast<ddp::CapturableCommunicator&>(*comm);
   numbered.set_flight_recorder(&recorder);
   float* arena = comm->gradient_arena(64, ddp::BucketWire{});

@@ -11,6 +11,7 @@
 #include "comm/device_communicators.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "core/clock.h"
+#include "gpu_training_setup.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -30,12 +31,8 @@ TEST_CASE("NCCL: a communicator destroyed with a collective waiting for a peer r
     return;
   }
   ddp_emu_test::DeferredStreams deferred(ddp_emu::device_lag());  // as the process has it
-  setenv("DDP_NCCL_EMU_TIMEOUT_S", "60", 1);
   auto backend = ddp::make_cuda_backend(mpi->local_rank() % ddp::cuda_device_count());
-  ddp::NcclOptions options;
-  options.timeout_s = 1.0;
-  auto comm = ddp::make_nccl_communicator(*mpi, *backend, options);
-  unsetenv("DDP_NCCL_EMU_TIMEOUT_S");
+  auto comm = ddp_gpu_test::nccl_with_1s_timeout(*mpi, *backend);
   float* arena = comm->gradient_arena(64, ddp::BucketWire{});
   long errors = 0;
   if (mpi->rank() == 0) {
