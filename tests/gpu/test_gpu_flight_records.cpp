@@ -145,6 +145,13 @@ TEST_CASE("GPU training: a failed NCCL bucket is the one the flight records leav
     WARN("skipped: needs 2 ranks with a GPU each");
     return;
   }
+  // The emulation lets a stream run on past a failed collective (NCCL holds it until the
+  // abort): had rank 1's device thread run the failed bucket before its host waited for it,
+  // the wait would find the bucket's end event passed and blame the next bucket. Once in CI, on
+  // a loaded machine, a step waited longer than the default 2 s device lag; at 30 s the failing
+  // step stays on the host's watch, and the device thread still breaks a host-driven deadlock.
+  const double lag_before = ddp_emu::device_lag();
+  ddp_emu::set_device_lag(30.0);
   setenv("DDP_NCCL_EMU_FAIL", "1:3", 1);
   setenv("DDP_NCCL_EMU_TIMEOUT_S", "2", 1);
   const ddp::TrainConfig cfg = recorded_config("flight_fail");
@@ -156,6 +163,7 @@ TEST_CASE("GPU training: a failed NCCL bucket is the one the flight records leav
   }
   unsetenv("DDP_NCCL_EMU_FAIL");
   unsetenv("DDP_NCCL_EMU_TIMEOUT_S");
+  ddp_emu::set_device_lag(lag_before);
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
   comm->barrier();
   const ddp::FlightRecords records = ddp::read_flight_records(cfg.output.dir);

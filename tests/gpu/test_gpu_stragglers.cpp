@@ -43,8 +43,10 @@ std::string intervals(const std::vector<nlohmann::json>& train) {
   return out;
 }
 
-// What is wrong with a run whose last rank's device was slow: it must be the slowest at most
-// intervals, and the run's persistent straggler; its peers must have waited longer than it.
+// What is wrong with a run whose last rank's device was slow: it must be the run's persistent
+// straggler, and at most intervals the slowest rank while a peer waited longest, for a tenth of
+// a second at least (the device's wait: the hosts' wait, what the report used before, was
+// about 10 us, and named no rank).
 std::string verdict_problems(const ddp::TrainSummary& s, const std::vector<nlohmann::json>& train,
                              int slow) {
   if (s.straggler_rank != slow)
@@ -52,9 +54,9 @@ std::string verdict_problems(const ddp::TrainSummary& s, const std::vector<nlohm
            std::to_string(slow);
   int slowest = 0, waited = 0;
   for (const nlohmann::json& r : train) {
+    const nlohmann::json& wait = r["ranks"]["collective_wait"];
     slowest += r["ranks"]["slowest"] == slow;
-    waited += r["ranks"]["collective_wait"]["min"] < r["ranks"]["collective_wait"]["max"] &&
-              r["ranks"]["collective_wait"]["slowest"] != slow;
+    waited += wait["slowest"] != slow && wait["max"].get<double>() >= 0.1;
   }
   if (2 * slowest <= static_cast<int>(train.size()) || 2 * waited <= static_cast<int>(train.size()))
     return "rank " + std::to_string(slow) + " was the slowest at " + std::to_string(slowest) +
@@ -90,6 +92,10 @@ TEST_CASE("GPU training: a rank whose device is slow is named the straggler, eag
     cfg.training.epochs = 3;
     cfg.training.log_every = 3;  // 6 intervals; with graphs 1 step in 3 eager (the logged one)
     cfg.training.cuda_graphs = graphs;
+    // The peers' own compute swings with whatever else shares the cores (in CI, two more
+    // emulated tests: a skew of 1.08-2.3 at 40 ms a kernel there, 2-27 beside two busy loops
+    // here): a low threshold, so that the verdict is the split's, not the load's.
+    cfg.output.straggler_threshold = 1.1;
     // One bucket. The emulated device runs the compute stream only as far as a collective
     // waits for it, so with several buckets a fast rank's backward would advance one bucket
     // per completed collective, and its wait would be the slow rank's last bucket alone. A GPU
