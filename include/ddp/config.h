@@ -24,8 +24,9 @@ enum class NanPolicy { Abort, SkipStep };
 enum class DataFormat { Idx, Synthetic, Csv, Npy };
 /// `distributed.nccl_algo`.
 enum class NcclAlgo { Ring, Auto };
-/// `distributed.compression`: the type gradient buckets are summed in across ranks.
-enum class Compression { None, Bf16, Fp16 };
+/// `distributed.compression`: the type gradient buckets are summed in across ranks, or
+/// PowerSGD's low-rank factors (never a bucket's wire type: comm/powersgd.h).
+enum class Compression { None, Bf16, Fp16, PowerSgd };
 /// `distributed.hierarchical`: allreduce within each node first, then across nodes.
 enum class Hierarchy { Auto, On, Off };
 /// `training.precision`: the operand type of every Linear's GEMMs (float32 accumulation).
@@ -75,8 +76,11 @@ struct EnumNames<Hierarchy> {
 };
 template <>
 struct EnumNames<Compression> {
-  static constexpr std::array<std::pair<Compression, const char*>, 3> table{
-      {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Fp16, "fp16"}}};
+  static constexpr std::array<std::pair<Compression, const char*>, 4> table{
+      {{Compression::None, "none"},
+       {Compression::Bf16, "bf16"},
+       {Compression::Fp16, "fp16"},
+       {Compression::PowerSgd, "powersgd"}}};
 };
 
 template <>
@@ -260,8 +264,13 @@ struct DistributedConfig {
   /// and fp16_compress_hook): each rank casts its pre-scaled bucket, the sum rounds to the type
   /// after every addition, and the result is cast back to float32. Not on one node's
   /// shared-memory path, which moves no bytes over a link, unless compression_on_node.
+  /// powersgd (PyTorch's powerSGD_hook): each weight matrix's gradient sent as two factors of
+  /// rank powersgd_rank (vectors and matrices too small to gain whole), with warm start and error
+  /// feedback, after powersgd_start_step optimizer steps summed whole.
   Compression compression = Compression::None;
   bool compression_on_node = false;
+  int64_t powersgd_rank = 1;
+  int64_t powersgd_start_step = 10;
   /// Across nodes: each node sums its ranks' buckets in shared memory, each local rank
   /// allreduces its chunk of that sum across nodes, and the node shares the result (Horovod's
   /// hierarchical allreduce). auto: on with more than one node and more than one rank on each,

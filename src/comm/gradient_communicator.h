@@ -124,7 +124,8 @@ class CapturableCommunicator {
 
 /// What only the host communicator (MPI, on its communication lane) does besides: collectives
 /// with lane hooks (the staged GPU communicator's copies), the sharded update fused into the
-/// reduce-scatters (distributed.overlap_optimizer) and scalars riding on the allgather.
+/// reduce-scatters (distributed.overlap_optimizer), scalars riding on the allgather, and a
+/// bucket's own reduction (PowerSGD).
 class HostGradientCommunicator : public ShardedCommunicator {
  public:
   /// allreduce_async with `hooks` run on the communication lane around it.
@@ -146,6 +147,19 @@ class HostGradientCommunicator : public ShardedCommunicator {
   virtual std::shared_ptr<Work> allgather_with_riders(float* arena,
                                                       const std::vector<Span>& buckets,
                                                       ScalarRiders riders) = 0;
+
+  /// A sum over ranks of `count` host floats in place: blocking, the same bits on every rank.
+  using SumOverRanks = std::function<void(float* data, size_t count)>;
+  /// A bucket's own reduction (PowerSGD's factors, comm/powersgd.h): it turns this rank's share
+  /// in [data, data + count) into the reduced bucket, calling `sum` as often as it needs, every
+  /// rank alike.
+  using BucketReduction = std::function<void(float* data, size_t count, const SumOverRanks& sum)>;
+  /// Runs `reduce` on the bucket [data, data + count) of the gradient arena on the
+  /// communication lane, in order with the other collectives, under the timeout; `what` and
+  /// `bytes` (sent by this rank) name it in errors and the flight recorder. What `reduce`
+  /// captures must outlive a lost collective (it may return after the caller gave up).
+  virtual std::shared_ptr<Work> reduce_on_lane(std::string what, size_t bytes, float* data,
+                                               size_t count, BucketReduction reduce) = 0;
 };
 
 }  // namespace ddp

@@ -44,6 +44,35 @@ std::optional<PathRefusal> refuse_hierarchy(const DistributedConfig& d, const Fa
   return std::nullopt;
 }
 
+bool sixteen_bits(Compression c) { return c == Compression::Bf16 || c == Compression::Fp16; }
+
+std::optional<PathRefusal> refuse_powersgd(const TrainConfig& c, const Facts& f) {
+  const DistributedConfig& d = c.distributed;
+  if (c.checkpoint.periodic()) {
+    return PathRefusal{
+        c.checkpoint.every_steps > 0 ? "checkpoint.every_steps" : "checkpoint.every_epochs",
+        "PowerSGD's error feedback and Q are not in checkpoints yet, so a resumed "
+        "run would not continue as the uninterrupted one (set 0, or "
+        "distributed.compression: none, bf16 or fp16)"};
+  }
+  if (d.shard_optimizer) {
+    return PathRefusal{"distributed.compression",
+                       "powersgd does not apply to distributed.shard_optimizer: its "
+                       "reduce-scatter sums parts of buckets, and the factors need whole "
+                       "matrices (use none, bf16 or fp16)"};
+  }
+  if (f.gpu) {
+    return PathRefusal{"distributed.compression",
+                       "powersgd runs on CPU ranks for now (on GPUs use none, bf16 or fp16)"};
+  }
+  if (d.hierarchical == Hierarchy::On) {
+    return PathRefusal{"distributed.hierarchical",
+                       "on does not apply to distributed.compression: powersgd, whose factors "
+                       "are summed flat (use auto or off)"};
+  }
+  return std::nullopt;
+}
+
 std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
   const DistributedConfig& d = c.distributed;
   if (d.shard_optimizer && f.gpu && f.backend == BackendChoice::Mpi) {
@@ -51,9 +80,13 @@ std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
                        "on GPUs needs distributed.backend: nccl (or auto); mpi stages the buckets "
                        "through host memory and has no sharded path"};
   }
-  if (d.compression_on_node && d.compression == Compression::None) {
+  if (d.compression_on_node && !sixteen_bits(d.compression)) {
     return PathRefusal{"distributed.compression_on_node",
-                       "true needs distributed.compression: bf16 or fp16 (it is none)"};
+                       std::string("true needs distributed.compression: bf16 or fp16 (it is ") +
+                           to_string(d.compression) + ")"};
+  }
+  if (d.compression == Compression::PowerSgd) {
+    if (const auto no = refuse_powersgd(c, f)) return no;
   }
   if (d.hierarchical == Hierarchy::On) return refuse_hierarchy(d, f);
   return std::nullopt;
@@ -68,7 +101,7 @@ bool hierarchical(const DistributedConfig& d, const Facts& f) {
   if (!several_per_node || d.hierarchical == Hierarchy::Off) return false;
   if (d.hierarchical == Hierarchy::On) return true;  // refuse() ruled out what cannot be
   return f.backend != BackendChoice::Nccl && !d.shard_optimizer && d.shared_memory &&
-         l.equal_nodes();
+         d.compression != Compression::PowerSgd && l.equal_nodes();
 }
 
 // MPI's shared-memory path on one node has no link to save bytes on and stays float32 unless
@@ -76,6 +109,13 @@ bool hierarchical(const DistributedConfig& d, const Facts& f) {
 std::string describe_compression(const DistributedConfig& d, const Facts& f) {
   const RankLayout& l = *f.layout;
   if (d.compression == Compression::None || l.ranks == 1) return "";
+  if (d.compression == Compression::PowerSgd) {
+    return "gradients: PowerSGD (distributed.compression: powersgd) after " +
+           std::to_string(d.powersgd_start_step) +
+           " steps summed whole: each weight matrix sent as two factors of rank " +
+           std::to_string(d.powersgd_rank) +
+           " (vectors and matrices too small to gain whole), with warm start and error feedback";
+  }
   const std::string name = to_string(d.compression);
   const bool window = f.backend != BackendChoice::Nccl && d.shared_memory && !l.several_nodes();
   if (window && !d.compression_on_node)
@@ -154,7 +194,12 @@ GradientPath resolve_gradient_path(const TrainConfig& cfg, Device device, Backen
   p.totals_first = p.sharded && (decides || f.gpu);
   p.scans_gradients = !f.gpu || skip || p.loss_scaling;
   p.equal_parts = p.sharded && f.gpu;
-  p.wire = BucketWire{d.compression, d.compression_on_node, hierarchical(d, f), d.shared_memory};
+  const Compression wire = sixteen_bits(d.compression) ? d.compression : Compression::None;
+  p.wire = BucketWire{wire, d.compression_on_node, hierarchical(d, f), d.shared_memory};
+  if (d.compression == Compression::PowerSgd) {
+    p.powersgd_rank = static_cast<int>(d.powersgd_rank);
+    p.powersgd_start_step = d.powersgd_start_step;
+  }
   describe(cfg, f, p);
   return p;
 }

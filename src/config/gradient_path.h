@@ -29,7 +29,8 @@ struct RankLayout {
 
 /// How the buckets travel, fixed before the gradient arena exists.
 struct BucketWire {
-  /// distributed.compression: buckets cast to 16 bits and summed in that type across ranks.
+  /// distributed.compression: buckets cast to 16 bits and summed in that type across ranks
+  /// (None or a 16-bit type, never PowerSgd).
   Compression format = Compression::None;
   /// On one node's shared memory too (distributed.compression_on_node).
   bool on_node = false;
@@ -57,6 +58,10 @@ struct GradientPath {
   bool loss_scaling = false;
   /// Buckets padded to equal parts per rank (NCCL's reduce-scatter and allgather).
   bool equal_parts = false;
+  /// distributed.compression powersgd: each bucket's matrices sent as factors of this rank
+  /// (comm/powersgd.h), after powersgd_start_step optimizer steps summed whole; 0: off.
+  int powersgd_rank = 0;
+  int64_t powersgd_start_step = 0;
   BucketWire wire;
   /// The startup log's lines about the path ("" lines never).
   std::vector<std::string> description;

@@ -31,6 +31,7 @@ constexpr double kAccumulate = 1e6;         ///< micro-batches per optimizer ste
 constexpr double kPrefetch = 65536;         ///< batches the loader holds ahead
 constexpr double kLoaderWorkers = 64;       ///< threads that assemble batches
 constexpr double kGpu = 65535;              ///< a GPU ordinal
+constexpr double kPowerSgdRank = 65536;     ///< PowerSGD factors' columns
 constexpr double kKept = 1e6;               ///< checkpoints kept
 constexpr double kFlightEntries = 1e6;      ///< collectives a flight recorder keeps
 constexpr double kSkew = 1e6;               ///< a slowest rank's time over the median's
@@ -338,9 +339,13 @@ void visit_distributed(DistributedConfig& d, V& v) {
   v.field("overlap_optimizer", d.overlap_optimizer,
           Key().doc("sharded: update each bucket as its reduce-scatter sums it, in backward"));
   v.field("compression", d.compression,
-          Key().doc("gradients cross ranks and are summed as none, bf16 or fp16"));
+          Key().doc("gradients cross ranks summed as none, bf16 or fp16, or as powersgd factors"));
   v.field("compression_on_node", d.compression_on_node,
           Key().doc("compress on one node's shared-memory path too"));
+  v.field("powersgd_rank", d.powersgd_rank,
+          Key().at_least(1).at_most(bounds::kPowerSgdRank).doc("powersgd: the factors' rank"));
+  v.field("powersgd_start_step", d.powersgd_start_step,
+          Key().at_least(0).at_most(bounds::kSteps).doc("powersgd: steps summed whole first"));
   v.field("hierarchical", d.hierarchical,
           Key().doc("allreduce within each node, then across nodes; auto: when it helps"));
   v.field(

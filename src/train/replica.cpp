@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "comm/agreement.h"
+#include "comm/powersgd_communicator.h"
 #include "core/check.h"
 #include "core/random.h"
 
@@ -81,7 +82,42 @@ void Replica::make_communicators(ProcessGroup& group, HostGradientCommunicator& 
     return;
   }
   device_gradients_ = ctx_.make_gradient_communicator(group, host, cfg);
+  if (path_.powersgd_rank > 0) {
+    DDP_CHECK(!device_gradients_, "distributed.compression: powersgd runs on the host's buckets");
+    device_gradients_ = make_powersgd(host, group.size());
+  }
   buckets_ = device_gradients_ ? device_gradients_.get() : &host;
+}
+
+std::string Replica::continue_gradient_path(int64_t global_step) {
+  auto* powersgd = dynamic_cast<PowerSgdCommunicator*>(device_gradients_.get());
+  if (powersgd == nullptr) return "";
+  powersgd->set_steps(global_step);
+  if (global_step < path_.powersgd_start_step) return "";
+  return "resume: PowerSGD's error feedback and Q start afresh (checkpoints do not hold them "
+         "yet): the run continues, not bitwise as the uninterrupted one";
+}
+
+// distributed.compression powersgd: each bucket's parameters as matrices (a weight out x in, a
+// bias out x 1), in the plan's order.
+std::unique_ptr<GradientCommunicator> Replica::make_powersgd(HostGradientCommunicator& host,
+                                                             int world) const {
+  const std::vector<Parameter*>& params = model_->parameters();
+  std::vector<PowerSgdLayout> layouts;
+  for (const BucketPlan::Bucket& bucket : plan_.buckets) {
+    PowerSgdLayout layout;
+    layout.numel = bucket.numel;
+    for (const size_t p : bucket.params) {
+      const size_t numel = static_cast<size_t>(params[p]->numel());
+      const size_t rows = static_cast<size_t>(params[p]->shape.front());
+      layout.params.push_back({plan_.param_offset[p] - bucket.offset, rows, numel / rows});
+    }
+    layouts.push_back(std::move(layout));
+  }
+  PowerSgdOptions options;
+  options.rank = path_.powersgd_rank;
+  return std::make_unique<PowerSgdCommunicator>(host, layouts, options, path_.powersgd_start_step,
+                                                cfg_.training.seed, world);
 }
 
 // distributed.overlap_optimizer: each bucket's reduce-scatter hands this rank's sums to the

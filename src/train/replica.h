@@ -52,6 +52,10 @@ class Replica {
   Sequential& model() { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
+  /// A resumed run's gradient path continues after `global_step` steps (PowerSGD: its start
+  /// step counts from there; its error feedback and Q start afresh). What to tell the user, or
+  /// "". After connect().
+  std::string continue_gradient_path(int64_t global_step);
   /// The flight recorder the step stamps with its number (null: none); after connect().
   void set_flight_recorder(FlightRecorder* recorder) {
     flight_ = recorder;
@@ -114,6 +118,8 @@ class Replica {
   void init_parameters(Sequential& target) const;
   void make_communicators(ProcessGroup& group, HostGradientCommunicator& host,
                           const DistributedConfig& cfg);
+  std::unique_ptr<GradientCommunicator> make_powersgd(HostGradientCommunicator& host,
+                                                      int world) const;
   void fuse_update();
   void broadcast_parameters(ProcessGroup& comm);
   /// Collective: the parameters from arena-shaped host memory (sharded: each rank writes its
@@ -130,7 +136,7 @@ class Replica {
   Buffer values_, dlogits_;  // values_: the parameter arena unless the communicator has it
   float* params_ = nullptr;  // the parameter arena
   HostGradientCommunicator* host_ = nullptr;
-  // NCCL or staged; declared before what holds its collectives.
+  // NCCL, staged or PowerSGD's; declared before what holds its collectives.
   std::unique_ptr<GradientCommunicator> device_gradients_;
   GradientCommunicator* buckets_ = nullptr;  // the buckets' communicator: host_ or the device's
   ShardedCommunicator* sharded_ = nullptr;   // sharded: the same one

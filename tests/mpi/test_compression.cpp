@@ -184,14 +184,7 @@ ddp::TrainConfig compressed(ddp::TrainConfig cfg, Compression format, bool share
 }
 
 ddp::TrainConfig small_config(const std::string& name) {
-  ddp::TrainConfig cfg =
-      ddp_test::small_training_config(ddp_test::shared_scratch_dir("ddp_compress_", name));
-  cfg.data.train.samples = 190;
-  cfg.data.seed = 5;
-  cfg.training.seed = 3;
-  cfg.training.batch_size = 7;
-  cfg.training.epochs = 2;
-  return cfg;
+  return ddp_test::two_epoch_config("ddp_compress_", name);
 }
 
 }  // namespace

@@ -93,6 +93,18 @@ inline ddp::TrainConfig small_training_config(const std::string& dir) {
   return cfg;
 }
 
+/// small_training_config for 2 epochs of 190 synthetic samples, 7 a batch on each rank (13
+/// steps at 2 ranks), in the shared scratch folder `prefix` + `name`.
+inline ddp::TrainConfig two_epoch_config(const std::string& prefix, const std::string& name) {
+  ddp::TrainConfig cfg = small_training_config(shared_scratch_dir(prefix, name));
+  cfg.data.train.samples = 190;
+  cfg.data.seed = 5;
+  cfg.training.seed = 3;
+  cfg.training.batch_size = 7;
+  cfg.training.epochs = 2;
+  return cfg;
+}
+
 /// `cfg` switched to torch.optim.Adam (AdamW when `decoupled`, AMSGrad when `amsgrad`): the
 /// SGD-only keys back at their defaults, weight decay kept.
 inline ddp::TrainConfig with_adam(ddp::TrainConfig cfg, bool decoupled, bool amsgrad) {

@@ -167,6 +167,22 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     return allreduce_bucket(data, count, average, &hooks);
   }
 
+  // On the lane's thread like a bucket's MPI_Allreduce across nodes (the sums are blocking
+  // MPI_Allreduce calls without a deadline), everything captured by value.
+  std::shared_ptr<Work> reduce_on_lane(std::string what, size_t bytes, float* data, size_t count,
+                                       BucketReduction reduce) override {
+    MPI_Comm comm = comm_;
+    const SumOverRanks sum = [comm](float* values, size_t n) {
+      DDP_CHECK(n <= static_cast<size_t>(INT32_MAX), "a sum of " << n << " floats is too large");
+      DDP_MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, values, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm));
+    };
+    return lane_->submit(
+        {std::move(what), bytes, "float32"},
+        [data, count, sum, reduce = std::move(reduce)] { reduce(data, count, sum); }, nullptr,
+        /*any_thread=*/false);
+  }
+
   float* parameter_arena(size_t numel, bool shared) override {
     DDP_CHECK(parameters_ == nullptr, "parameter_arena() called twice");
     DDP_CHECK(!hierarchical_, "the sharded optimizer's collectives are not hierarchical");

@@ -165,6 +165,10 @@ class RecordingComm : public ddp::HostGradientCommunicator {
                                                    ddp::ScalarRiders) override {
     return allgather_async(arena_, buckets);
   }
+  std::shared_ptr<ddp::Work> reduce_on_lane(std::string, size_t, float* data, size_t count,
+                                            BucketReduction) override {
+    return allreduce_async(data, count, false);
+  }
   void set_timeout(double) override {}
   double timeout() const override { return 1.0; }
 

@@ -185,6 +185,54 @@ TEST_CASE("gradient path: what 16-bit buckets do in this job, said once",
   CHECK(cpu_path(cfg, nodes(1, 1)).description.empty());  // one rank: nothing travels
 }
 
+TEST_CASE("gradient path: PowerSGD sends factors on CPU ranks, flat, and says how",
+          "[config][gradient_path][compression]") {
+  TrainConfig cfg;
+  cfg.distributed.compression = ddp::Compression::PowerSgd;
+  cfg.distributed.powersgd_rank = 4;
+  cfg.distributed.powersgd_start_step = 7;
+  GradientPath p = cpu_path(cfg, nodes(2, 2));
+  CHECK(p.powersgd_rank == 4);
+  CHECK(p.powersgd_start_step == 7);
+  CHECK(p.wire.format == ddp::Compression::None);  // never a bucket's wire type
+  CHECK_FALSE(p.wire.hierarchical);                // auto stays flat: the factors are summed flat
+  CHECK(p.description ==
+        std::vector<std::string>{"gradients: PowerSGD (distributed.compression: powersgd) after 7 "
+                                 "steps summed whole: each weight matrix sent as two factors of "
+                                 "rank 4 (vectors and matrices too small to gain whole), with "
+                                 "warm start and error feedback"});
+  CHECK(cpu_path(TrainConfig{}).powersgd_rank == 0);
+  // Refused by name: where the factors cannot go, and checkpoints that cannot hold them yet.
+  const auto refused = [](void (*change)(TrainConfig&)) {
+    TrainConfig c;
+    c.distributed.compression = ddp::Compression::PowerSgd;
+    change(c);
+    const auto no = ddp::gradient_path_refusal(c);
+    return no ? no->key + ": " + no->message : std::string("no refusal");
+  };
+  CHECK(refused([](TrainConfig& c) { c.distributed.shard_optimizer = true; }) ==
+        "distributed.compression: powersgd does not apply to distributed.shard_optimizer: its "
+        "reduce-scatter sums parts of buckets, and the factors need whole matrices (use none, "
+        "bf16 or fp16)");
+  CHECK(refused([](TrainConfig& c) { c.device = ddp::DeviceChoice::Cuda; }) ==
+        "distributed.compression: powersgd runs on CPU ranks for now (on GPUs use none, bf16 or "
+        "fp16)");
+  CHECK(refused([](TrainConfig& c) { c.distributed.hierarchical = ddp::Hierarchy::On; }) ==
+        "distributed.hierarchical: on does not apply to distributed.compression: powersgd, whose "
+        "factors are summed flat (use auto or off)");
+  CHECK(refused([](TrainConfig& c) { c.distributed.compression_on_node = true; }) ==
+        "distributed.compression_on_node: true needs distributed.compression: bf16 or fp16 (it "
+        "is powersgd)");
+  CHECK(refused([](TrainConfig& c) { c.checkpoint.every_steps = 10; }) ==
+        "checkpoint.every_steps: PowerSGD's error feedback and Q are not in checkpoints yet, so a "
+        "resumed run would not continue as the uninterrupted one (set 0, or "
+        "distributed.compression: none, bf16 or fp16)");
+  CHECK(refused([](TrainConfig& c) {
+          c.checkpoint.every_epochs = 1;
+        }).rfind("checkpoint.every_epochs: ", 0) == 0);
+  CHECK(refused([](TrainConfig&) {}) == "no refusal");
+}
+
 TEST_CASE("gradient path: every refusal names its key, from the config and once placed",
           "[config][gradient_path][errors]") {
   TrainConfig on_node;

@@ -1,0 +1,91 @@
+// distributed.compression powersgd on the host (powersgd_communicator.h).
+#include "comm/powersgd_communicator.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace ddp {
+
+namespace {
+
+// splitmix64's finaliser: the seed of Q's random start for one bucket at one step.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+PowerSgdCommunicator::PowerSgdCommunicator(HostGradientCommunicator& host,
+                                           const std::vector<PowerSgdLayout>& buckets,
+                                           const PowerSgdOptions& options, int64_t start_step,
+                                           uint64_t seed, int world)
+    : host_(host), start_step_(start_step), seed_(seed), world_(world) {
+  size_t offset = 0;
+  for (const PowerSgdLayout& b : buckets) {
+    buckets_.push_back(std::make_shared<PowerSgdBucket>(b.params, b.numel, options));
+    offsets_.push_back(offset);
+    offset += b.numel;
+  }
+}
+
+float* PowerSgdCommunicator::gradient_arena(size_t numel, const BucketWire& wire) {
+  const size_t planned = offsets_.empty() ? 0 : offsets_.back() + buckets_.back()->numel();
+  DDP_CHECK(numel == planned,
+            "PowerSGD: a gradient arena of " << numel << " floats for buckets of " << planned);
+  arena_ = host_.gradient_arena(numel, wire);
+  return arena_;
+}
+
+size_t PowerSgdCommunicator::bucket_of(const float* data, size_t count) const {
+  DDP_CHECK(arena_ != nullptr && data >= arena_, "PowerSGD: a bucket outside the gradient arena");
+  const size_t offset = static_cast<size_t>(data - arena_);
+  const auto at = std::lower_bound(offsets_.begin(), offsets_.end(), offset);
+  DDP_CHECK(at != offsets_.end() && *at == offset,
+            "PowerSGD: an allreduce at float " << offset << " does not start a bucket");
+  const size_t b = static_cast<size_t>(at - offsets_.begin());
+  DDP_CHECK(buckets_[b]->numel() == count, "PowerSGD: bucket " << b << " has "
+                                                               << buckets_[b]->numel()
+                                                               << " floats, not " << count);
+  return b;
+}
+
+std::shared_ptr<Work> PowerSgdCommunicator::allreduce_async(float* data, size_t count,
+                                                            bool average) {
+  const size_t b = bucket_of(data, count);
+  const int64_t step = steps_;
+  if (b + 1 == buckets_.size()) ++steps_;
+  if (step < start_step_) return host_.allreduce_async(data, count, average);
+  std::shared_ptr<PowerSgdBucket> bucket = buckets_[b];
+  const uint64_t seed = mix(seed_ ^ mix(b + 1) ^ mix(static_cast<uint64_t>(step) << 20));
+  const int world = world_;
+  const std::string what = "PowerSGD allreduce of " + std::to_string(count) + " floats as " +
+                           std::to_string(bucket->sent_floats());
+  return host_.reduce_on_lane(
+      what, bucket->sent_floats() * sizeof(float), data, count,
+      [bucket, seed, world, average](float* values, size_t n, const auto& sum) {
+        bucket->reduce(values, world, sum, seed);
+        if (average) {
+          const float inv = 1.0f / static_cast<float>(world);
+          for (size_t i = 0; i < n; ++i) values[i] *= inv;
+        }
+      });
+}
+
+size_t PowerSgdCommunicator::sent_floats() const {
+  size_t n = 0;
+  for (const auto& b : buckets_) n += b->sent_floats();
+  return n;
+}
+
+size_t PowerSgdCommunicator::whole_floats() const {
+  size_t n = 0;
+  for (const auto& b : buckets_) n += b->numel();
+  return n;
+}
+
+}  // namespace ddp

@@ -1,0 +1,59 @@
+// distributed.compression powersgd on the host: the gradient communicator the Reducer drives,
+// in front of the MPI one. For the first powersgd_start_step optimizer steps every bucket is
+// summed whole (PyTorch's start_powerSGD_iter); from then on each bucket is reduced on the
+// communication lane by its PowerSgdBucket (powersgd.h): the whole parameters and P in one sum,
+// Q in a second. Q's random start is seeded by the job's seed, the bucket and the step, the
+// same on every rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/gradient_communicator.h"
+#include "comm/powersgd.h"
+
+namespace ddp {
+
+/// One bucket as the compressor sees it: its parameters as matrices (offsets within the
+/// bucket, in bucket order) and its size.
+struct PowerSgdLayout {
+  std::vector<GradientMatrix> params;
+  size_t numel = 0;
+};
+
+class PowerSgdCommunicator final : public GradientCommunicator {
+ public:
+  /// `buckets` in the bucket plan's order; `world`: the job's ranks.
+  PowerSgdCommunicator(HostGradientCommunicator& host, const std::vector<PowerSgdLayout>& buckets,
+                       const PowerSgdOptions& options, int64_t start_step, uint64_t seed,
+                       int world);
+
+  float* gradient_arena(size_t numel, const BucketWire& wire) override;
+  /// Bucket `data` (it must start a bucket of the plan, with its size): summed whole before the
+  /// start step, reduced by its PowerSgdBucket after. The step counts up once the plan's last
+  /// bucket is launched.
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override;
+  void set_timeout(double seconds) override { host_.set_timeout(seconds); }
+  double timeout() const override { return host_.timeout(); }
+
+  /// Optimizer steps whose buckets were launched (a resumed run continues from its checkpoint).
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+  /// Floats one rank sends per step once compressed, and whole.
+  size_t sent_floats() const;
+  size_t whole_floats() const;
+
+ private:
+  size_t bucket_of(const float* data, size_t count) const;
+
+  HostGradientCommunicator& host_;
+  std::vector<std::shared_ptr<PowerSgdBucket>> buckets_;  // held by lost collectives too
+  std::vector<size_t> offsets_;                           // each bucket's first float
+  float* arena_ = nullptr;
+  int64_t start_step_ = 0, steps_ = 0;
+  uint64_t seed_ = 0;
+  int world_ = 1;
+};
+
+}  // namespace ddp
