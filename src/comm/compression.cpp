@@ -28,9 +28,11 @@ void with_format(Compression format, Fn&& fn) {
     case Compression::Fp16:
       return fn(Fp16{});
     case Compression::None:
+    case Compression::PowerSgd:
       break;
   }
-  DDP_THROW("gradient compression: no 16-bit type for distributed.compression: none");
+  DDP_THROW(
+      "gradient compression: no 16-bit type for distributed.compression: " << to_string(format));
 }
 
 }  // namespace

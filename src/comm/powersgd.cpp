@@ -100,6 +100,11 @@ void PowerSgdBucket::reduce(float* bucket, int world, const SumOverRanks& sum, u
   compute_q(bucket, p_all);
   if (!q_.empty()) sum(q_.data(), q_.size());
   decompress(p_all, bucket);
+  if (!std::all_of(bucket, bucket + numel_, [](float v) { return std::isfinite(v); })) {
+    error_.clear();  // every rank sees the same result: all start afresh
+    q_.clear();
+    return;
+  }
   if (options_.error_feedback) {
     const float inv_world = 1.0f / static_cast<float>(world);
     for (const Planned& p : plan_) {

@@ -48,11 +48,19 @@ class PowerSgdBucket {
   /// Replaces this rank's share in `bucket` by the approximated sum over ranks (the same on
   /// every rank), in two sums over ranks: the whole parameters with the P factors, then the Q
   /// factors. `world`: the number of ranks. `seed`: Q's random start when it needs one (the
-  /// first compressed step; every step without warm start), the same on every rank.
+  /// first compressed step; every step without warm start), the same on every rank. A result
+  /// with a non-finite value (an overflow, a diverged step that the trainer skips or stops on)
+  /// leaves no state behind: the next step starts afresh, as the first compressed one.
   void reduce(float* bucket, int world, const SumOverRanks& sum, uint64_t seed);
 
-  /// Whether parameter i is sent as factors.
+  size_t matrices() const { return plan_.size(); }
+  const GradientMatrix& matrix(size_t i) const { return plan_[i].m; }
+  /// Whether parameter i is sent as factors, and their rank (0: sent whole).
   bool compressed(size_t i) const { return plan_[i].rank > 0; }
+  size_t factor_rank(size_t i) const { return plan_[i].rank; }
+  /// Where parameter i's Q lies in q() (cols x factor_rank(i), row-major).
+  size_t q_offset(size_t i) const { return plan_[i].q_at; }
+  size_t q_size() const { return q_size_; }
   /// Floats this rank sends per step: the whole parameters, then P and Q.
   size_t sent_floats() const { return whole_ + p_size_ + q_size_; }
   size_t numel() const { return numel_; }

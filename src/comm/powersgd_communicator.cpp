@@ -76,6 +76,78 @@ std::shared_ptr<Work> PowerSgdCommunicator::allreduce_async(float* data, size_t 
       });
 }
 
+PowerSgdState PowerSgdCommunicator::state() const {
+  PowerSgdState s;
+  const size_t total = offsets_.empty() ? 0 : offsets_.back() + buckets_.back()->numel();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const PowerSgdBucket& bucket = *buckets_[b];
+    if (!bucket.error().empty()) {
+      if (s.error.empty()) s.error.assign(total, 0.0f);
+      std::copy(bucket.error().begin(), bucket.error().end(), s.error.begin() + offsets_[b]);
+    }
+    if (bucket.q().empty()) continue;
+    for (size_t i = 0; i < bucket.matrices(); ++i) {
+      if (!bucket.compressed(i)) continue;
+      const auto first = bucket.q().begin() + static_cast<ptrdiff_t>(bucket.q_offset(i));
+      const size_t size = bucket.matrix(i).cols * bucket.factor_rank(i);
+      s.q[offsets_[b] + bucket.matrix(i).offset].assign(first, first + size);
+    }
+  }
+  return s;
+}
+
+void PowerSgdCommunicator::restore(const PowerSgdState& state) {
+  const size_t total = offsets_.empty() ? 0 : offsets_.back() + buckets_.back()->numel();
+  DDP_CHECK(state.error.empty() || state.error.size() == total,
+            "PowerSGD state: an error feedback of " << state.error.size()
+                                                    << " floats for a gradient arena of " << total);
+  size_t used = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    PowerSgdBucket& bucket = *buckets_[b];
+    std::vector<float> error, q;
+    if (!state.error.empty()) {
+      const auto first = state.error.begin() + static_cast<ptrdiff_t>(offsets_[b]);
+      error.assign(first, first + static_cast<ptrdiff_t>(bucket.numel()));
+    }
+    size_t held = 0, factored = 0;
+    q.assign(bucket.q_size(), 0.0f);
+    for (size_t i = 0; i < bucket.matrices(); ++i) {
+      if (!bucket.compressed(i)) continue;
+      ++factored;
+      const size_t at = offsets_[b] + bucket.matrix(i).offset;
+      const auto found = state.q.find(at);
+      if (found == state.q.end()) continue;
+      const size_t size = bucket.matrix(i).cols * bucket.factor_rank(i);
+      DDP_CHECK(found->second.size() == size, "PowerSGD state: a Q of "
+                                                  << found->second.size()
+                                                  << " floats for the matrix at float " << at
+                                                  << ", whose factors take " << size);
+      std::copy(found->second.begin(), found->second.end(),
+                q.begin() + static_cast<ptrdiff_t>(bucket.q_offset(i)));
+      ++held;
+    }
+    DDP_CHECK(held == 0 || held == factored, "PowerSGD state: bucket "
+                                                 << b << " holds Q for " << held << " of its "
+                                                 << factored << " factored matrices");
+    if (held == 0) q.clear();
+    used += held;
+    bucket.restore(std::move(error), std::move(q));
+  }
+  DDP_CHECK(used == state.q.size(), "PowerSGD state: " << state.q.size() - used
+                                                       << " Q(s) for matrices sent whole or "
+                                                          "not in the gradient arena");
+}
+
+size_t PowerSgdCommunicator::factor_rank(size_t offset) const {
+  const auto after = std::upper_bound(offsets_.begin(), offsets_.end(), offset);
+  if (after == offsets_.begin()) return 0;
+  const size_t b = static_cast<size_t>(after - offsets_.begin()) - 1;
+  const PowerSgdBucket& bucket = *buckets_[b];
+  for (size_t i = 0; i < bucket.matrices(); ++i)
+    if (offsets_[b] + bucket.matrix(i).offset == offset) return bucket.factor_rank(i);
+  return 0;
+}
+
 size_t PowerSgdCommunicator::sent_floats() const {
   size_t n = 0;
   for (const auto& b : buckets_) n += b->sent_floats();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,17 @@ namespace ddp {
 struct PowerSgdLayout {
   std::vector<GradientMatrix> params;
   size_t numel = 0;
+};
+
+/// PowerSGD's state in the gradient arena's terms, as a checkpoint keeps it.
+struct PowerSgdState {
+  /// This rank's error feedback, arena-shaped: zeros where a bucket has none yet, which is the
+  /// same as none. Empty: none anywhere.
+  std::vector<float> error;
+  /// Q of each matrix sent as factors (cols x rank, row-major), by the matrix's first float in
+  /// the arena; none where its bucket starts afresh (no compressed step yet, or a non-finite one
+  /// last). The same on every rank.
+  std::map<size_t, std::vector<float>> q;
 };
 
 class PowerSgdCommunicator final : public GradientCommunicator {
@@ -40,6 +52,18 @@ class PowerSgdCommunicator final : public GradientCommunicator {
   /// Optimizer steps whose buckets were launched (a resumed run continues from its checkpoint).
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
+  /// Whether a compressed step was launched: only then is there state to keep.
+  bool compressed_yet() const { return steps_ > start_step_; }
+  /// This rank's state, between steps (no bucket in flight).
+  PowerSgdState state() const;
+  /// Restores a state() of this layout, between steps; throws ddp::Error naming the matrix
+  /// where an error feedback or a Q has another size, or a bucket holds Q for some of its
+  /// matrices only.
+  void restore(const PowerSgdState& state);
+  /// The factors' rank of the matrix whose first float is at `offset` in the arena (0: it is
+  /// sent whole, or no matrix starts there).
+  size_t factor_rank(size_t offset) const;
+
   /// Floats one rank sends per step once compressed, and whole.
   size_t sent_floats() const;
   size_t whole_floats() const;

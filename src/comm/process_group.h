@@ -33,6 +33,11 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op) = 0;
   /// Blocking broadcast of raw bytes (host memory) from `root`.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  /// Blocking gather of `bytes` from every rank into all[rank * bytes ...] on `root` (`all` is
+  /// not touched elsewhere and may be null there).
+  virtual void gather(const void* mine, size_t bytes, void* all, int root) = 0;
+  /// Blocking scatter: rank k receives all[k * bytes ...] of `root`'s `all` into `mine`.
+  virtual void scatter(const void* all, size_t bytes, void* mine, int root) = 0;
   virtual void barrier() = 0;
 
   /// How long any collective may take before it is declared lost (a dead or stalled peer):

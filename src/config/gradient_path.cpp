@@ -46,15 +46,7 @@ std::optional<PathRefusal> refuse_hierarchy(const DistributedConfig& d, const Fa
 
 bool sixteen_bits(Compression c) { return c == Compression::Bf16 || c == Compression::Fp16; }
 
-std::optional<PathRefusal> refuse_powersgd(const TrainConfig& c, const Facts& f) {
-  const DistributedConfig& d = c.distributed;
-  if (c.checkpoint.periodic()) {
-    return PathRefusal{
-        c.checkpoint.every_steps > 0 ? "checkpoint.every_steps" : "checkpoint.every_epochs",
-        "PowerSGD's error feedback and Q are not in checkpoints yet, so a resumed "
-        "run would not continue as the uninterrupted one (set 0, or "
-        "distributed.compression: none, bf16 or fp16)"};
-  }
+std::optional<PathRefusal> refuse_powersgd(const DistributedConfig& d, const Facts& f) {
   if (d.shard_optimizer) {
     return PathRefusal{"distributed.compression",
                        "powersgd does not apply to distributed.shard_optimizer: its "
@@ -86,7 +78,7 @@ std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
                            to_string(d.compression) + ")"};
   }
   if (d.compression == Compression::PowerSgd) {
-    if (const auto no = refuse_powersgd(c, f)) return no;
+    if (const auto no = refuse_powersgd(d, f)) return no;
   }
   if (d.hierarchical == Hierarchy::On) return refuse_hierarchy(d, f);
   return std::nullopt;

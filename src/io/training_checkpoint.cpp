@@ -31,6 +31,8 @@ constexpr const char* kFormatKey = "ddp.checkpoint";
 constexpr const char* kFormatVersion = "1";
 constexpr const char* kCrcKey = "ddp.crc32";
 constexpr const char* kOptimizerPrefix = "optimizer.";
+constexpr const char* kErrorPrefix = "powersgd.error.";
+constexpr const char* kQPrefix = "powersgd.q.";
 // Written before the optimizer_steps key had its name.
 constexpr const char* kOldStepsKey = "ddp.sgd_steps";
 constexpr const char* kScheduleKey = "ddp.schedule_steps";
@@ -214,21 +216,81 @@ std::string value_of(const std::string& line) {
   return eq == std::string::npos ? "" : line.substr(eq + 3);
 }
 
-// Every tensor of `state` has a weight's name and shape, and every weight has one.
-void check_matches_weights(const OptimizerState& state, const TrainingCheckpoint& ckpt,
-                           const std::string& where) {
-  for (const NamedTensor& m : state.tensors) {
-    auto w = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
-                          [&](const NamedTensor& t) { return t.name == m.name; });
-    DDP_CHECK(w != ckpt.weights.end(), where << ": optimizer " << state.name << " tensor '"
-                                             << m.name << "' has no weight of that name");
-    DDP_CHECK(w->shape == m.shape, where << ": optimizer " << state.name << " tensor '" << m.name
-                                         << "' has shape " << shape_string(m.shape)
-                                         << ", its weight " << shape_string(w->shape));
+const NamedTensor* weight_named(const TrainingCheckpoint& ckpt, const std::string& name) {
+  auto w = std::find_if(ckpt.weights.begin(), ckpt.weights.end(),
+                        [&](const NamedTensor& t) { return t.name == name; });
+  return w == ckpt.weights.end() ? nullptr : &*w;
+}
+
+// Every tensor of `tensors` (what names them: "optimizer momentum") has a weight's name and
+// shape, and every weight has one.
+void check_matches_weights(const std::vector<NamedTensor>& tensors, const std::string& what,
+                           const TrainingCheckpoint& ckpt, const std::string& where) {
+  for (const NamedTensor& m : tensors) {
+    const NamedTensor* w = weight_named(ckpt, m.name);
+    DDP_CHECK(w != nullptr,
+              where << ": " << what << " tensor '" << m.name << "' has no weight of that name");
+    DDP_CHECK(w->shape == m.shape, where << ": " << what << " tensor '" << m.name << "' has shape "
+                                         << shape_string(m.shape) << ", its weight "
+                                         << shape_string(w->shape));
   }
-  DDP_CHECK(state.tensors.size() == ckpt.weights.size(),
-            where << ": optimizer " << state.name << " is stored for " << state.tensors.size()
-                  << " of " << ckpt.weights.size() << " tensors");
+  DDP_CHECK(tensors.size() == ckpt.weights.size(), where << ": " << what << " is stored for "
+                                                         << tensors.size() << " of "
+                                                         << ckpt.weights.size() << " tensors");
+}
+
+// "<state>.<weight>" of an optimizer tensor into ckpt.optimizer.
+void add_optimizer_tensor(NamedTensor t, const std::string& rest, TrainingCheckpoint& ckpt,
+                          const std::string& where) {
+  const size_t dot = rest.find('.');
+  DDP_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < rest.size(),
+            where << ": tensor '" << t.name << "' is not optimizer.<state>.<weight>");
+  const std::string state = rest.substr(0, dot);
+  auto it = std::find_if(ckpt.optimizer.begin(), ckpt.optimizer.end(),
+                         [&](const OptimizerState& o) { return o.name == state; });
+  if (it == ckpt.optimizer.end()) it = ckpt.optimizer.insert(it, OptimizerState{state, {}});
+  t.name = rest.substr(dot + 1);
+  it->tensors.push_back(std::move(t));
+}
+
+// "<rank>.<weight>" of a PowerSGD error feedback into ckpt.powersgd.error.
+void add_error_tensor(NamedTensor t, const std::string& rest, TrainingCheckpoint& ckpt,
+                      const std::string& where) {
+  const size_t dot = rest.find('.');
+  const std::string digits = rest.substr(0, std::min(dot, rest.size()));
+  const bool number =
+      !digits.empty() && digits.size() <= 9 &&
+      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  DDP_CHECK(number && dot + 1 < rest.size(),
+            where << ": tensor '" << t.name << "' is not powersgd.error.<rank>.<weight>");
+  const size_t rank = std::stoul(digits);
+  DDP_CHECK(rank < static_cast<size_t>(std::max<int64_t>(ckpt.state.world_size, 0)),
+            where << ": tensor '" << t.name << "' is the error feedback of rank " << rank
+                  << ", and the run had " << ckpt.state.world_size << " rank(s)");
+  if (ckpt.powersgd.error.size() <= rank) ckpt.powersgd.error.resize(rank + 1);
+  t.name = rest.substr(dot + 1);
+  ckpt.powersgd.error[rank].push_back(std::move(t));
+}
+
+// Each rank's error feedback covers the weights, and each Q is [in, r] for a weight [out, in].
+void check_powersgd(const TrainingCheckpoint& ckpt, const std::string& where) {
+  const PowerSgdCheckpoint& s = ckpt.powersgd;
+  DDP_CHECK(s.error.empty() || static_cast<int64_t>(s.error.size()) == ckpt.state.world_size,
+            where << ": PowerSGD error feedback is stored for " << s.error.size() << " of "
+                  << ckpt.state.world_size << " ranks");
+  for (size_t rank = 0; rank < s.error.size(); ++rank)
+    check_matches_weights(s.error[rank], "PowerSGD error feedback of rank " + std::to_string(rank),
+                          ckpt, where);
+  for (const NamedTensor& q : s.q) {
+    const NamedTensor* w = weight_named(ckpt, q.name);
+    DDP_CHECK(w != nullptr,
+              where << ": PowerSGD Q tensor '" << q.name << "' has no weight of that name");
+    const bool fits = w->shape.size() == 2 && q.shape.size() == 2 && q.shape[0] == w->shape[1] &&
+                      q.shape[1] >= 1 && q.shape[1] <= std::min(w->shape[0], w->shape[1]);
+    DDP_CHECK(fits, where << ": PowerSGD Q tensor '" << q.name << "' has shape "
+                          << shape_string(q.shape) << ", which is not [in, r] for its weight "
+                          << shape_string(w->shape));
+  }
 }
 
 }  // namespace
@@ -248,6 +310,11 @@ void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt) {
     for (const NamedTensor& t : state.tensors)
       tensors.push_back({kOptimizerPrefix + state.name + "." + t.name, &t});
   }
+  for (size_t rank = 0; rank < ckpt.powersgd.error.size(); ++rank) {
+    for (const NamedTensor& t : ckpt.powersgd.error[rank])
+      tensors.push_back({kErrorPrefix + std::to_string(rank) + "." + t.name, &t});
+  }
+  for (const NamedTensor& t : ckpt.powersgd.q) tensors.push_back({kQPrefix + t.name, &t});
   Metadata metadata = encode_state(ckpt.state);
   metadata[kCrcKey] = hex32(checkpoint_crc(tensors, metadata));
   save_safetensors_views(path, tensors, metadata);
@@ -280,22 +347,22 @@ TrainingCheckpoint read_checkpoint(const std::string& path) {
   TrainingCheckpoint ckpt;
   ckpt.state = decode_state(metadata, where);
   for (NamedTensor& t : tensors) {
-    if (!starts_with(t.name, kOptimizerPrefix)) {
+    if (starts_with(t.name, kOptimizerPrefix)) {
+      const std::string rest = t.name.substr(std::strlen(kOptimizerPrefix));
+      add_optimizer_tensor(std::move(t), rest, ckpt, where);
+    } else if (starts_with(t.name, kErrorPrefix)) {
+      const std::string rest = t.name.substr(std::strlen(kErrorPrefix));
+      add_error_tensor(std::move(t), rest, ckpt, where);
+    } else if (starts_with(t.name, kQPrefix)) {
+      t.name = t.name.substr(std::strlen(kQPrefix));
+      ckpt.powersgd.q.push_back(std::move(t));
+    } else {
       ckpt.weights.push_back(std::move(t));
-      continue;
     }
-    const std::string rest = t.name.substr(std::strlen(kOptimizerPrefix));
-    const size_t dot = rest.find('.');
-    DDP_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < rest.size(),
-              where << ": tensor '" << t.name << "' is not optimizer.<state>.<weight>");
-    const std::string state = rest.substr(0, dot);
-    auto it = std::find_if(ckpt.optimizer.begin(), ckpt.optimizer.end(),
-                           [&](const OptimizerState& o) { return o.name == state; });
-    if (it == ckpt.optimizer.end()) it = ckpt.optimizer.insert(it, OptimizerState{state, {}});
-    t.name = rest.substr(dot + 1);
-    it->tensors.push_back(std::move(t));
   }
-  for (const OptimizerState& state : ckpt.optimizer) check_matches_weights(state, ckpt, where);
+  for (const OptimizerState& state : ckpt.optimizer)
+    check_matches_weights(state.tensors, "optimizer " + state.name, ckpt, where);
+  check_powersgd(ckpt, where);
   return ckpt;
 }
 

@@ -78,10 +78,21 @@ struct OptimizerState {
   std::vector<NamedTensor> tensors;
 };
 
+/// PowerSGD's state (distributed.compression powersgd), once it compressed a step: each rank's
+/// error feedback, stored as "powersgd.error.<rank>.<weight>" with the weights' shapes, and the
+/// Q of each weight sent as factors, "powersgd.q.<weight>" of shape [in, r] (none where its
+/// bucket starts afresh), the same on every rank.
+struct PowerSgdCheckpoint {
+  std::vector<std::vector<NamedTensor>> error;  ///< [rank]: one per weight, with its name
+  std::vector<NamedTensor> q;                   ///< with their weights' names
+  bool empty() const { return error.empty() && q.empty(); }
+};
+
 struct TrainingCheckpoint {
   TrainingState state;
   std::vector<NamedTensor> weights;       ///< layers.{i}.weight [out,in], layers.{i}.bias [out]
   std::vector<OptimizerState> optimizer;  ///< in the optimizer's order; empty for plain SGD
+  PowerSgdCheckpoint powersgd;            ///< empty without PowerSGD
 };
 
 /// "<dir>/step-<global_step, 9 digits>.safetensors".
@@ -93,8 +104,10 @@ std::string checkpoint_path(const std::string& dir, int64_t global_step);
 void write_checkpoint(const std::string& path, const TrainingCheckpoint& ckpt);
 
 /// Reads and validates a checkpoint: safetensors structure (header, dtypes, shapes, sizes,
-/// truncation), the checksum, every state field, and that each optimizer state holds exactly
-/// the weights' names and shapes. Throws ddp::Error naming the file and what is wrong.
+/// truncation), the checksum, every state field, that each optimizer state and each rank's
+/// PowerSGD error feedback holds exactly the weights' names and shapes (one error per rank of
+/// the run that wrote it), and that each PowerSGD Q is [in, r] for a weight [out, in]. Throws
+/// ddp::Error naming the file and what is wrong.
 TrainingCheckpoint read_checkpoint(const std::string& path);
 
 /// The complete checkpoints in `dir` (names step-N.safetensors; temporary files are not

@@ -75,6 +75,7 @@ void CheckpointPolicy::save(TrainingState st, const Tally& epoch_tally) {
   ctx_.backend().synchronize();  // the last step's update has landed
   // A sharded optimizer's state is gathered from every rank first (a collective).
   if (replica_.sharded()) copy_optimizer_state();
+  save_powersgd_state(comm_, replica_, snapshot_.powersgd);  // gathered to rank 0
   const bool async = cfg_.checkpoint.async;
   Written written;
   run_agreed(comm_, [&] {

@@ -10,10 +10,11 @@
 #include <optional>
 #include <string>
 
-#include "ddp/config.h"
 #include "comm/process_group.h"
+#include "ddp/config.h"
 #include "io/training_checkpoint.h"
 #include "train/device_context.h"
+#include "train/powersgd_state.h"
 #include "train/replica.h"
 #include "train/report.h"
 
@@ -61,7 +62,8 @@ class CheckpointPolicy {
     double blocked_seconds = 0.0;  ///< what save cost the training thread
   };
 
-  /// The optimizer's state arrays into snapshot_ (a collective for a sharded optimizer).
+  /// The optimizer's state arrays into snapshot_ (a collective for a sharded optimizer); the
+  /// gradient path's (PowerSGD's) follows it through save_powersgd_state.
   void copy_optimizer_state();
   /// Rank 0: writes snapshot_ durably to `path`, then prunes this run's older checkpoints.
   Written write(const std::string& path) const;

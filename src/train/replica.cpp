@@ -89,13 +89,8 @@ void Replica::make_communicators(ProcessGroup& group, HostGradientCommunicator& 
   buckets_ = device_gradients_ ? device_gradients_.get() : &host;
 }
 
-std::string Replica::continue_gradient_path(int64_t global_step) {
-  auto* powersgd = dynamic_cast<PowerSgdCommunicator*>(device_gradients_.get());
-  if (powersgd == nullptr) return "";
-  powersgd->set_steps(global_step);
-  if (global_step < path_.powersgd_start_step) return "";
-  return "resume: PowerSGD's error feedback and Q start afresh (checkpoints do not hold them "
-         "yet): the run continues, not bitwise as the uninterrupted one";
+PowerSgdCommunicator* Replica::powersgd() const {
+  return dynamic_cast<PowerSgdCommunicator*>(device_gradients_.get());
 }
 
 // distributed.compression powersgd: each bucket's parameters as matrices (a weight out x in, a

@@ -28,6 +28,8 @@
 
 namespace ddp {
 
+class PowerSgdCommunicator;
+
 /// The 16-bit operand format of training.precision; none for fp32.
 std::optional<Half> mixed_format(Precision p);
 
@@ -50,12 +52,12 @@ class Replica {
   void connect(ProcessGroup& group, HostGradientCommunicator& host, const TrainConfig& cfg);
 
   Sequential& model() { return *model_; }
+  const Sequential& model() const { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
-  /// A resumed run's gradient path continues after `global_step` steps (PowerSGD: its start
-  /// step counts from there; its error feedback and Q start afresh). What to tell the user, or
-  /// "". After connect().
-  std::string continue_gradient_path(int64_t global_step);
+  /// distributed.compression powersgd: its communicator (state, step count); else null. After
+  /// connect().
+  PowerSgdCommunicator* powersgd() const;
   /// The flight recorder the step stamps with its number (null: none); after connect().
   void set_flight_recorder(FlightRecorder* recorder) {
     flight_ = recorder;

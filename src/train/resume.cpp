@@ -7,9 +7,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "comm/agreement.h"
 #include "config/fingerprint.h"
 #include "core/check.h"
-#include "comm/agreement.h"
+#include "train/powersgd_state.h"
 #include "train/run_directory.h"
 
 namespace ddp {
@@ -168,6 +169,9 @@ bool resume_training(const TrainConfig& cfg, ProcessGroup& comm, Replica& replic
   broadcast_state(comm, start);
   replica.restore(weights, state, start.optimizer_steps);
   report_resume(cfg, comm, report, path, start);
+  const std::string afresh =
+      resume_powersgd_state(comm, replica, found.ckpt.powersgd, start.global_step);
+  if (!afresh.empty()) report.say(afresh);
   at = start;
   return true;
 }

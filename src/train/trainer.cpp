@@ -116,10 +116,6 @@ void Trainer::State::setup() {
   data.start(cfg, comm.size(), comm.rank(), loader_workers(cfg, ctx->device(), comm.local_size()));
   resumed =
       resume_training(cfg, comm, *replica, report, checkpoints->dir(), data.train.size, start);
-  if (resumed) {
-    const std::string line = replica->continue_gradient_path(start.global_step);
-    if (!line.empty()) report.say(line);
-  }
   // The checkpoints this run prunes: those of the run it continues, or of a new one.
   const bool named = resumed && !start.run.empty();
   checkpoints->set_run(broadcast_string(comm, named ? start.run : new_run_name(), 0));

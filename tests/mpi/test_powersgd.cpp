@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "comm/powersgd.h"
@@ -262,6 +263,39 @@ TEST_CASE("PowerSGD: a checkpoint's state of another bucket is refused", "[power
                     Catch::Contains("a Q of 3 floats where the bucket's factors take"));
   CHECK_THROWS_WITH(PowerSgdBucket({{0, 30, 30}}, 100, o),
                     Catch::Contains("leaves the bucket of 100"));
+}
+
+TEST_CASE("PowerSGD: a non-finite step leaves no state, the next starts as the first did",
+          "[powersgd]") {
+  auto world = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  const int n = world->size(), me = world->rank();
+  PowerSgdOptions o;
+  o.rank = 2;
+  const auto step_of = [&](int step) {
+    std::vector<float> v(kNumel);
+    for (size_t i = 0; i < kNumel; ++i) v[i] = static_cast<float>(share(me, n, step, i));
+    return v;
+  };
+  // A fresh bucket's first step (seed 9) is what must follow the non-finite one.
+  PowerSgdBucket fresh(kParams, kNumel, o);
+  std::vector<float> expected = step_of(3);
+  fresh.reduce(expected.data(), n, rank_order_sum(MPI_COMM_WORLD), 9);
+  PowerSgdBucket bucket(kParams, kNumel, o);
+  std::vector<float> g = step_of(1);
+  bucket.reduce(g.data(), n, rank_order_sum(MPI_COMM_WORLD), 5);
+  REQUIRE_FALSE(bucket.error().empty());
+  // One rank's overflow: every rank's result is non-finite, and every rank drops its state.
+  g = step_of(2);
+  if (me == n - 1) g[300] = std::numeric_limits<float>::infinity();  // a bias: summed whole
+  bucket.reduce(g.data(), n, rank_order_sum(MPI_COMM_WORLD), 5);
+  CHECK_FALSE(std::isfinite(g[300]));
+  long errors = bucket.error().empty() && bucket.q().empty() ? 0 : 1;
+  CHECK(errors == 0);
+  g = step_of(3);
+  bucket.reduce(g.data(), n, rank_order_sum(MPI_COMM_WORLD), 9);
+  errors += g != expected;
+  CHECK(g == expected);
+  require_on_all_ranks(*world, errors, "ranks whose PowerSGD kept a non-finite step's state");
 }
 
 namespace {

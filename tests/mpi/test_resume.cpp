@@ -385,3 +385,100 @@ TEST_CASE("non-finite gradients: abort names the step and rank, skip_step skips 
     CHECK(max_abs_diff(train(one_step, MPI_COMM_WORLD), w) > 1e-4);
   }
 }
+
+namespace {
+
+// resume_config with PowerSGD rank 2 (two of its weights sent as factors) from step 3.
+ddp::TrainConfig powersgd_resume_config(const std::string& name) {
+  ddp::TrainConfig cfg = resume_config(name);
+  cfg.distributed.compression = ddp::Compression::PowerSgd;
+  cfg.distributed.powersgd_rank = 2;
+  cfg.distributed.powersgd_start_step = 3;
+  return cfg;
+}
+
+// Trains `cfg` on `mpi_comm` with its rank 0's log kept; returns the log there ("" elsewhere),
+// the weights into `weights`.
+std::string train_logged(const ddp::TrainConfig& cfg, MPI_Comm mpi_comm,
+                         std::vector<ddp::NamedTensor>* weights) {
+  std::ostringstream log;
+  auto comm = ddp::make_mpi_communicator(mpi_comm);
+  ddp::Trainer trainer(cfg, *comm, &log);
+  trainer.run();
+  *weights = trainer.weights();
+  return log.str();
+}
+
+}  // namespace
+
+TEST_CASE("PowerSGD stopped and resumed: bitwise the uninterrupted run, its state checkpointed",
+          "[mpi][resume][powersgd]") {
+  const ddp::TrainConfig cfg = powersgd_resume_config("powersgd_whole");
+  ddp::TrainSummary whole_summary;
+  const auto whole = train(cfg, MPI_COMM_WORLD, &whole_summary);
+  const int64_t per_epoch = whole_summary.steps / cfg.training.epochs;
+  REQUIRE(per_epoch >= 4);
+  // Before the first compressed step, at it, after it and in the next epoch.
+  for (int64_t stop_at : {int64_t{2}, int64_t{3}, int64_t{4}, per_epoch + 1}) {
+    INFO("stopped after step " << stop_at << " of " << whole_summary.steps);
+    require_resumes_bitwise(cfg, "powersgd_part" + std::to_string(stop_at), stop_at, whole,
+                            whole_summary.steps);
+  }
+  // The checkpoint holds every rank's error feedback and the factored weights' Q.
+  ddp::TrainConfig part = cfg;
+  part.output.dir = shared_scratch("powersgd_part4");
+  const auto last = ddp::list_checkpoints(part.output.dir + "/checkpoints");
+  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  long errors = 0;
+  if (world_rank() == 0 && !last.empty()) {
+    const ddp::TrainingCheckpoint ck = ddp::read_checkpoint(last.back().second);
+    CHECK(static_cast<int>(ck.powersgd.error.size()) == world_size());
+    std::vector<std::string> factored;
+    for (const ddp::NamedTensor& q : ck.powersgd.q) {
+      factored.push_back(q.name + " " + ddp::shape_string(q.shape));
+    }
+    // 12-24-16-5: 24 x 12 and 16 x 24 gain from rank 2 factors; 5 x 16 and the biases do not.
+    CHECK(factored ==
+          std::vector<std::string>{"layers.0.weight [12, 2]", "layers.1.weight [24, 2]"});
+    errors += factored.size() != 2 || static_cast<int>(ck.powersgd.error.size()) != world_size();
+  }
+  ddp_test::require_on_all_ranks(*comm, errors, "the PowerSGD state in the checkpoint");
+}
+
+TEST_CASE("PowerSGD resumed where its state cannot continue: it starts afresh and says why",
+          "[mpi][resume][powersgd]") {
+  ddp::TrainConfig first = powersgd_resume_config("powersgd_afresh");
+  first.training.max_steps = 5;
+  first.checkpoint.every_steps = 5;
+  train(first, MPI_COMM_WORLD);
+  ddp::TrainConfig plain = first;  // a checkpoint without PowerSGD's state
+  plain.output.dir = shared_scratch("powersgd_afresh_plain");
+  plain.distributed.compression = ddp::Compression::None;
+  train(plain, MPI_COMM_WORLD);
+  const auto resumed = [&](ddp::TrainConfig rest, MPI_Comm comm) {
+    rest.distributed.compression = ddp::Compression::PowerSgd;
+    rest.training.max_steps = 7;
+    rest.training.resume = "auto";
+    rest.checkpoint.every_steps = 0;  // leaves the checkpoint the next resume reads the newest
+    std::vector<ddp::NamedTensor> weights;
+    const std::string log = train_logged(rest, comm, &weights);
+    if (comm == MPI_COMM_WORLD) require_identical_replicas(weights);
+    return log;
+  };
+  ddp::TrainConfig rank3 = first;
+  rank3.distributed.powersgd_rank = 3;
+  const std::string other_rank = resumed(rank3, MPI_COMM_WORLD);
+  const std::string from_plain = resumed(plain, MPI_COMM_WORLD);
+  if (world_rank() != 0) return;  // rank 0 writes the log
+  CHECK_THAT(other_rank, Catch::Contains("resume: PowerSGD's error feedback and Q start afresh "
+                                         "(its Q of layers.0.weight has rank 2, this run's "
+                                         "factors 3)"));
+  CHECK_THAT(from_plain, Catch::Contains("start afresh (the checkpoint holds none)"));
+  if (world_size() < 2) return;
+  // On one rank of the several that wrote it: each rank's error feedback has no rank to go to.
+  ddp::TrainConfig one = first;
+  one.training.batch_size *= world_size();
+  const std::string on_one = resumed(one, MPI_COMM_SELF);
+  CHECK_THAT(on_one, Catch::Contains("start afresh (the checkpoint holds the error feedback of " +
+                                     std::to_string(world_size()) + " rank(s), this run has 1)"));
+}

@@ -313,6 +313,44 @@ class LaneMpiCommunicator final : public MpiCommunicator {
         });
   }
 
+  void gather(const void* mine, size_t bytes, void* all, int root) override {
+    const size_t total = rank_ == root ? bytes * static_cast<size_t>(size_) : 0;
+    DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
+              "gather of " << bytes << " bytes a rank is too large");
+    run_here(
+        {"gather of " + std::to_string(bytes) + " bytes a rank to rank " + std::to_string(root),
+         bytes, "bytes"},
+        [this, mine, bytes, all, root, total] {
+          CollectiveCopy copy(bytes + total);
+          std::memcpy(copy.data(), mine, bytes);
+          MPI_Request request = MPI_REQUEST_NULL;
+          DDP_MPI_CHECK(MPI_Igather(copy.data(), static_cast<int>(bytes), MPI_BYTE,
+                                    copy.data() + bytes, static_cast<int>(bytes), MPI_BYTE, root,
+                                    comm_, &request));
+          complete(request, copy);
+          if (total > 0) std::memcpy(all, copy.data() + bytes, total);
+        });
+  }
+
+  void scatter(const void* all, size_t bytes, void* mine, int root) override {
+    const size_t total = rank_ == root ? bytes * static_cast<size_t>(size_) : 0;
+    DDP_CHECK(bytes <= static_cast<size_t>(INT32_MAX),
+              "scatter of " << bytes << " bytes a rank is too large");
+    run_here(
+        {"scatter of " + std::to_string(bytes) + " bytes a rank from rank " + std::to_string(root),
+         bytes, "bytes"},
+        [this, all, bytes, mine, root, total] {
+          CollectiveCopy copy(bytes + total);
+          if (total > 0) std::memcpy(copy.data() + bytes, all, total);
+          MPI_Request request = MPI_REQUEST_NULL;
+          DDP_MPI_CHECK(MPI_Iscatter(copy.data() + bytes, static_cast<int>(bytes), MPI_BYTE,
+                                     copy.data(), static_cast<int>(bytes), MPI_BYTE, root, comm_,
+                                     &request));
+          complete(request, copy);
+          std::memcpy(mine, copy.data(), bytes);
+        });
+  }
+
   void barrier() override {
     run_here("barrier", [this] {
       CollectiveCopy none(0);

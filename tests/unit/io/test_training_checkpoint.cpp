@@ -171,6 +171,76 @@ TEST_CASE("checkpoint: every single-bit flip and every truncation is refused", "
   }
 }
 
+namespace {
+
+// sample_checkpoint with PowerSGD's state of its 4 ranks: each rank's error feedback and the
+// first weight's Q [2, 1] (rank-1 factors of the 3 x 2 weight).
+TrainingCheckpoint with_powersgd(TrainingCheckpoint c) {
+  for (int rank = 0; rank < c.state.world_size; ++rank) {
+    std::vector<NamedTensor> error = c.weights;
+    for (NamedTensor& t : error)
+      for (float& v : t.data) v = v * 0.5f - 0.125f * static_cast<float>(rank);
+    c.powersgd.error.push_back(error);
+  }
+  c.powersgd.q = {{"layers.0.weight", {2, 1}, {0.6f, -0.8f}}};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: PowerSGD's state round trips, and malformed state is refused",
+          "[checkpoint][powersgd]") {
+  TempDir dir("ddp_ckpt");
+  const std::string path = dir.file("powersgd.safetensors");
+  const TrainingCheckpoint c = with_powersgd(sample_checkpoint());
+  ddp::write_checkpoint(path, c);
+  const TrainingCheckpoint r = ddp::read_checkpoint(path);
+  require_same_tensors(r.weights, c.weights);
+  require_same_state(r.optimizer, c.optimizer);
+  REQUIRE(r.powersgd.error.size() == 4);
+  for (size_t rank = 0; rank < 4; ++rank)
+    require_same_tensors(r.powersgd.error[rank], c.powersgd.error[rank]);
+  require_same_tensors(r.powersgd.q, c.powersgd.q);
+  CHECK_NOTHROW(ddp::check_resumable(r, path, expectation_of(c)));
+  CHECK(ddp::read_checkpoint((ddp::write_checkpoint(path, sample_checkpoint()), path))
+            .powersgd.empty());
+
+  const auto refusal = [&](const std::function<void(TrainingCheckpoint&)>& change) {
+    TrainingCheckpoint bad = with_powersgd(sample_checkpoint());
+    change(bad);
+    ddp::write_checkpoint(path, bad);
+    return error_of([&] { ddp::read_checkpoint(path); });
+  };
+  CHECK_THAT(refusal([](auto& b) { b.powersgd.error.pop_back(); }),
+             Contains("PowerSGD error feedback is stored for 3 of 4 ranks"));
+  CHECK_THAT(refusal([](auto& b) { b.powersgd.error.emplace_back(b.weights); }),
+             Contains("'powersgd.error.4.layers.0.weight' is the error feedback of rank 4, and "
+                      "the run had 4 rank(s)"));
+  CHECK_THAT(refusal([](auto& b) { b.powersgd.error[2].pop_back(); }),
+             Contains("PowerSGD error feedback of rank 2 is stored for 3 of 4 tensors"));
+  CHECK_THAT(refusal([](auto& b) {
+               b.powersgd.error[1][1].shape = {1, 3};
+             }),
+             Contains("PowerSGD error feedback of rank 1 tensor 'layers.0.bias' has shape "
+                      "[1, 3], its weight [3]"));
+  CHECK_THAT(refusal([](auto& b) {
+               b.powersgd.q[0] = {"layers.0.weight", {3, 1}, {1, 0, 0}};
+             }),
+             Contains("PowerSGD Q tensor 'layers.0.weight' has shape [3, 1], which is not "
+                      "[in, r] for its weight [3, 2]"));
+  CHECK_THAT(refusal([](auto& b) { b.powersgd.q[0].name = "layers.0.bias"; }),
+             Contains("is not [in, r] for its weight [3]"));
+  CHECK_THAT(refusal([](auto& b) { b.powersgd.q[0].name = "layers.7.weight"; }),
+             Contains("PowerSGD Q tensor 'layers.7.weight' has no weight of that name"));
+  CHECK_THAT(refusal([](auto& b) {
+               b.weights.push_back({"powersgd.error.x.layers.0.bias", {3}, {0, 0, 0}});
+             }),
+             Contains("tensor 'powersgd.error.x.layers.0.bias' is not "
+                      "powersgd.error.<rank>.<weight>"));
+  CHECK_THAT(refusal([](auto& b) { b.powersgd.error[0][3].data[1] = std::nanf(""); }),
+             Contains("powersgd.error.0.layers.1.bias"));
+}
+
 TEST_CASE("checkpoint: a model file and malformed state are refused", "[checkpoint]") {
   TempDir dir("ddp_ckpt");
   const std::string model = dir.file("model.safetensors");
