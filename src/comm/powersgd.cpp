@@ -134,61 +134,84 @@ void PowerSgdBucket::start_q(uint64_t seed) {
     if (p.rank > 0) orthogonalize_columns(q_.data() + p.q_at, p.m.cols, p.rank);
 }
 
-// P = M Q for every compressed matrix.
-void PowerSgdBucket::compute_p(const float* bucket, float* p_all) const {
-  std::vector<double> acc;
+namespace {
+
+// Sum of a[j] * b[j] for j < n in double: eight running sums (lane l takes j = l mod 8), added
+// pairwise at the end; a fixed order, so the same bits on every rank, and one the compiler
+// vectorises.
+double dot8(const float* a, const float* b, size_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (size_t l = 0; l < 8; ++l) lane[l] += double{a[j + l]} * b[j + l];
+  for (size_t l = 0; j < n; ++j, ++l) lane[l] += double{a[j]} * b[j];
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+}  // namespace
+
+// P = M Q for every compressed matrix: each row of M against each column of Q (transposed
+// first, so both are contiguous).
+void PowerSgdBucket::compute_p(const float* bucket, float* p_all) {
   for (const Planned& p : plan_) {
     if (p.rank == 0) continue;
     const size_t r = p.rank, cols = p.m.cols;
-    const float* m = bucket + p.m.offset;
     const float* q = q_.data() + p.q_at;
+    qt_.resize(r * cols);
+    for (size_t j = 0; j < cols; ++j)
+      for (size_t k = 0; k < r; ++k) qt_[k * cols + j] = q[j * r + k];
+    const float* m = bucket + p.m.offset;
     float* out = p_all + p.p_at;
-    acc.assign(r, 0.0);
-    for (size_t i = 0; i < p.m.rows; ++i) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (size_t j = 0; j < cols; ++j) {
-        const double mij = m[i * cols + j];
-        for (size_t k = 0; k < r; ++k) acc[k] += mij * q[j * r + k];
-      }
-      for (size_t k = 0; k < r; ++k) out[i * r + k] = static_cast<float>(acc[k]);
-    }
+    for (size_t i = 0; i < p.m.rows; ++i)
+      for (size_t k = 0; k < r; ++k)
+        out[i * r + k] = static_cast<float>(dot8(m + i * cols, qt_.data() + k * cols, cols));
   }
 }
 
-// Q = M^T P for every compressed matrix, into q_.
+// Q = M^T P for every compressed matrix, into q_: row by row of M, each added to the r columns'
+// double sums (rows in order).
 void PowerSgdBucket::compute_q(const float* bucket, const float* p_all) {
-  std::vector<double> acc;
   for (const Planned& p : plan_) {
     if (p.rank == 0) continue;
     const size_t r = p.rank, cols = p.m.cols;
     const float* m = bucket + p.m.offset;
     const float* pm = p_all + p.p_at;
-    acc.assign(cols * r, 0.0);
+    acc_.assign(r * cols, 0.0);  // transposed: column k's sums at k * cols
     for (size_t i = 0; i < p.m.rows; ++i) {
-      for (size_t j = 0; j < cols; ++j) {
-        const double mij = m[i * cols + j];
-        for (size_t k = 0; k < r; ++k) acc[j * r + k] += mij * pm[i * r + k];
+      const float* row = m + i * cols;
+      for (size_t k = 0; k < r; ++k) {
+        const double pik = pm[i * r + k];
+        double* sums = acc_.data() + k * cols;
+        for (size_t j = 0; j < cols; ++j) sums[j] += row[j] * pik;
       }
     }
     float* q = q_.data() + p.q_at;
-    for (size_t x = 0; x < cols * r; ++x) q[x] = static_cast<float>(acc[x]);
+    for (size_t j = 0; j < cols; ++j)
+      for (size_t k = 0; k < r; ++k) q[j * r + k] = static_cast<float>(acc_[k * cols + j]);
   }
 }
 
-// M = P Q^T for every compressed matrix.
-void PowerSgdBucket::decompress(const float* p_all, float* bucket) const {
+// M = P Q^T for every compressed matrix: each row the columns of Q^T weighted by P's row, in
+// double, factors in order.
+void PowerSgdBucket::decompress(const float* p_all, float* bucket) {
   for (const Planned& p : plan_) {
     if (p.rank == 0) continue;
     const size_t r = p.rank, cols = p.m.cols;
     const float* pm = p_all + p.p_at;
     const float* q = q_.data() + p.q_at;
+    qt_.resize(r * cols);
+    for (size_t j = 0; j < cols; ++j)
+      for (size_t k = 0; k < r; ++k) qt_[k * cols + j] = q[j * r + k];
+    acc_.resize(cols);
     float* m = bucket + p.m.offset;
     for (size_t i = 0; i < p.m.rows; ++i) {
-      for (size_t j = 0; j < cols; ++j) {
-        double v = 0.0;
-        for (size_t k = 0; k < r; ++k) v += double{pm[i * r + k]} * q[j * r + k];
-        m[i * cols + j] = static_cast<float>(v);
+      std::fill(acc_.begin(), acc_.begin() + static_cast<ptrdiff_t>(cols), 0.0);
+      for (size_t k = 0; k < r; ++k) {
+        const double pik = pm[i * r + k];
+        const float* qk = qt_.data() + k * cols;
+        for (size_t j = 0; j < cols; ++j) acc_[j] += pik * qk[j];
       }
+      for (size_t j = 0; j < cols; ++j) m[i * cols + j] = static_cast<float>(acc_[j]);
     }
   }
 }

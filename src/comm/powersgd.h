@@ -81,9 +81,9 @@ class PowerSgdBucket {
   };
 
   void start_q(uint64_t seed);
-  void compute_p(const float* bucket, float* p) const;
+  void compute_p(const float* bucket, float* p);
   void compute_q(const float* bucket, const float* p);
-  void decompress(const float* p, float* bucket) const;
+  void decompress(const float* p, float* bucket);
 
   std::vector<Planned> plan_;
   size_t numel_ = 0, whole_ = 0, p_size_ = 0, q_size_ = 0;
@@ -91,6 +91,8 @@ class PowerSgdBucket {
   std::vector<float> error_, q_;
   std::vector<float> wire_;   ///< the whole parameters, then P: the first sum's floats
   std::vector<float> share_;  ///< this step's error-corrected share, for its error
+  std::vector<float> qt_;     ///< scratch: a matrix's Q transposed (r x cols)
+  std::vector<double> acc_;   ///< scratch: double sums of a row or of Q's columns
 };
 
 /// Orthonormalises the columns of the rows x cols row-major matrix `a` in place: Gram-Schmidt in
