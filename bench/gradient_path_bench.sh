@@ -6,12 +6,16 @@
 # flat float32 allreduce and against a prediction. One markdown table on stdout; logs, metrics
 # and results.tsv in OUTDIR.
 #   bench/gradient_path_bench.sh OUTDIR [--rates "10gbit 1gbit"] [--per-node "1 2"]
-#       [--models "fashion wide"] [--variants "none bf16 fp16 hier hier-bf16"] [--repeats R]
+#       [--models "fashion mlp1024 wide"] [--variants "none bf16 fp16 hier hier-bf16 psgd2"]
+#       [--repeats R]
 #       [--steps-fashion N] [--steps-wide N] [--loads "0 1"] [--set key.path=value ...]
 # Variants: none (flat MPI_Allreduce in float32), bf16 and fp16 (distributed.compression),
 # hier (distributed.hierarchical: on), hier-bf16 (both); the hierarchical ones need 2 ranks per
-# node and are left out at 1. Models: fashion is bench/fashion_mnist_bench.yaml
-# (784-256-256-10); wide is 784-4096-4096-10 (20.0 M parameters, 25 MiB buckets).
+# node and are left out at 1; psgdR is distributed.compression: powersgd of factor rank R from
+# the first step (powersgd_start_step 0: every measured step compressed). Models: fashion is
+# bench/fashion_mnist_bench.yaml (784-256-256-10); mlp1024 is 784-1024-1024-10 (1.86 M
+# parameters, bench/netns_scaling.sh's wide); wide is 784-4096-4096-10 (20.0 M parameters);
+# both with 25 MiB buckets.
 # Step time: between the first and the last logged step (startup and the first steps left out).
 # Link bytes per step: both directions, from the veth's counters, less a one-step run's (the
 # startup's parameter broadcast), over the remaining steps.
@@ -22,6 +26,8 @@
 #   bf16, fp16: C16 + (F - C) / 2
 #   hier:       C + (F - C) x 2S / B      (S the model's float32 bytes: each node sends S each way)
 #   hier-bf16:  C + (F - C) x S / B
+#   psgdR:      Cp + (F - C) x P / B      (Cp: one node with the same PowerSGD, which compresses
+#                                          there too; P: its link bytes, fixed by the model)
 # --loads: each rate again beside that many busy programs (bench/background_load.sh), rows
 # labelled "RATE+Kbusy" (no prediction: the one-node runs are idle).
 # Needs root, iproute2, util-linux; builds nothing: $DDP_TRAIN (default build/ddp-train).
@@ -58,6 +64,8 @@ variant_sets() {
     bf16|fp16) printf '%s\n' distributed.hierarchical=off distributed.compression="$1" ;;
     hier) echo distributed.hierarchical=on ;;
     hier-bf16) printf '%s\n' distributed.hierarchical=on distributed.compression=bf16 ;;
+    psgd[1-9]*) printf '%s\n' distributed.hierarchical=off distributed.compression=powersgd \
+                  distributed.powersgd_rank="${1#psgd}" distributed.powersgd_start_step=0 ;;
     *) echo "gradient_path_bench.sh: unknown variant $1" >&2; exit 2 ;;
   esac
 }
@@ -82,8 +90,14 @@ train_args() {
   args=(--config "$root/bench/fashion_mnist_bench.yaml" --set training.max_steps="$steps"
         --set training.log_every=$((steps > 4 ? steps / 4 : 1)) --set output.dir="$dir"
         --set output.save_model=false)
-  [[ "$model" == wide ]] && args+=(--set "model.layers=[784,4096,4096,10]"
-                                   --set distributed.bucket_cap_mb=25 --set distributed.first_bucket_mb=1)
+  case "$model" in
+    fashion) ;;
+    mlp1024) args+=(--set "model.layers=[784,1024,1024,10]") ;;
+    wide) args+=(--set "model.layers=[784,4096,4096,10]") ;;
+    *) echo "gradient_path_bench.sh: unknown model $model" >&2; exit 2 ;;
+  esac
+  [[ "$model" == fashion ]] ||
+    args+=(--set distributed.bucket_cap_mb=25 --set distributed.first_bucket_mb=1)
   for s in "$@"; do args+=(--set "$s"); done
   args+=("${extra_sets[@]}")
 }
@@ -123,6 +137,16 @@ EOF
 }
 
 steps_of() { if [[ "$1" == wide ]]; then echo "$steps_wide"; else echo "$steps_fashion"; fi; }
+# one_node_sets VARIANT: its one-node counterpart (the compute term), or nothing: none itself,
+# the 16-bit formats with compression_on_node (the casts and sums without the link), PowerSGD as
+# it is (it compresses on one node too).
+one_node_sets() {
+  case "$1" in
+    none) echo distributed.hierarchical=off ;;
+    bf16|fp16) printf '%s\n' distributed.compression="$1" distributed.compression_on_node=true ;;
+    psgd*) variant_sets "$1" ;;
+  esac
+}
 results="$out/results.tsv"
 : >"$results"
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
@@ -131,9 +155,9 @@ for ((rep = 1; rep <= repeats; ++rep)); do
   for per_node in $per_nodes; do
     for model in $models; do
       steps=$(steps_of "$model")
-      for fmt in none bf16 fp16; do
-        [[ " $variants " == *" $fmt "* ]] || continue
-        on_node=(); [[ "$fmt" == none ]] || on_node=(distributed.compression=$fmt distributed.compression_on_node=true)
+      for fmt in $variants; do
+        mapfile -t on_node < <(one_node_sets "$fmt")
+        ((${#on_node[@]})) || continue
         tag="$model-2x$per_node-one-node-$fmt.r$rep"
         one_node "$per_node" "$model" "$steps" "$out/$tag" "${on_node[@]}"
         record "$model" "2x$per_node" one-node "$fmt" "$(step_seconds "$out/$tag/metrics.jsonl")" 0

@@ -9,8 +9,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-# Float32 bytes of each model's parameters (784-256-256-10 and 784-4096-4096-10).
-MODEL_BYTES = {"fashion": 4 * 269_322, "wide": 4 * 20_037_642}
+# Float32 bytes of each model's parameters (784-256-256-10, 784-1024-1024-10, 784-4096-4096-10).
+MODEL_BYTES = {"fashion": 4 * 269_322, "mlp1024": 4 * 1_863_690, "wide": 4 * 20_037_642}
 
 
 def load(path):
@@ -41,6 +41,11 @@ def predict(runs, model, layout, rate, variant):
         return compute + comm * 2 * size / flat_bytes
     if variant == "hier-bf16":
         return compute + comm * size / flat_bytes
+    if variant.startswith("psgd"):
+        # Its link bytes are the format's (fixed by the model's shapes), not a timing.
+        compute_p = median(runs, (model, layout, "one-node", variant), 0)
+        sent = median(runs, (model, layout, rate, variant), 1)
+        return None if compute_p is None else compute_p + comm * sent / flat_bytes
     return None
 
 
@@ -64,7 +69,7 @@ def main(path):
     one = [k for k in runs if k[2] == "one-node"]
     if one:
         print()
-        print("One node, the same ranks, ms/step (C and C16 of the predictions): " + ", ".join(
+        print("One node, the same ranks, ms/step (C, C16 and Cp of the predictions): " + ", ".join(
             f"{m} {l.replace('x', ' x ')} {v}: {median(runs, (m, l, r, v), 0) * 1000:.1f}"
             for (m, l, r, v) in one))
 

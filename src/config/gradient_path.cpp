@@ -106,7 +106,10 @@ std::string describe_compression(const DistributedConfig& d, const Facts& f) {
            std::to_string(d.powersgd_start_step) +
            " steps summed whole: each weight matrix sent as two factors of rank " +
            std::to_string(d.powersgd_rank) +
-           " (vectors and matrices too small to gain whole), with warm start and error feedback";
+           " (vectors and matrices too small to gain whole), with warm start and error feedback" +
+           (l.several_nodes() ? ""
+                              : "; on one node no link is saved: it costs compute and accuracy "
+                                "only");
   }
   const std::string name = to_string(d.compression);
   const bool window = f.backend != BackendChoice::Nccl && d.shared_memory && !l.several_nodes();

@@ -11,6 +11,7 @@
 #include "comm/agreement.h"
 #include "comm/environment.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/powersgd_communicator.h"
 #include "config/fingerprint.h"
 #include "core/check.h"
 #include "io/training_checkpoint.h"
@@ -167,6 +168,14 @@ void Trainer::State::describe_run() {
   report.say(describe_optimizer_state());
   report.say(replica->precision_line());
   for (const std::string& line : path.description) report.say(line);
+  if (const PowerSgdCommunicator* powersgd = replica->powersgd()) {
+    const size_t sent = powersgd->sent_floats(), whole = powersgd->whole_floats();
+    std::ostringstream line;
+    line << "gradients: PowerSGD sends " << sent << " of " << whole << " floats a step per rank ("
+         << std::fixed << std::setprecision(2) << 100.0 * static_cast<double>(sent) / whole
+         << "%), in two sums a bucket";
+    report.say(line.str());
+  }
 }
 
 // "optimizer: adamw, state exp_avg exp_avg_sq: 2 x 101,776 floats (0.8 MiB) on rank 0, its

@@ -201,6 +201,8 @@ TEST_CASE("gradient path: PowerSGD sends factors on CPU ranks, flat, and says ho
                                  "steps summed whole: each weight matrix sent as two factors of "
                                  "rank 4 (vectors and matrices too small to gain whole), with "
                                  "warm start and error feedback"});
+  CHECK_THAT(cpu_path(cfg, nodes(1, 2)).description.at(0),
+             Catch::EndsWith("; on one node no link is saved: it costs compute and accuracy only"));
   CHECK(cpu_path(TrainConfig{}).powersgd_rank == 0);
   // Refused by name where the factors cannot go.
   const auto refused = [](void (*change)(TrainConfig&)) {
