@@ -27,6 +27,8 @@ enum class NcclAlgo { Ring, Auto };
 /// `distributed.compression`: the type gradient buckets are summed in across ranks, or
 /// PowerSGD's low-rank factors (never a bucket's wire type: comm/powersgd.h).
 enum class Compression { None, Bf16, Fp16, PowerSgd };
+/// `distributed.compression_sum`: how 16-bit buckets are added across ranks.
+enum class CompressedSum { Wire, Float32 };
 /// `distributed.hierarchical`: allreduce within each node first, then across nodes.
 enum class Hierarchy { Auto, On, Off };
 /// `training.precision`: the operand type of every Linear's GEMMs (float32 accumulation).
@@ -75,6 +77,11 @@ struct EnumNames<Hierarchy> {
       {{Hierarchy::Auto, "auto"}, {Hierarchy::On, "on"}, {Hierarchy::Off, "off"}}};
 };
 template <>
+struct EnumNames<CompressedSum> {
+  static constexpr std::array<std::pair<CompressedSum, const char*>, 2> table{
+      {{CompressedSum::Wire, "wire"}, {CompressedSum::Float32, "float32"}}};
+};
+template <>
 struct EnumNames<Compression> {
   static constexpr std::array<std::pair<Compression, const char*>, 4> table{
       {{Compression::None, "none"},
@@ -119,6 +126,7 @@ const char* to_string(NanPolicy v);
 const char* to_string(DataFormat v);
 const char* to_string(NcclAlgo v);
 const char* to_string(Compression v);
+const char* to_string(CompressedSum v);
 const char* to_string(Hierarchy v);
 const char* to_string(Precision v);
 const char* to_string(LossScaling v);
@@ -269,6 +277,11 @@ struct DistributedConfig {
   /// feedback, after powersgd_start_step optimizer steps summed whole.
   Compression compression = Compression::None;
   bool compression_on_node = false;
+  /// bf16, fp16: wire (PyTorch's hooks) adds the ranks' 16-bit values in the 16-bit type,
+  /// rounding after every addition; float32 (Megatron's reduce-scatter with float32
+  /// accumulation) adds them in float32 in rank order and rounds once. The same bytes on the
+  /// link.
+  CompressedSum compression_sum = CompressedSum::Wire;
   int64_t powersgd_rank = 1;
   int64_t powersgd_start_step = 10;
   /// Across nodes: each node sums its ranks' buckets in shared memory, each local rank

@@ -59,6 +59,17 @@ void add_compressed(Compression format, const uint16_t* in, size_t count, uint16
   });
 }
 
+void sum_in_float32(Compression format, const uint16_t* in, size_t parts, size_t count,
+                    uint16_t* out) {
+  with_format(format, [&](auto f) {
+    for (size_t i = 0; i < count; ++i) {
+      float sum = 0.0f;
+      for (size_t q = 0; q < parts; ++q) sum += f.decode(in[q * count + i]);
+      out[i] = f.encode(sum);
+    }
+  });
+}
+
 void round_to(Compression format, float* data, size_t count) {
   with_format(format, [&](auto f) {
     for (size_t i = 0; i < count; ++i) data[i] = f.decode(f.encode(data[i]));

@@ -21,6 +21,13 @@ void compress(Compression format, const float* in, size_t count, uint16_t* out);
 void decompress(Compression format, const uint16_t* in, size_t count, float* out);
 /// inout[i] = inout[i] + in[i], rounded to `format`.
 void add_compressed(Compression format, const uint16_t* in, size_t count, uint16_t* inout);
+/// distributed.compression_sum float32: out[i] = the sum of in[q * count + i] over q < parts,
+/// added in float32 in that order and rounded once to `format`. Its error against the exact sum
+/// of the 16-bit values: at most (parts - 1) float32 roundings (each within 2^-24 of the partial
+/// sum) and one rounding to the format (within 2^-8 for bf16, 2^-11 for fp16, of the result),
+/// where the wire's sum rounds to the format after each of the parts - 1 additions.
+void sum_in_float32(Compression format, const uint16_t* in, size_t parts, size_t count,
+                    uint16_t* out);
 
 /// The same in float32 storage, for the shared-memory path: data[i] = data[i] rounded to
 /// `format`, and acc[i] = acc[i] + in[i] rounded to `format` (for values of the format, the

@@ -1040,6 +1040,7 @@ const char* to_string(NanPolicy v) { return enum_name(v); }
 const char* to_string(DataFormat v) { return enum_name(v); }
 const char* to_string(NcclAlgo v) { return enum_name(v); }
 const char* to_string(Compression v) { return enum_name(v); }
+const char* to_string(CompressedSum v) { return enum_name(v); }
 const char* to_string(Precision v) { return enum_name(v); }
 const char* to_string(LossScaling v) { return enum_name(v); }
 const char* to_string(Hierarchy v) { return enum_name(v); }

@@ -80,6 +80,19 @@ std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
   if (d.compression == Compression::PowerSgd) {
     if (const auto no = refuse_powersgd(d, f)) return no;
   }
+  if (d.compression_sum == CompressedSum::Float32) {
+    if (!sixteen_bits(d.compression)) {
+      return PathRefusal{"distributed.compression_sum",
+                         std::string("float32 needs distributed.compression: bf16 or fp16 (it "
+                                     "is ") +
+                             to_string(d.compression) + ")"};
+    }
+    if (f.gpu) {
+      return PathRefusal{"distributed.compression_sum",
+                         "float32 runs on CPU ranks for now (NCCL adds 16-bit buckets in their "
+                         "type: use wire)"};
+    }
+  }
   if (d.hierarchical == Hierarchy::On) return refuse_hierarchy(d, f);
   return std::nullopt;
 }
@@ -116,8 +129,10 @@ std::string describe_compression(const DistributedConfig& d, const Facts& f) {
   if (window && !d.compression_on_node)
     return "gradients: summed in float32: distributed.compression: " + name +
            " saves nothing on one node's shared memory (compression_on_node: true applies it)";
-  return "gradients: sent and summed in " + name +
-         " (distributed.compression), 2 bytes a value instead of 4" +
+  const std::string sums = d.compression_sum == CompressedSum::Float32
+                               ? "sent in " + name + " and summed in float32, rounded once"
+                               : "sent and summed in " + name;
+  return "gradients: " + sums + " (distributed.compression), 2 bytes a value instead of 4" +
          (window ? ", on shared memory too (compression_on_node)" : "");
 }
 
@@ -190,7 +205,8 @@ GradientPath resolve_gradient_path(const TrainConfig& cfg, Device device, Backen
   p.scans_gradients = !f.gpu || skip || p.loss_scaling;
   p.equal_parts = p.sharded && f.gpu;
   const Compression wire = sixteen_bits(d.compression) ? d.compression : Compression::None;
-  p.wire = BucketWire{wire, d.compression_on_node, hierarchical(d, f), d.shared_memory};
+  p.wire = BucketWire{wire, d.compression_on_node, hierarchical(d, f), d.shared_memory,
+                      d.compression_sum};
   if (d.compression == Compression::PowerSgd) {
     p.powersgd_rank = static_cast<int>(d.powersgd_rank);
     p.powersgd_start_step = d.powersgd_start_step;

@@ -38,6 +38,8 @@ struct BucketWire {
   bool hierarchical = false;
   /// May the arenas be memory the ranks of a node map together (distributed.shared_memory).
   bool shared_memory = true;
+  /// distributed.compression_sum: how the 16-bit values are added across ranks.
+  CompressedSum sum = CompressedSum::Wire;
 };
 
 struct GradientPath {

@@ -342,6 +342,8 @@ void visit_distributed(DistributedConfig& d, V& v) {
           Key().doc("gradients cross ranks summed as none, bf16 or fp16, or as powersgd factors"));
   v.field("compression_on_node", d.compression_on_node,
           Key().doc("compress on one node's shared-memory path too"));
+  v.field("compression_sum", d.compression_sum,
+          Key().doc("bf16/fp16: add in the 16-bit type (wire) or in float32, rounding once"));
   v.field("powersgd_rank", d.powersgd_rank,
           Key().at_least(1).at_most(bounds::kPowerSgdRank).doc("powersgd: the factors' rank"));
   v.field("powersgd_start_step", d.powersgd_start_step,

@@ -53,6 +53,25 @@ float reference_sum(Compression format, int ranks, size_t i, int round) {
   return out;
 }
 
+// distributed.compression_sum float32: the ranks' 16-bit values added in float32 in rank order,
+// rounded once.
+float reference_float32_sum(Compression format, int ranks, size_t i, int round) {
+  float sum = 0.0f;
+  for (int q = 0; q < ranks; ++q) {
+    const float v = hashed_value(q, i, round);
+    uint16_t h = 0;
+    ddp::compress(format, &v, 1, &h);
+    float x = 0.0f;
+    ddp::decompress(format, &h, 1, &x);
+    sum += x;
+  }
+  uint16_t h = 0;
+  ddp::compress(format, &sum, 1, &h);
+  float out = 0.0f;
+  ddp::decompress(format, &h, 1, &out);
+  return out;
+}
+
 std::vector<ddp::Span> layout(size_t* total) {
   std::vector<ddp::Span> buckets;
   *total = 0;
@@ -67,9 +86,9 @@ std::vector<ddp::Span> layout(size_t* total) {
 // arena, check counts the wrong values of bucket b's result.
 template <class Fill, class Check>
 void run_rounds(Compression format, const Path& path, bool scatter, int rounds, Fill fill,
-                Check check) {
+                Check check, ddp::CompressedSum sum = ddp::CompressedSum::Wire) {
   auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
-  const ddp::BucketWire wire{format, path.on_node, false, path.shared};
+  const ddp::BucketWire wire{format, path.on_node, false, path.shared, sum};
   size_t total = 0;
   const std::vector<ddp::Span> buckets = layout(&total);
   float* grads = comm->gradient_arena(total, wire);
@@ -120,6 +139,47 @@ TEST_CASE(
                    });
       }
     }
+  }
+}
+
+TEST_CASE(
+    "compression_sum float32: the rank-order float32 reference on every path, nearer a "
+    "float64 sum than the wire's",
+    "[mpi][compression]") {
+  for (Compression format : {Compression::Bf16, Compression::Fp16}) {
+    for (const Path& path : kPaths) {
+      for (bool scatter : {false, true}) {
+        INFO(ddp::to_string(format)
+             << ", " << path.name << ", " << (scatter ? "reduce-scatter" : "allreduce"));
+        run_rounds(
+            format, path, scatter, 2, hashed_value,
+            [format](int n, size_t i, int round, float got) {
+              const float want = reference_float32_sum(format, n, i, round);
+              return std::memcmp(&got, &want, sizeof got) == 0;
+            },
+            ddp::CompressedSum::Float32);
+      }
+    }
+    // Against the float64 sum of the ranks' float32 values: at 2 ranks both sums round once;
+    // from 3 on the wire's rounds after every addition and is further off on the whole.
+    double err[2] = {0.0, 0.0};
+    int n = 1;
+    for (ddp::CompressedSum sum : {ddp::CompressedSum::Wire, ddp::CompressedSum::Float32}) {
+      run_rounds(
+          format, kPaths[0], false, 1, hashed_value,
+          [&](int ranks, size_t i, int, float got) {
+            double exact = 0.0;
+            for (int q = 0; q < ranks; ++q) exact += hashed_value(q, i, 0);
+            err[static_cast<int>(sum)] += std::fabs(static_cast<double>(got) - exact);
+            n = ranks;
+            return true;
+          },
+          sum);
+    }
+    INFO(ddp::to_string(format) << " at " << n << " ranks: total |error| " << err[0] << " (wire), "
+                                << err[1] << " (float32 sums)");
+    if (n >= 3) CHECK(err[1] < err[0]);
+    if (n == 2) CHECK(err[1] == err[0]);
   }
 }
 
@@ -194,16 +254,21 @@ TEST_CASE("compressed training: the same bits across nodes and on shared memory,
   const ddp::TrainConfig sgd = small_config("paths_sgd");
   const ddp::TrainConfig adamw = ddp_test::with_schedule(
       ddp_test::with_adam(small_config("paths_adamw"), true, false), ddp::SchedulerName::Cosine);
-  for (const auto& [format, base] :
+  for (const auto& [format, plain] :
        {std::pair{Compression::Bf16, sgd}, std::pair{Compression::Fp16, adamw}}) {
-    INFO(ddp::to_string(format));
-    const auto across = train(compressed(base, format, false, false), MPI_COMM_WORLD);
-    ddp_test::require_identical_replicas(across);
-    for (const auto& [shared, shard] :
-         {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
-      INFO((shared ? "shared memory" : "MPI") << (shard ? ", sharded" : ""));
-      REQUIRE(
-          bitwise_equal(train(compressed(base, format, shared, shard), MPI_COMM_WORLD), across));
+    for (ddp::CompressedSum sum : {ddp::CompressedSum::Wire, ddp::CompressedSum::Float32}) {
+      INFO(ddp::to_string(format) << ", compression_sum " << ddp::to_string(sum));
+      ddp::TrainConfig base = plain;
+      base.distributed.compression_sum = sum;
+      base.output.dir += std::string("_") + ddp::to_string(sum);
+      const auto across = train(compressed(base, format, false, false), MPI_COMM_WORLD);
+      ddp_test::require_identical_replicas(across);
+      for (const auto& [shared, shard] :
+           {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+        INFO((shared ? "shared memory" : "MPI") << (shard ? ", sharded" : ""));
+        REQUIRE(
+            bitwise_equal(train(compressed(base, format, shared, shard), MPI_COMM_WORLD), across));
+      }
     }
   }
 }

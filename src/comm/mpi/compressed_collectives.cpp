@@ -25,9 +25,10 @@ struct PartLayout {
 };
 
 // Casts the bucket, sends part q to rank q and sums this rank's part over every rank in rank
-// order, into scratch.bucket at the part's place. Returns the part.
+// order (in the format, or in float32), into scratch.bucket at the part's place. Returns the
+// part.
 Span sum_my_part(MPI_Comm comm, const float* data, size_t count, Compression format,
-                 CompressedScratch& scratch) {
+                 CompressedSum sum, CompressedScratch& scratch) {
   DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
             "compressed collective of " << count << " values is too large");
   int size = 1, rank = 0;
@@ -46,6 +47,10 @@ Span sum_my_part(MPI_Comm comm, const float* data, size_t count, Compression for
                               MPI_UINT16_T, scratch.received.data(), recv_counts.data(),
                               recv_offsets.data(), MPI_UINT16_T, comm));
   uint16_t* out = scratch.bucket.data() + mine.offset;
+  if (sum == CompressedSum::Float32) {
+    sum_in_float32(format, scratch.received.data(), n, mine.numel, out);
+    return mine;
+  }
   std::copy(scratch.received.data(), scratch.received.data() + mine.numel, out);
   for (size_t q = 1; q < n; ++q)
     add_compressed(format, scratch.received.data() + q * mine.numel, mine.numel, out);
@@ -55,14 +60,14 @@ Span sum_my_part(MPI_Comm comm, const float* data, size_t count, Compression for
 }  // namespace
 
 void compressed_reduce_scatter(MPI_Comm comm, float* data, size_t count, Compression format,
-                               CompressedScratch& scratch) {
-  const Span mine = sum_my_part(comm, data, count, format, scratch);
+                               CompressedSum sum, CompressedScratch& scratch) {
+  const Span mine = sum_my_part(comm, data, count, format, sum, scratch);
   decompress(format, scratch.bucket.data() + mine.offset, mine.numel, data + mine.offset);
 }
 
 void compressed_allreduce(MPI_Comm comm, float* data, size_t count, Compression format,
-                          CompressedScratch& scratch) {
-  sum_my_part(comm, data, count, format, scratch);
+                          CompressedSum sum, CompressedScratch& scratch) {
+  sum_my_part(comm, data, count, format, sum, scratch);
   int size = 1;
   DDP_MPI_CHECK(MPI_Comm_size(comm, &size));
   const PartLayout parts(count, size);

@@ -1,6 +1,7 @@
 // The compressed gradient collectives of the MPI communicator across nodes
 // (distributed.compression): a bucket is cast to 16 bits, each rank sums its part of it in
-// that type (comm/compression.h: rank order, rounding after every addition), and for an
+// that type (comm/compression.h: rank order, rounding after every addition) or in float32
+// (distributed.compression_sum: rank order, rounded once), and for an
 // allreduce the summed parts are allgathered, then everything is cast back into the float32
 // bucket. Two bytes per value cross the link where float32 sends four, in the same pattern as a
 // ring allreduce: (N-1)/N of the bucket out and in per rank for each half. The sums are the
@@ -27,11 +28,11 @@ struct CompressedScratch {
 /// Reduce-scatter of [data, data + count): afterwards this rank's part (shard_part) of `data`
 /// holds the compressed sum; the rest of the bucket is unchanged.
 void compressed_reduce_scatter(MPI_Comm comm, float* data, size_t count, Compression format,
-                               CompressedScratch& scratch);
+                               CompressedSum sum, CompressedScratch& scratch);
 
 /// Allreduce of [data, data + count): the reduce-scatter, then an allgather of the 16-bit
 /// parts; afterwards all of `data` holds the compressed sum.
 void compressed_allreduce(MPI_Comm comm, float* data, size_t count, Compression format,
-                          CompressedScratch& scratch);
+                          CompressedSum sum, CompressedScratch& scratch);
 
 }  // namespace ddp

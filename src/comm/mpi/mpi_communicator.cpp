@@ -421,8 +421,9 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // The gradient path asks for a hierarchy only across equal nodes of several ranks each.
   void configure(const BucketWire& wire) {
     format_ = wire.format;
+    sum_ = wire.sum;
     on_node_ = wire.on_node;
-    node_->set_rounding(node_format());
+    node_->set_rounding(node_format(), sum_);
     DDP_CHECK(!wire.hierarchical || uniform_nodes_,
               "distributed.hierarchical: needs the same number of ranks on every node (rank "
                   << rank_ << "'s node has " << local_size_ << " of the job's " << size_ << ")");
@@ -450,14 +451,15 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     MPI_Comm comm = comm_;
     const int size = size_, rank = rank_;
     const Compression format = format_;
+    const CompressedSum sum = sum_;
     if (format != Compression::None)
       what.what = std::string("compressed ") + to_string(format) + " " + what.what;
     return lane_->submit(
         std::move(what),
-        [comm, size, rank, data, count, format, scratch = scratch_, compressed = compressed_,
+        [comm, size, rank, data, count, format, sum, scratch = scratch_, compressed = compressed_,
          consume = std::move(consume)] {
           if (format != Compression::None) {
-            compressed_reduce_scatter(comm, data, count, format, *compressed);
+            compressed_reduce_scatter(comm, data, count, format, sum, *compressed);
           } else {
             summed_reduce_scatter(comm, size, rank, data, count, *scratch);
           }
@@ -512,12 +514,13 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     MPI_Comm comm = comm_;
     const int size = size_;
     const Compression format = format_;
+    const CompressedSum sum = sum_;
     return lane_->submit(
-        {std::string("compressed ") + to_string(format) + " allreduce of " +
-             std::to_string(count) + " floats",
+        {std::string("compressed ") + to_string(format) + " allreduce of " + std::to_string(count) +
+             " floats",
          count * sizeof(float), to_string(format)},
-        [comm, size, data, count, average, format, scratch = compressed_] {
-          compressed_allreduce(comm, data, count, format, *scratch);
+        [comm, size, data, count, average, format, sum, scratch = compressed_] {
+          compressed_allreduce(comm, data, count, format, sum, *scratch);
           if (average) divide(data, count, size);
         },
         hooks, /*any_thread=*/false);
@@ -576,7 +579,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
 
   void allreduce_across_nodes(float* chunk, size_t count) {
     if (format_ != Compression::None) {
-      compressed_allreduce(cross_comm_, chunk, count, format_, *compressed_);
+      compressed_allreduce(cross_comm_, chunk, count, format_, sum_, *compressed_);
       return;
     }
     DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
@@ -601,6 +604,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   std::shared_ptr<std::vector<float>> scratch_ = std::make_shared<std::vector<float>>();
   // distributed.compression (BucketWire::format) and the 16-bit buffers of its collectives.
   Compression format_ = Compression::None;
+  CompressedSum sum_ = CompressedSum::Wire;  // BucketWire::sum
   bool on_node_ = false;
   std::shared_ptr<CompressedScratch> compressed_ = std::make_shared<CompressedScratch>();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;

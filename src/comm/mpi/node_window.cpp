@@ -170,7 +170,8 @@ void NodeWindow::round_own_bucket(size_t offset, size_t count) {
 
 // The sum over ranks of [offset, offset + count) of every rank's arena, in rank order 0..N-1
 // (the same bits on every rank and every run, whoever computes it), into this rank's arena or,
-// block by block, to `consume`; with rounding, rounded to the format after every addition.
+// block by block, to `consume`; with rounding, rounded to the format after every addition, or
+// once at the end (CompressedSum::Float32).
 void NodeWindow::reduce_in_rank_order(size_t offset, size_t count,
                                       const HostGradientCommunicator::PartConsumer* consume) {
   const size_t n = static_cast<size_t>(size_);
@@ -181,14 +182,16 @@ void NodeWindow::reduce_in_rank_order(size_t offset, size_t count,
     const size_t len = std::min(kBlock, count - b);
     const float* first = peers_[0] + offset + b;
     std::copy(first, first + len, acc);
+    const bool each = rounding_ != Compression::None && sum_ == CompressedSum::Wire;
     for (size_t q = 1; q < n; ++q) {
       const float* src = peers_[q] + offset + b;
-      if (rounding_ != Compression::None) {
+      if (each) {
         add_rounded(rounding_, src, len, acc);
         continue;
       }
       for (size_t i = 0; i < len; ++i) acc[i] += src[i];
     }
+    if (rounding_ != Compression::None && !each) round_to(rounding_, acc, len);
     if (consume != nullptr) {
       (*consume)(mine + b, acc, len);
     } else {

@@ -56,8 +56,12 @@ class NodeWindow {
   bool has_barrier() const { return barrier_ != nullptr; }
 
   /// distributed.compression_on_node: each bucket rounded to `format` before its peers read it,
-  /// and the sums rounded after every addition (None: plain float32 sums).
-  void set_rounding(Compression format) { rounding_ = format; }
+  /// and the sums rounded after every addition, or added in float32 and rounded once
+  /// (`sum`: distributed.compression_sum). None: plain float32 sums.
+  void set_rounding(Compression format, CompressedSum sum) {
+    rounding_ = format;
+    sum_ = sum;
+  }
 
   /// Sum of [offset, offset + count) over every rank's arena, into every rank's arena, the same
   /// bits on every rank. `across_nodes`, if set, is applied to this rank's reduced chunk before
@@ -97,6 +101,7 @@ class NodeWindow {
   size_t arena_numel_ = 0;
   float* parameters_ = nullptr;
   Compression rounding_ = Compression::None;
+  CompressedSum sum_ = CompressedSum::Wire;
 };
 
 }  // namespace ddp

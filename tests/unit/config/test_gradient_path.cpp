@@ -185,6 +185,39 @@ TEST_CASE("gradient path: what 16-bit buckets do in this job, said once",
   CHECK(cpu_path(cfg, nodes(1, 1)).description.empty());  // one rank: nothing travels
 }
 
+TEST_CASE("gradient path: 16-bit buckets summed in float32 on CPU ranks, said, refused elsewhere",
+          "[config][gradient_path][compression]") {
+  TrainConfig cfg;
+  cfg.distributed.compression = ddp::Compression::Bf16;
+  cfg.distributed.compression_sum = ddp::CompressedSum::Float32;
+  const GradientPath p = cpu_path(cfg, nodes(2, 1));
+  CHECK(p.wire.format == ddp::Compression::Bf16);
+  CHECK(p.wire.sum == ddp::CompressedSum::Float32);
+  CHECK(p.description == std::vector<std::string>{"gradients: sent in bf16 and summed in "
+                                                  "float32, rounded once "
+                                                  "(distributed.compression), 2 bytes a value "
+                                                  "instead of 4"});
+  CHECK(cpu_path(TrainConfig{}).wire.sum == ddp::CompressedSum::Wire);
+  const auto refusal = [](ddp::Compression format, ddp::DeviceChoice device) {
+    TrainConfig c;
+    c.distributed.compression = format;
+    c.distributed.compression_sum = ddp::CompressedSum::Float32;
+    c.device = device;
+    const auto no = ddp::gradient_path_refusal(c);
+    return no ? no->key + ": " + no->message : std::string("no refusal");
+  };
+  CHECK(refusal(ddp::Compression::None, ddp::DeviceChoice::Cpu) ==
+        "distributed.compression_sum: float32 needs distributed.compression: bf16 or fp16 (it "
+        "is none)");
+  CHECK(refusal(ddp::Compression::PowerSgd, ddp::DeviceChoice::Cpu) ==
+        "distributed.compression_sum: float32 needs distributed.compression: bf16 or fp16 (it "
+        "is powersgd)");
+  CHECK(refusal(ddp::Compression::Fp16, ddp::DeviceChoice::Cuda) ==
+        "distributed.compression_sum: float32 runs on CPU ranks for now (NCCL adds 16-bit "
+        "buckets in their type: use wire)");
+  CHECK(refusal(ddp::Compression::Fp16, ddp::DeviceChoice::Cpu) == "no refusal");
+}
+
 TEST_CASE("gradient path: PowerSGD sends factors on CPU ranks, flat, and says how",
           "[config][gradient_path][compression]") {
   TrainConfig cfg;
