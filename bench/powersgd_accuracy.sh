@@ -86,19 +86,18 @@ def accuracy(model, n, seed, path):
                 acc = 100.0 * r["accuracy"]
     return acc
 
-print("| model | ranks | float32 | " + " | ".join(f"PowerSGD r={r}" for r in factors) +
-      " | largest gap of a seed (points) |")
-print("|---|---|---|" + "---|" * len(factors) + "---|")
+print("| model | ranks | float32 | " + " | ".join(f"PowerSGD r={r}" for r in factors) + " |")
+print("|---|---|---|" + "---|" * len(factors))
 for model in models:
     for n in ranks:
         base = {s: accuracy(model, n, s, "none") for s in seeds}
-        cells, worst = [], 0.0
+        cells = []
         for r in factors:
             accs = {s: accuracy(model, n, s, r) for s in seeds}
-            worst = max(worst, max(base[s] - accs[s] for s in seeds))
-            cells.append(f"{sum(accs.values()) / len(seeds):.2f}")
+            worst = max(base[s] - accs[s] for s in seeds)
+            cells.append(f"{sum(accs.values()) / len(seeds):.2f} ({worst:+.2f})")
         mean = sum(base.values()) / len(seeds)
-        print(f"| {model} | {n} | {mean:.2f} | " + " | ".join(cells) + f" | {worst:+.2f} |")
-print(f"\nMean test accuracy (%) over seeds {', '.join(seeds)}; the gap is float32's accuracy less "
-      "PowerSGD's for the same seed (positive: PowerSGD is below).")
+        print(f"| {model} | {n} | {mean:.2f} | " + " | ".join(cells) + " |")
+print(f"\nMean test accuracy (%) over seeds {', '.join(seeds)}; in brackets the largest gap of a "
+      "seed: float32's accuracy less PowerSGD's for the same seed (positive: PowerSGD is below).")
 PY
