@@ -116,12 +116,12 @@ std::string resume_powersgd_state(ProcessGroup& comm, Replica& replica,
     }
   }
   comm.scatter(all.data(), total * sizeof(float), state.error.data(), 0);
-  comm.broadcast(held.data(), held.size() * sizeof(double), 0);
+  if (!held.empty()) comm.broadcast(held.data(), held.size() * sizeof(double), 0);
   size_t floats = 0;
   for (size_t i = 0; i < factored.size(); ++i)
     if (held[i] != 0.0) floats += factored[i].numel();
   qs.resize(floats);
-  comm.broadcast(qs.data(), qs.size() * sizeof(float), 0);
+  if (!qs.empty()) comm.broadcast(qs.data(), qs.size() * sizeof(float), 0);
   size_t at = 0;
   for (size_t i = 0; i < factored.size(); ++i) {
     if (held[i] == 0.0) continue;
