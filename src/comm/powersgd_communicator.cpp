@@ -126,10 +126,9 @@ void PowerSgdCommunicator::restore(const PowerSgdState& state) {
                 q.begin() + static_cast<ptrdiff_t>(bucket.q_offset(i)));
       ++held;
     }
-    DDP_CHECK(held == 0 || held == factored, "PowerSGD state: bucket "
-                                                 << b << " holds Q for " << held << " of its "
-                                                 << factored << " factored matrices");
-    if (held == 0) q.clear();
+    // A bucket of a resumed run's plan may gather matrices whose Q came from buckets of
+    // different histories (one started afresh after a non-finite step): it starts afresh too.
+    if (held < factored) q.clear();
     used += held;
     bucket.restore(std::move(error), std::move(q));
   }

@@ -56,9 +56,9 @@ class PowerSgdCommunicator final : public GradientCommunicator {
   bool compressed_yet() const { return steps_ > start_step_; }
   /// This rank's state, between steps (no bucket in flight).
   PowerSgdState state() const;
-  /// Restores a state() of this layout, between steps; throws ddp::Error naming the matrix
-  /// where an error feedback or a Q has another size, or a bucket holds Q for some of its
-  /// matrices only.
+  /// Restores a state() (of any bucket plan over the same parameters), between steps; a bucket
+  /// that holds Q for some of its matrices only starts afresh. Throws ddp::Error where an error
+  /// feedback or a Q has another size, or a Q is for no factored matrix.
   void restore(const PowerSgdState& state);
   /// The factors' rank of the matrix whose first float is at `offset` in the arena (0: it is
   /// sent whole, or no matrix starts there).

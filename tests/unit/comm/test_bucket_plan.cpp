@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <numeric>
 
+#include "comm/powersgd_communicator.h"
 #include "comm/reducer.h"
 #include "core/check.h"
 
@@ -430,4 +431,49 @@ TEST_CASE("bucket plan with alignment: every tensor starts on a multiple of 4 fl
     if (align == 4) CHECK(plan.total_numel < covered + 4 * numel.size());
   }
   REQUIRE_THROWS_AS(compute_bucket_plan(numel, 4 * kKiB, 64 * kKiB, 0), ddp::Error);
+}
+
+// PowerSGD's state in the arena's terms (what checkpoints keep): two buckets, each with one
+// matrix that gains from rank-1 factors (10 x 8) and one too small (2 x 2); restored into the
+// same layout it is the state, a bucket with Q for some of its matrices starts afresh, and
+// sizes of another layout are refused by name.
+TEST_CASE("PowerSGD state: restored as kept, a bucket of mixed histories afresh, wrong sizes "
+          "refused",
+          "[reducer][powersgd]") {
+  RecordingComm host;
+  const std::vector<ddp::PowerSgdLayout> layouts = {{{{0, 10, 8}, {80, 2, 2}}, 84},
+                                                    {{{0, 2, 2}, {4, 10, 8}}, 84}};
+  ddp::PowerSgdCommunicator comm(host, layouts, ddp::PowerSgdOptions{}, 0, 7, 2);
+  comm.gradient_arena(168, ddp::BucketWire{});
+  CHECK(comm.factor_rank(0) == 1);
+  CHECK(comm.factor_rank(80) == 0);
+  CHECK(comm.factor_rank(88) == 1);
+  CHECK(comm.factor_rank(5) == 0);  // no matrix starts there
+  CHECK(comm.state().error.empty());
+  ddp::PowerSgdState kept;
+  kept.error.resize(168);
+  std::iota(kept.error.begin(), kept.error.end(), 0.0f);
+  kept.q[0] = std::vector<float>(8, 0.5f);
+  kept.q[88] = std::vector<float>(8, -0.25f);
+  comm.restore(kept);
+  CHECK(comm.state().error == kept.error);
+  CHECK(comm.state().q == kept.q);
+  // A second bucket whose Q is missing keeps none; its error feedback still comes back.
+  ddp::PowerSgdState partial = kept;
+  partial.q.erase(88);
+  comm.restore(partial);
+  CHECK(comm.state().q == partial.q);
+  CHECK(comm.state().error == kept.error);
+  ddp::PowerSgdState bad = kept;
+  bad.q[0].resize(9);
+  CHECK_THROWS_WITH(comm.restore(bad),
+                    Catch::Contains("a Q of 9 floats for the matrix at float 0, whose factors "
+                                    "take 8"));
+  bad = kept;
+  bad.q[80] = std::vector<float>(2, 1.0f);
+  CHECK_THROWS_WITH(comm.restore(bad), Catch::Contains("1 Q(s) for matrices sent whole"));
+  bad = kept;
+  bad.error.resize(100);
+  CHECK_THROWS_WITH(comm.restore(bad), Catch::Contains("an error feedback of 100 floats for a "
+                                                       "gradient arena of 168"));
 }
