@@ -53,23 +53,21 @@ float reference_sum(Compression format, int ranks, size_t i, int round) {
   return out;
 }
 
+// `v` rounded to the format and back.
+float rounded(Compression format, float v) {
+  uint16_t h = 0;
+  ddp::compress(format, &v, 1, &h);
+  float out = 0.0f;
+  ddp::decompress(format, &h, 1, &out);
+  return out;
+}
+
 // distributed.compression_sum float32: the ranks' 16-bit values added in float32 in rank order,
 // rounded once.
 float reference_float32_sum(Compression format, int ranks, size_t i, int round) {
   float sum = 0.0f;
-  for (int q = 0; q < ranks; ++q) {
-    const float v = hashed_value(q, i, round);
-    uint16_t h = 0;
-    ddp::compress(format, &v, 1, &h);
-    float x = 0.0f;
-    ddp::decompress(format, &h, 1, &x);
-    sum += x;
-  }
-  uint16_t h = 0;
-  ddp::compress(format, &sum, 1, &h);
-  float out = 0.0f;
-  ddp::decompress(format, &h, 1, &out);
-  return out;
+  for (int q = 0; q < ranks; ++q) sum += rounded(format, hashed_value(q, i, round));
+  return rounded(format, sum);
 }
 
 std::vector<ddp::Span> layout(size_t* total) {

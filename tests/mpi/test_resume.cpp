@@ -468,11 +468,16 @@ TEST_CASE("PowerSGD resumed where its state cannot continue: it starts afresh an
   ddp::TrainConfig rank3 = first;
   rank3.distributed.powersgd_rank = 3;
   const std::string other_rank = resumed(rank3, MPI_COMM_WORLD);
+  ddp::TrainConfig rank4 = first;  // 24 x 12 gains nothing from rank-4 factors: sent whole
+  rank4.distributed.powersgd_rank = 4;
+  const std::string now_whole = resumed(rank4, MPI_COMM_WORLD);
   const std::string from_plain = resumed(plain, MPI_COMM_WORLD);
   if (world_rank() != 0) return;  // rank 0 writes the log
   CHECK_THAT(other_rank, Catch::Contains("resume: PowerSGD's error feedback and Q start afresh "
                                          "(its Q of layers.0.weight has rank 2, this run's "
                                          "factors 3)"));
+  CHECK_THAT(now_whole, Catch::Contains("start afresh (its Q of layers.0.weight is for a weight "
+                                        "this run sends whole)"));
   CHECK_THAT(from_plain, Catch::Contains("start afresh (the checkpoint holds none)"));
   if (world_size() < 2) return;
   // On one rank of the several that wrote it: each rank's error feedback has no rank to go to.
