@@ -12,7 +12,10 @@
 # Variants: none (flat MPI_Allreduce in float32), bf16 and fp16 (distributed.compression),
 # hier (distributed.hierarchical: on), hier-bf16 (both); the hierarchical ones need 2 ranks per
 # node and are left out at 1; psgdR is distributed.compression: powersgd of factor rank R from
-# the first step (powersgd_start_step 0: every measured step compressed). Models: fashion is
+# the first step (powersgd_start_step 0: every measured step compressed); tune is
+# distributed.tune: auto with compression none (lossless settings only), tune-bf16 with bf16
+# allowed, tune-psgdR with PowerSGD from rank R allowed (start step 0), each chosen at start-up
+# and reported beside the best of the sweep's variants that it may choose. Models: fashion is
 # bench/fashion_mnist_bench.yaml (784-256-256-10); mlp1024 is 784-1024-1024-10 (1.86 M
 # parameters, bench/netns_scaling.sh's wide); wide is 784-4096-4096-10 (20.0 M parameters);
 # both with 25 MiB buckets.
@@ -66,6 +69,10 @@ variant_sets() {
     hier-bf16) printf '%s\n' distributed.hierarchical=on distributed.compression=bf16 ;;
     psgd[1-9]*) printf '%s\n' distributed.hierarchical=off distributed.compression=powersgd \
                   distributed.powersgd_rank="${1#psgd}" distributed.powersgd_start_step=0 ;;
+    tune) echo distributed.tune=auto ;;
+    tune-bf16) printf '%s\n' distributed.tune=auto distributed.compression=bf16 ;;
+    tune-psgd[1-9]*) printf '%s\n' distributed.tune=auto distributed.compression=powersgd \
+                       distributed.powersgd_rank="${1#tune-psgd}" distributed.powersgd_start_step=0 ;;
     *) echo "gradient_path_bench.sh: unknown variant $1" >&2; exit 2 ;;
   esac
 }
@@ -144,12 +151,19 @@ one_node_sets() {
   case "$1" in
     none) echo distributed.hierarchical=off ;;
     bf16|fp16) printf '%s\n' distributed.compression="$1" distributed.compression_on_node=true ;;
-    psgd*) variant_sets "$1" ;;
+    psgd*|tune*) variant_sets "$1" ;;
   esac
 }
-results="$out/results.tsv"
+results="$out/results.tsv" choices="$out/choices.tsv"
 : >"$results"
+: >"$choices"
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
+# record_choice MODEL LAYOUT RATE VARIANT LOG: what distributed.tune: auto chose in that run.
+record_choice() {
+  [[ "$4" == tune* ]] || return 0
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" \
+    "$(sed -n 's/^tune: chose \([^;]*\);.*/\1/p' "$5" | head -n 1)" >>"$choices"
+}
 
 for ((rep = 1; rep <= repeats; ++rep)); do
   for per_node in $per_nodes; do
@@ -161,6 +175,7 @@ for ((rep = 1; rep <= repeats; ++rep)); do
         tag="$model-2x$per_node-one-node-$fmt.r$rep"
         one_node "$per_node" "$model" "$steps" "$out/$tag" "${on_node[@]}"
         record "$model" "2x$per_node" one-node "$fmt" "$(step_seconds "$out/$tag/metrics.jsonl")" 0
+        record_choice "$model" "2x$per_node" one-node "$fmt" "$out/$tag.log"
       done
     done
   done
@@ -182,6 +197,7 @@ for ((rep = 1; rep <= repeats; ++rep)); do
           sec=$(step_seconds "$out/$tag.r$rep/metrics.jsonl")
           per_step=$(((all - one) / (steps - 1)))
           record "$model" "2x$per_node" "$label" "$v" "$sec" "$per_step"
+          record_choice "$model" "2x$per_node" "$label" "$v" "$out/$tag.r$rep.log"
           echo "$tag (repeat $rep): $(awk "BEGIN {printf \"%.1f\", $sec * 1000}") ms/step," \
             "$((per_step / 1000)) kB/step on the link" >&2
         done
@@ -191,4 +207,4 @@ for ((rep = 1; rep <= repeats; ++rep)); do
   done
 done
 
-python3 "$here/gradient_path_report.py" "$results"
+python3 "$here/gradient_path_report.py" "$results" "$choices"

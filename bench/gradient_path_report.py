@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The table of bench/gradient_path_bench.sh from its results.tsv: per model, layout and link
 rate, each variant's median step time and link bytes per step, its prediction (see the bench's
-header) and its step time against the flat float32 allreduce's.
+header) and its step time against the flat float32 allreduce's; then each distributed.tune
+variant against the best variant of the sweep that it was allowed to choose.
 
-    python3 bench/gradient_path_report.py OUTDIR/results.tsv
+    python3 bench/gradient_path_report.py OUTDIR/results.tsv [OUTDIR/choices.tsv]
 """
 import statistics
 import sys
@@ -49,7 +50,45 @@ def predict(runs, model, layout, rate, variant):
     return None
 
 
-def main(path):
+def allowed(tune, variant):
+    """Whether the tune variant `tune` may choose what the sweep's `variant` runs."""
+    if variant.startswith("tune"):
+        return False
+    if variant in ("none", "hier"):
+        return True
+    if tune == "tune":
+        return False
+    if variant in ("bf16", "hier-bf16"):
+        return True
+    return (tune.startswith("tune-psgd") and variant.startswith("psgd")
+            and int(variant[4:]) >= int(tune[9:]))
+
+
+def tuner_table(runs, choices_path):
+    choices = defaultdict(set)
+    for line in open(choices_path):
+        model, layout, rate, variant, choice = line.rstrip("\n").split("\t")
+        choices[(model, layout, rate, variant)].add(choice.split(" (bucket caps")[0])
+    print()
+    print("| model | nodes x ranks | link | tuner | chose | ms/step | best of the sweep it may "
+          "choose | ms/step | tuner vs best |")
+    print("|---|---|---|---|---|---:|---|---:|---:|")
+    for key in runs:
+        model, layout, rate, variant = key
+        if not variant.startswith("tune"):
+            continue
+        sweep = [(median(runs, k, 0), k[3]) for k in runs
+                 if k[:3] == key[:3] and allowed(variant, k[3])]
+        if not sweep:
+            continue
+        best, name = min(sweep)
+        sec = median(runs, key, 0)
+        chose = " / ".join(sorted(choices.get(key, {"?"})))
+        print(f"| {model} | {layout.replace('x', ' x ')} | {rate} | {variant} | {chose} |"
+              f" {sec * 1000:.1f} | {name} | {best * 1000:.1f} | {sec / best:.2f}x |")
+
+
+def main(path, choices_path=None):
     runs = load(path)
     print("| model | nodes x ranks | link | variant | ms/step | predicted | error |"
           " MB/step on the link | step time vs none |")
@@ -66,6 +105,8 @@ def main(path):
         ratio = f"{sec / flat:.2f}x" if flat else "-"
         print(f"| {model} | {layout.replace('x', ' x ')} | {rate} | {variant} |"
               f" {sec * 1000:.1f} | {pred} | {err} | {nbytes / 1e6:.2f} | {ratio} |")
+    if choices_path:
+        tuner_table(runs, choices_path)
     one = [k for k in runs if k[2] == "one-node"]
     if one:
         print()
@@ -75,4 +116,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

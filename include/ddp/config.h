@@ -31,6 +31,8 @@ enum class Compression { None, Bf16, Fp16, PowerSgd };
 enum class CompressedSum { Wire, Float32 };
 /// `distributed.hierarchical`: allreduce within each node first, then across nodes.
 enum class Hierarchy { Auto, On, Off };
+/// `distributed.tune`: the gradient path chosen by measurement at start-up.
+enum class Tune { Off, Auto };
 /// `training.precision`: the operand type of every Linear's GEMMs (float32 accumulation).
 enum class Precision { Fp32, Bf16, Fp16 };
 /// `training.loss_scaling`: dynamic loss scaling (torch.cuda.amp.GradScaler); auto: with fp16.
@@ -75,6 +77,11 @@ template <>
 struct EnumNames<Hierarchy> {
   static constexpr std::array<std::pair<Hierarchy, const char*>, 3> table{
       {{Hierarchy::Auto, "auto"}, {Hierarchy::On, "on"}, {Hierarchy::Off, "off"}}};
+};
+template <>
+struct EnumNames<Tune> {
+  static constexpr std::array<std::pair<Tune, const char*>, 2> table{
+      {{Tune::Off, "off"}, {Tune::Auto, "auto"}}};
 };
 template <>
 struct EnumNames<CompressedSum> {
@@ -128,6 +135,7 @@ const char* to_string(NcclAlgo v);
 const char* to_string(Compression v);
 const char* to_string(CompressedSum v);
 const char* to_string(Hierarchy v);
+const char* to_string(Tune v);
 const char* to_string(Precision v);
 const char* to_string(LossScaling v);
 const char* to_string(OptimizerName v);
@@ -289,6 +297,10 @@ struct DistributedConfig {
   /// hierarchical allreduce). auto: on with more than one node and more than one rank on each,
   /// for replicated optimizers on the MPI backend.
   Hierarchy hierarchical = Hierarchy::Auto;
+  /// auto: at start-up, measure the links and choose the bucket caps, the hierarchy and the
+  /// compression by the step-time model, never lossier than the config's own compression
+  /// (train/tuner.h); the choice is logged and written to the run's config.yaml (with off).
+  Tune tune = Tune::Off;
   /// GPU of each local rank (index = rank within the node); empty: local_rank % visible GPUs.
   std::vector<int64_t> gpus;
   NcclAlgo nccl_algo = NcclAlgo::Auto;  ///< auto (NCCL's own choice) | ring (sets NCCL_ALGO)

@@ -20,6 +20,20 @@ uint64_t mix(uint64_t x) {
 
 }  // namespace
 
+std::vector<PowerSgdLayout> powersgd_layouts(const BucketPlan& plan,
+                                             const std::vector<size_t>& numel,
+                                             const std::vector<size_t>& rows) {
+  std::vector<PowerSgdLayout> layouts;
+  for (const BucketPlan::Bucket& bucket : plan.buckets) {
+    PowerSgdLayout layout;
+    layout.numel = bucket.numel;
+    for (const size_t p : bucket.params)
+      layout.params.push_back({plan.param_offset[p] - bucket.offset, rows[p], numel[p] / rows[p]});
+    layouts.push_back(std::move(layout));
+  }
+  return layouts;
+}
+
 PowerSgdCommunicator::PowerSgdCommunicator(HostGradientCommunicator& host,
                                            const std::vector<PowerSgdLayout>& buckets,
                                            const PowerSgdOptions& options, int64_t start_step,

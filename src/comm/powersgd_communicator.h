@@ -13,6 +13,7 @@
 
 #include "comm/gradient_communicator.h"
 #include "comm/powersgd.h"
+#include "comm/reducer.h"
 
 namespace ddp {
 
@@ -22,6 +23,12 @@ struct PowerSgdLayout {
   std::vector<GradientMatrix> params;
   size_t numel = 0;
 };
+
+/// The buckets of `plan` as the compressor sees them: parameter p, numel[p] floats in rows[p]
+/// rows (a weight out x in, a bias out x 1), as a rows x numel[p]/rows[p] matrix.
+std::vector<PowerSgdLayout> powersgd_layouts(const BucketPlan& plan,
+                                             const std::vector<size_t>& numel,
+                                             const std::vector<size_t>& rows);
 
 /// PowerSGD's state in the gradient arena's terms, as a checkpoint keeps it.
 struct PowerSgdState {

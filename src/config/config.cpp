@@ -1044,6 +1044,7 @@ const char* to_string(CompressedSum v) { return enum_name(v); }
 const char* to_string(Precision v) { return enum_name(v); }
 const char* to_string(LossScaling v) { return enum_name(v); }
 const char* to_string(Hierarchy v) { return enum_name(v); }
+const char* to_string(Tune v) { return enum_name(v); }
 const char* to_string(OptimizerName v) { return enum_name(v); }
 const char* to_string(SchedulerName v) { return enum_name(v); }
 

@@ -65,8 +65,26 @@ std::optional<PathRefusal> refuse_powersgd(const DistributedConfig& d, const Fac
   return std::nullopt;
 }
 
+// The tuner measures and models the MPI paths of replicated optimizers (train/tuner.h).
+std::optional<PathRefusal> refuse_tune(const DistributedConfig& d, const Facts& f) {
+  if (f.gpu) {
+    return PathRefusal{"distributed.tune",
+                       "auto measures the MPI paths of CPU ranks; on GPUs NCCL picks its own "
+                       "algorithms (use off)"};
+  }
+  if (d.shard_optimizer) {
+    return PathRefusal{"distributed.tune",
+                       "auto does not model distributed.shard_optimizer's reduce-scatter and "
+                       "allgather (use off)"};
+  }
+  return std::nullopt;
+}
+
 std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
   const DistributedConfig& d = c.distributed;
+  if (d.tune == Tune::Auto) {
+    if (const auto no = refuse_tune(d, f)) return no;
+  }
   if (d.shard_optimizer && f.gpu && f.backend == BackendChoice::Mpi) {
     return PathRefusal{"distributed.shard_optimizer",
                        "on GPUs needs distributed.backend: nccl (or auto); mpi stages the buckets "

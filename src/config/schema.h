@@ -350,6 +350,8 @@ void visit_distributed(DistributedConfig& d, V& v) {
           Key().at_least(0).at_most(bounds::kSteps).doc("powersgd: steps summed whole first"));
   v.field("hierarchical", d.hierarchical,
           Key().doc("allreduce within each node, then across nodes; auto: when it helps"));
+  v.field("tune", d.tune,
+          Key().doc("auto: measure the links at start-up, choose buckets and compression"));
   v.field(
       "gpus", d.gpus,
       Key().at_least(0).at_most(bounds::kGpu).doc("GPU of each local rank; []: local rank % GPUs"));

@@ -60,6 +60,12 @@ std::vector<size_t> Sequential::parameter_numels() const {
   return n;
 }
 
+std::vector<size_t> Sequential::parameter_rows() const {
+  std::vector<size_t> n;
+  for (const Parameter* p : params_) n.push_back(static_cast<size_t>(p->shape.front()));
+  return n;
+}
+
 std::vector<std::string> Sequential::parameter_names() const {
   std::vector<std::string> n;
   for (const Parameter* p : params_) n.push_back(p->name);

@@ -29,6 +29,8 @@ class Sequential {
   /// Parameters in registration order.
   const std::vector<Parameter*>& parameters() const { return params_; }
   std::vector<size_t> parameter_numels() const;
+  /// Each parameter's first dimension (a weight's out features, a bias's size).
+  std::vector<size_t> parameter_rows() const;
   std::vector<std::string> parameter_names() const;
   /// Each parameter's layer, in registration order (an index that grows with depth). Backward
   /// reads a layer's parameter values until it starts on the layer below: once a parameter of

@@ -97,18 +97,8 @@ PowerSgdCommunicator* Replica::powersgd() const {
 // bias out x 1), in the plan's order.
 std::unique_ptr<GradientCommunicator> Replica::make_powersgd(HostGradientCommunicator& host,
                                                              int world) const {
-  const std::vector<Parameter*>& params = model_->parameters();
-  std::vector<PowerSgdLayout> layouts;
-  for (const BucketPlan::Bucket& bucket : plan_.buckets) {
-    PowerSgdLayout layout;
-    layout.numel = bucket.numel;
-    for (const size_t p : bucket.params) {
-      const size_t numel = static_cast<size_t>(params[p]->numel());
-      const size_t rows = static_cast<size_t>(params[p]->shape.front());
-      layout.params.push_back({plan_.param_offset[p] - bucket.offset, rows, numel / rows});
-    }
-    layouts.push_back(std::move(layout));
-  }
+  const std::vector<PowerSgdLayout> layouts =
+      powersgd_layouts(plan_, model_->parameter_numels(), model_->parameter_rows());
   PowerSgdOptions options;
   options.rank = path_.powersgd_rank;
   return std::make_unique<PowerSgdCommunicator>(host, layouts, options, path_.powersgd_start_step,

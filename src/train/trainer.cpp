@@ -24,6 +24,7 @@
 #include "train/run_directory.h"
 #include "train/train_loop.h"
 #include "train/training_data.h"
+#include "train/tuner.h"
 
 namespace ddp {
 
@@ -68,10 +69,12 @@ struct Trainer::State {
   TrainingState start;
   bool resumed = false;
   std::string data_line;  // where the data lives (TrainingData::share)
+  std::vector<std::string> tune_lines;  // distributed.tune: auto's measurements and choice
 
   State(const TrainConfig& c, MpiCommunicator& cm, std::ostream* log)
       : cfg(c), comm(cm), report(cfg, cm, log) {}
   void setup();
+  void tune(const RankLayout& layout);
   void start_flight_recorder();
   void start_flight_log();
   void describe_run();
@@ -88,6 +91,7 @@ void Trainer::State::setup() {
   });
   data_line = data.share(cfg, comm);  // collective: one copy of the data per node
   const RankLayout layout = rank_layout(comm);
+  if (cfg.distributed.tune == Tune::Auto) tune(layout);
   run_agreed(comm, [&] {
     path = resolve_gradient_path(cfg, ctx->device(), ctx->placement().backend, layout);
     data.prepare(cfg, comm.size(), comm.rank());
@@ -122,6 +126,20 @@ void Trainer::State::setup() {
   checkpoints->set_run(broadcast_string(comm, named ? start.run : new_run_name(), 0));
   describe_run();
   report.start_trace(*ctx);
+}
+
+// distributed.tune: auto. The config's own path must resolve first (a GPU refuses the tuner
+// by name); the choice replaces the config, so config.yaml records it.
+void Trainer::State::tune(const RankLayout& layout) {
+  run_agreed(comm, [&] {
+    resolve_gradient_path(cfg, ctx->device(), ctx->placement().backend, layout);
+  });
+  TuneOutcome outcome;
+  run_agreed(comm, [&] {
+    outcome = tune_gradient_path(cfg, comm, layout, ctx->arena_alignment());
+  });
+  cfg = outcome.cfg;
+  tune_lines = outcome.lines;
 }
 
 // Every collective from here on is numbered and kept (the setup's too: a rank stopped there is
@@ -167,6 +185,7 @@ void Trainer::State::describe_run() {
   if (!gradients.empty()) report.say(gradients);
   report.say(describe_optimizer_state());
   report.say(replica->precision_line());
+  for (const std::string& line : tune_lines) report.say(line);
   for (const std::string& line : path.description) report.say(line);
   if (const PowerSgdCommunicator* powersgd = replica->powersgd()) {
     const size_t sent = powersgd->sent_floats(), whole = powersgd->whole_floats();

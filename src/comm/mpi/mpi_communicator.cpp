@@ -76,7 +76,7 @@ void divide(float* data, size_t count, int size) {
 
 class LaneMpiCommunicator final : public MpiCommunicator {
  public:
-  LaneMpiCommunicator(MPI_Comm comm, int ranks_per_node) {
+  LaneMpiCommunicator(MPI_Comm comm, int ranks_per_node) : ranks_per_node_(ranks_per_node) {
     int provided = 0;
     DDP_MPI_CHECK(MPI_Query_thread(&provided));
     DDP_CHECK(provided >= MPI_THREAD_SERIALIZED,
@@ -370,6 +370,10 @@ class LaneMpiCommunicator final : public MpiCommunicator {
     lane_->set_recorder(std::move(recorder));
   }
 
+  std::unique_ptr<MpiCommunicator> duplicate() override {
+    return std::make_unique<LaneMpiCommunicator>(comm_, ranks_per_node_);
+  }
+
  private:
   // A gradient bucket's allreduce, with the staged communicator's hooks or none.
   std::shared_ptr<Work> allreduce_bucket(float* data, size_t count, bool average,
@@ -608,6 +612,7 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   bool on_node_ = false;
   std::shared_ptr<CompressedScratch> compressed_ = std::make_shared<CompressedScratch>();
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int ranks_per_node_ = 0;  // as constructed: what duplicate() passes on
   std::unique_ptr<Lane> lane_;  // last: its thread runs collectives that use the members above
 };
 

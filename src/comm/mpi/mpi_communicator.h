@@ -24,6 +24,10 @@ class MpiCommunicator : public ProcessGroup, public HostGradientCommunicator {
   double timeout() const override = 0;
   /// Records every collective issued from now on, control and gradient (null: none).
   virtual void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) = 0;
+  /// Collective: another communicator over the same ranks and nodes, with its own lane and
+  /// gradient arena (a wire measured before the job's is chosen: comm/link_probe.h). Call it
+  /// with no collective of this one in flight.
+  virtual std::unique_ptr<MpiCommunicator> duplicate() = 0;
 };
 
 /// A communicator over a duplicate of `comm` (MPI must be initialised with at least

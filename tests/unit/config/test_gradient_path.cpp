@@ -288,3 +288,21 @@ TEST_CASE("gradient path: every refusal names its key, from the config and once 
         "across nodes (use auto or off, or distributed.backend: mpi)");
   CHECK(refusal(hier, Device::CUDA, BackendChoice::Mpi, nodes(2, 2)).empty());
 }
+
+TEST_CASE("gradient path: distributed.tune auto is refused on GPUs and sharded, by name",
+          "[config][gradient_path][tune]") {
+  TrainConfig cfg;
+  cfg.distributed.tune = ddp::Tune::Auto;
+  CHECK(refusal(cfg, Device::CPU, BackendChoice::Mpi, nodes(2, 1)).empty());
+  CHECK(refusal(cfg, Device::CUDA, BackendChoice::Nccl, nodes(2, 1)) ==
+        "distributed.tune: auto measures the MPI paths of CPU ranks; on GPUs NCCL picks its own "
+        "algorithms (use off)");
+  cfg.device = ddp::DeviceChoice::Cuda;
+  REQUIRE(ddp::gradient_path_refusal(cfg));
+  CHECK(ddp::gradient_path_refusal(cfg)->key == "distributed.tune");
+  TrainConfig zero = sharded();
+  zero.distributed.tune = ddp::Tune::Auto;
+  CHECK(refusal(zero, Device::CPU, BackendChoice::Mpi, nodes(2, 1)) ==
+        "distributed.tune: auto does not model distributed.shard_optimizer's reduce-scatter and "
+        "allgather (use off)");
+}
