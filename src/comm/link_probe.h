@@ -20,13 +20,13 @@ struct ProbeSizes {
 };
 
 /// Collective: `collective` run once untimed, then `repeats` times, each after a barrier; the
-/// fastest of this rank's runs (one that lost its core to another thread says nothing of the
-/// wire), the slowest rank's, on every rank.
+/// median of this rank's runs (a run that waited for a peer to get a core counts as often as
+/// it happens: training waits so too), the slowest rank's, on every rank.
 double time_collective(ProcessGroup& group, int repeats, const std::function<void()>& collective);
 
 /// Collective: a bucket's allreduce (averaged, as the Reducer's) on `wire`, through a fresh
-/// gradient arena of `sizes.large` floats. The fastest of each rank's times, the slowest
-/// rank's: every rank returns the same cost.
+/// gradient arena of `sizes.large` floats, timed by time_collective: every rank returns the
+/// same cost.
 WireCost probe_wire(MpiCommunicator& comm, const BucketWire& wire, const ProbeSizes& sizes);
 
 /// Collective: the blocking float32 sums over ranks that PowerSGD's factors take

@@ -114,29 +114,26 @@ struct Measured {
 
 namespace {
 
-// This rank's PowerSGD products at factor rank `rank` over `layouts`: each bucket reduced twice
-// with its sums left out (probe_factor_sums times those), the second, warm-started, timed; the
-// slowest rank's.
+// PowerSGD's products at factor rank `rank` over `layouts`, every rank's buckets reduced alone
+// (their sums left out: probe_factor_sums times those) in rounds timed as a collective is: the
+// first round starts Q, the timed ones are warm-started.
 double products_seconds(ProcessGroup& comm, const std::vector<PowerSgdLayout>& layouts,
                         int64_t rank) {
   PowerSgdOptions options;
   options.rank = static_cast<int>(rank);
   Rng rng(1);
-  const SumOverRanks alone = [](float*, size_t) {};
-  double seconds = 0.0;
+  std::vector<PowerSgdBucket> buckets;
+  std::vector<std::vector<float>> gradients;
   for (const PowerSgdLayout& layout : layouts) {
-    PowerSgdBucket bucket(layout.params, layout.numel, options);
-    std::vector<float> gradient(layout.numel);
-    for (float& g : gradient) g = static_cast<float>(rng.uniform(-1e-2, 1e-2));
-    std::vector<float> work = gradient;
-    bucket.reduce(work.data(), comm.size(), alone, 1);
-    work = gradient;
-    const double start = seconds_now();
-    bucket.reduce(work.data(), comm.size(), alone, 2);
-    seconds += seconds_now() - start;
+    buckets.emplace_back(layout.params, layout.numel, options);
+    gradients.emplace_back(layout.numel);
+    for (float& g : gradients.back()) g = static_cast<float>(rng.uniform(-1e-2, 1e-2));
   }
-  comm.allreduce(&seconds, 1, ReduceOp::Max);
-  return seconds;
+  const SumOverRanks alone = [](float*, size_t) {};
+  return time_collective(comm, 3, [&] {
+    for (size_t b = 0; b < buckets.size(); ++b)
+      buckets[b].reduce(gradients[b].data(), comm.size(), alone, 1);
+  });
 }
 
 // The probe's sizes: the largest bucket (at least 1024 floats, at most 4 MiB) and a small one.
