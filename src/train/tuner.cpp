@@ -62,10 +62,10 @@ bool one_core_per_rank(ProcessGroup& comm) {
 
 // "float32", "bf16 (float32 sums), hierarchical": the wire a candidate's whole buckets take.
 std::string wire_name(const BucketWire& w) {
-  std::string s = to_string(w.format);
-  if (w.format == Compression::None) s = "float32";
+  std::string s = "float32";
   if (w.format != Compression::None)
-    s += w.sum == CompressedSum::Float32 ? " (float32 sums)" : " (16-bit sums)";
+    s = std::string(to_string(w.format)) +
+        (w.sum == CompressedSum::Float32 ? " (float32 sums)" : " (16-bit sums)");
   if (w.on_node) s += ", on shared memory too";
   return w.hierarchical ? s + ", hierarchical" : s;
 }
@@ -107,12 +107,7 @@ struct Measured {
   std::map<std::string, WireCost> wires;
   WireCost factor_sums;
   std::map<int64_t, double> products;  // seconds a step, by factor rank
-  std::vector<std::string> lines;
 };
-
-}  // namespace
-
-namespace {
 
 // PowerSGD's products at factor rank `rank` over `layouts`, every rank's buckets reduced alone
 // (their sums left out: probe_factor_sums times those) in rounds timed as a collective is: the
@@ -213,10 +208,6 @@ std::string allowed_line(const DistributedConfig& d) {
          (d.compression_sum == CompressedSum::Float32 ? "float32" : "16 bits") +
          " (distributed.compression; powersgd there lets the tuner weigh PowerSGD too)";
 }
-
-}  // namespace
-
-namespace {
 
 // The candidates, each resolved and cut into buckets; those that send the same are one.
 std::vector<Planned> plan_candidates(const TrainConfig& cfg, const RankLayout& layout,
