@@ -152,7 +152,8 @@ std::vector<TuneCandidate> tune_candidates(const TrainConfig& cfg, const RankLay
   return out;
 }
 
-size_t choose_candidate(const std::vector<TunePrediction>& predictions, double tolerance) {
+size_t choose_candidate(const std::vector<TunePrediction>& predictions, double tolerance,
+                        double min_gain) {
   double fastest = predictions.front().seconds;
   for (const TunePrediction& p : predictions) fastest = std::min(fastest, p.seconds);
   size_t best = predictions.size();
@@ -161,7 +162,8 @@ size_t choose_candidate(const std::vector<TunePrediction>& predictions, double t
     return lossiness(c.compression, c.sum, c.powersgd_rank);
   };
   for (size_t i = 0; i < predictions.size(); ++i) {
-    if (predictions[i].seconds > fastest * (1.0 + tolerance)) continue;
+    if (predictions[i].seconds > std::max(fastest * (1.0 + tolerance), fastest + min_gain))
+      continue;
     if (best == predictions.size() || loss(i) < loss(best) ||
         (loss(i) == loss(best) && predictions[i].seconds < predictions[best].seconds))
       best = i;

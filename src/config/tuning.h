@@ -66,9 +66,10 @@ struct TunePrediction {
   double seconds = 0.0;
 };
 
-/// The index of the choice: the least lossy among those within `tolerance` (relative) of the
-/// fastest prediction, the fastest of those on a tie; a faster setting that gains less than the
-/// tolerance is not worth more loss. `predictions` must not be empty.
-size_t choose_candidate(const std::vector<TunePrediction>& predictions, double tolerance);
+/// The index of the choice: the least lossy among those within `tolerance` (relative) or
+/// `min_gain` (seconds) of the fastest prediction, the fastest of those on a tie; a faster
+/// setting that gains less than both is not worth more loss. `predictions` must not be empty.
+size_t choose_candidate(const std::vector<TunePrediction>& predictions, double tolerance,
+                        double min_gain);
 
 }  // namespace ddp

@@ -26,6 +26,9 @@ constexpr double kFloatsPerMiB = kMiB / sizeof(float);
 // A lossier setting must be predicted this much faster to be chosen: more than the probe's noise
 // (identical paths measure up to ~12% apart at sub-millisecond sizes on a busy core).
 constexpr double kTolerance = 0.10;
+// Nor is a gain below this worth it, however large a fraction (a model whose whole exchange is
+// a few latencies, which a busy core's noise decides).
+constexpr double kMinGainSeconds = 100e-6;
 
 // The model's parameters, in registration order, without their memory (an unbound model).
 struct ModelShape {
@@ -271,7 +274,8 @@ TuneOutcome tune_gradient_path(const TrainConfig& cfg, MpiCommunicator& comm,
   const Measured m = measure(comm, planned, shape);
   std::vector<TunePrediction> predictions;
   for (const Planned& p : planned) predictions.push_back({p.candidate, predict(p, m, shape)});
-  const TunePrediction& chosen = predictions[choose_candidate(predictions, kTolerance)];
+  const TunePrediction& chosen =
+      predictions[choose_candidate(predictions, kTolerance, kMinGainSeconds)];
   out.cfg = chosen.candidate.applied(cfg);
   out.lines = {measured_line(m, layout, seconds_now() - start), allowed_line(cfg.distributed)};
   for (std::string& line : prediction_lines(predictions, chosen, own_setting(cfg, layout).name()))

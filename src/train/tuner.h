@@ -3,7 +3,7 @@
 // every candidate setting's gradient time per step with the step model of docs/scaling.md (one
 // core per rank: the step computes, then communicates; Σ over buckets of α + β·floats), and
 // choose among them (config/tuning.h: never lossier than the config's compression, the least
-// lossy within 10% of the fastest). The run trains with the choice and records it in its
+// lossy within 10% or 100 us of the fastest). The run trains with the choice and records it in its
 // config.yaml, with tune: off, so a rerun takes the same path without measuring.
 #pragma once
 

@@ -173,22 +173,25 @@ TEST_CASE("tuning: a candidate applied sets its keys and turns tune off", "[conf
   CHECK(c.distributed.powersgd_rank == 4);
 }
 
-TEST_CASE("tuning: the least lossy within the tolerance of the fastest, else the fastest",
+TEST_CASE("tuning: the least lossy within the tolerances of the fastest, else the fastest",
           "[config][tune]") {
   const auto none = candidate(Compression::None, CompressedSum::Wire, 0);
   const auto bf16 = candidate(Compression::Bf16, CompressedSum::Wire, 0);
   const auto f32 = candidate(Compression::Bf16, CompressedSum::Float32, 0);
   const auto psgd = candidate(Compression::PowerSgd, CompressedSum::Wire, 2);
   // bf16 gains 2% over none: not worth its rounding.
-  CHECK(ddp::choose_candidate({{none, 0.100}, {bf16, 0.098}}, 0.03) == 0);
+  CHECK(ddp::choose_candidate({{none, 0.100}, {bf16, 0.098}}, 0.03, 0.0) == 0);
   // It gains half: taken; float32 sums as fast (within 3%) and less lossy: those.
-  CHECK(ddp::choose_candidate({{none, 0.100}, {bf16, 0.050}, {f32, 0.051}}, 0.03) == 2);
-  CHECK(ddp::choose_candidate({{none, 0.100}, {bf16, 0.050}, {f32, 0.060}}, 0.03) == 1);
+  CHECK(ddp::choose_candidate({{none, 0.100}, {bf16, 0.050}, {f32, 0.051}}, 0.03, 0.0) == 2);
+  CHECK(ddp::choose_candidate({{none, 0.100}, {bf16, 0.050}, {f32, 0.060}}, 0.03, 0.0) == 1);
   // PowerSGD far ahead.
-  CHECK(ddp::choose_candidate({{none, 0.100}, {f32, 0.050}, {psgd, 0.015}}, 0.03) == 2);
+  CHECK(ddp::choose_candidate({{none, 0.100}, {f32, 0.050}, {psgd, 0.015}}, 0.03, 0.0) == 2);
   // Equal loss: the faster; equal everything: the first.
   auto caps = none;
   caps.bucket_cap_mb = 8;
-  CHECK(ddp::choose_candidate({{none, 0.100}, {caps, 0.099}}, 0.03) == 1);
-  CHECK(ddp::choose_candidate({{none, 0.100}, {caps, 0.100}}, 0.03) == 0);
+  CHECK(ddp::choose_candidate({{none, 0.100}, {caps, 0.099}}, 0.03, 0.0) == 1);
+  CHECK(ddp::choose_candidate({{none, 0.100}, {caps, 0.100}}, 0.03, 0.0) == 0);
+  // A tenth of the time, but 9 us of it: below the least gain worth a rounding.
+  CHECK(ddp::choose_candidate({{none, 10e-6}, {bf16, 1e-6}}, 0.03, 100e-6) == 0);
+  CHECK(ddp::choose_candidate({{none, 1e-3}, {bf16, 0.5e-3}}, 0.03, 100e-6) == 1);
 }
