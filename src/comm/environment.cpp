@@ -1,6 +1,7 @@
 // MPI session, rank discovery and device placement (environment.h).
 #include "comm/environment.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <map>
@@ -9,6 +10,15 @@
 #include "core/check.h"
 
 namespace ddp {
+
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+#endif
+  return 2;
+}
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;

@@ -32,6 +32,10 @@ class MpiSession {
   MpiSession& operator=(const MpiSession&) = delete;
 };
 
+/// The CPUs this process may run on: its affinity (a launcher may bind a rank to one core); 2
+/// where the system cannot say.
+int usable_cpus();
+
 /// Collective over `comm`: this process's place in it. Also sets the rank ddp::Error reports.
 Environment discover_environment(MPI_Comm comm);
 

@@ -1,7 +1,6 @@
 // distributed.tune: auto (tuner.h): measure, predict, choose, say.
 #include "train/tuner.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "comm/environment.h"
 #include "comm/link_probe.h"
 #include "comm/powersgd_communicator.h"
 #include "comm/reducer.h"
@@ -53,10 +53,8 @@ BucketPlan plan_of(const ModelShape& m, const TuneCandidate& c, size_t align) {
 // compute then Σ over buckets, and fewer buckets pay fewer latencies. With spare cores the
 // allreduce overlaps backward, which the model does not predict: the caps stay as configured.
 bool one_core_per_rank(ProcessGroup& comm) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : online;
+  long cores = usable_cpus();
   if (online > 0) cores = std::min(cores, online / std::max(1, comm.local_size()));
   double spare = cores >= 2 ? 1.0 : 0.0;
   comm.allreduce(&spare, 1, ReduceOp::Max);

@@ -81,7 +81,6 @@ TEST_CASE("link probe: every wire's cost is the same on every rank", "[mpi][tune
     // Whether 4 MiB measures slower than 1 KiB depends on the machine's load: a collective
     // whose peer lost its core costs a scheduler tick whatever its size (the bench measures).
     CHECK(c.seconds(sizes.large) > 0.0);
-    CHECK(c.alpha >= 0.0);
   }
   const ddp::WireCost factors = ddp::probe_factor_sums(*comm, sizes);
   CHECK(same_everywhere(*comm, factors));

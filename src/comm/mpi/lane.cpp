@@ -8,6 +8,7 @@
 #include <chrono>
 #include <utility>
 
+#include "comm/environment.h"
 #include "comm/lost_peer.h"
 #include "core/check.h"
 #include "core/clock.h"
@@ -39,16 +40,6 @@ constexpr double kMinSpinSeconds = 2e-6;
 constexpr double kMaxSpinSeconds = 2e-3;
 // The lane whose own thread this is (nullptr on every other thread).
 thread_local const Lane* this_lanes_thread = nullptr;
-
-// The CPUs this process may run on (its affinity: ddp-run binds a rank to one core).
-int usable_cpus() {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-#endif
-  return 2;
-}
 
 }  // namespace
 
