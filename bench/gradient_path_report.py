@@ -50,9 +50,12 @@ def predict(runs, model, layout, rate, variant):
     return None
 
 
-def allowed(tune, variant):
-    """Whether the tune variant `tune` may choose what the sweep's `variant` runs."""
+def allowed(tune, variant, rate):
+    """Whether the tune variant `tune` may choose what the sweep's `variant` runs. On one node
+    the sweep's 16-bit variants set compression_on_node, which the tuner's configs do not."""
     if variant.startswith("tune"):
+        return False
+    if rate == "one-node" and variant in ("bf16", "fp16"):
         return False
     if variant in ("none", "hier"):
         return True
@@ -78,7 +81,7 @@ def tuner_table(runs, choices_path):
         if not variant.startswith("tune"):
             continue
         sweep = [(median(runs, k, 0), k[3]) for k in runs
-                 if k[:3] == key[:3] and allowed(variant, k[3])]
+                 if k[:3] == key[:3] and allowed(variant, k[3], rate)]
         if not sweep:
             continue
         best, name = min(sweep)
