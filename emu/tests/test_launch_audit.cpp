@@ -26,6 +26,7 @@
 #include "kernels/cuda/float16_casts.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemm16.cuh"
+#include "kernels/cuda/powersgd_kernels.h"
 #include "kernels/cuda/reductions.cuh"
 
 namespace {
@@ -161,6 +162,29 @@ void launch_every_cast() {
   }
 }
 
+// PowerSGD's kernels over the most values, rows, columns and matrices a bucket can have (the
+// flags in real memory: the finiteness check clears them with a memset, which an audit runs).
+void launch_every_powersgd() {
+  using namespace ddp::cuda;
+  const int64_t n = int64_t{kMaxDim} * 64;
+  PowerSgdFlags* flags = nullptr;
+  REQUIRE(cudaMalloc(&flags, sizeof(PowerSgdFlags)) == cudaSuccess);
+  FactoredMatrices m;
+  m.count = 65535;
+  m.rows = kMaxDim;
+  m.cols = kMaxDim;
+  m.values = n;
+  powersgd_add_error(nullptr, nullptr, n, flags, kMaxSms, nullptr);
+  powersgd_start_q(nullptr, n, 1, true, flags, nullptr);
+  for (bool q_side : {false, true}) powersgd_orthogonalize(nullptr, m, q_side, nullptr);
+  powersgd_compute_p(nullptr, nullptr, nullptr, m, nullptr);
+  powersgd_compute_q(nullptr, nullptr, nullptr, m, nullptr);
+  powersgd_decompress(nullptr, nullptr, nullptr, m, kMaxSms, nullptr);
+  powersgd_check_finite(nullptr, n, flags, kMaxSms, nullptr);
+  powersgd_finish(nullptr, nullptr, n, 0.5f, true, true, flags, kMaxSms, nullptr);
+  REQUIRE(cudaFree(flags) == cudaSuccess);
+}
+
 std::vector<AuditedLaunch> audit_everything() {
   ddp_emu::AuditLaunches audit;
   launch_every_gemm();
@@ -168,6 +192,7 @@ std::vector<AuditedLaunch> audit_everything() {
   launch_every_reduction();
   launch_every_elementwise();
   launch_every_cast();
+  launch_every_powersgd();
   return audit.launches();
 }
 
@@ -309,10 +334,10 @@ TEST_CASE("launch audit: every launch configuration fits every target architectu
   // and their finishing pass, 7 cross-entropy row kernels and its totals' two passes, the
   // norm's two passes, 6 elementwise ops x 2, the scale by a device factor x 2,
   // count_nonfinite, the 16-bit casts (2 types x 2 directions x 2); the 16-bit GEMM (2 formats
-  // x 3 layouts x 16-byte loads or not) and its column sums (2 formats).
+  // x 3 layouts x 16-byte loads or not) and its column sums (2 formats); PowerSGD's 8.
   std::set<std::string> kernels;
   for (const AuditedLaunch& l : launches) kernels.insert(l.name);
-  CHECK(kernels.size() == 69);
+  CHECK(kernels.size() == 77);
   // A target whose limits the emulation does not know would pass unchecked.
   for (int sm : kTargetSms) {
     INFO("target architecture sm_" << sm);
@@ -505,8 +530,9 @@ TEST_CASE("every shared array of the kernels is poisoned between blocks in the e
     }
   }
   // The GEMM's two tiles, column sums, the cross-entropy totals' two passes (three each), the
-  // norm's two passes, the 16-bit GEMM's three tiles, the 16-bit column sums' chunk sums.
-  CHECK(arrays == 15);
+  // norm's two passes, the 16-bit GEMM's three tiles, the 16-bit column sums' chunk sums,
+  // PowerSGD's Gram-Schmidt sums.
+  CHECK(arrays == 16);
 }
 
 TEST_CASE("a GEMM with more tiles than a grid holds is refused with a clear error",
