@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/gradient_communicator.h"
+#include "comm/powersgd_communicator.h"
 #include "comm/process_group.h"
 #include "ddp/config.h"
 #include "kernels/backend.h"
@@ -43,5 +44,13 @@ std::unique_ptr<ShardedCommunicator> make_nccl_communicator(ProcessGroup& group,
 /// timeout is the host's. `host` and `cuda_backend` must outlive it.
 std::unique_ptr<GradientCommunicator> make_staged_communicator(HostGradientCommunicator& host,
                                                                Backend& cuda_backend);
+
+/// distributed.compression powersgd on GPUs: the compressors of `buckets` (in the plan's
+/// order), each a DevicePowerSgdBucket (comm/nccl/device_powersgd.h) queued on the stream of
+/// `nccl`, make_nccl_communicator's (anything else throws ddp::Error), its two sums NCCL
+/// allreduces. `world`: the job's ranks. `nccl` must outlive them.
+PowerSgdCompressors nccl_powersgd_compressors(GradientCommunicator& nccl,
+                                              const std::vector<PowerSgdLayout>& buckets,
+                                              const PowerSgdOptions& options, int world);
 
 }  // namespace ddp

@@ -28,23 +28,23 @@ void orthogonalize_columns(float* a, size_t rows, size_t cols) {
     }
     const double norm = std::sqrt(dot(c, c));
     if (norm > 0.0) {
-      for (size_t i = 0; i < rows; ++i) a[i * cols + c] = static_cast<float>(a[i * cols + c] / norm);
+      for (size_t i = 0; i < rows; ++i)
+        a[i * cols + c] = static_cast<float>(a[i * cols + c] / norm);
     }
   }
 }
 
-PowerSgdBucket::PowerSgdBucket(std::vector<GradientMatrix> params, size_t numel,
-                               const PowerSgdOptions& options)
-    : numel_(numel), options_(options) {
+PowerSgdPlan::PowerSgdPlan(std::vector<GradientMatrix> params, size_t numel,
+                           const PowerSgdOptions& options)
+    : numel_(numel) {
   DDP_CHECK(options.rank >= 1, "PowerSGD: the rank must be at least 1, got " << options.rank);
   size_t end = 0;
   for (const GradientMatrix& m : params) {
     DDP_CHECK(m.offset >= end && m.offset + m.rows * m.cols <= numel,
               "PowerSGD: a parameter of " << m.rows << " x " << m.cols << " at " << m.offset
-                                          << " overlaps another or leaves the bucket of "
-                                          << numel);
+                                          << " overlaps another or leaves the bucket of " << numel);
     end = m.offset + m.rows * m.cols;
-    Planned p;
+    Entry p;
     p.m = m;
     const size_t r = std::min({m.rows, m.cols, static_cast<size_t>(options.rank)});
     const double sent = static_cast<double>((m.rows + m.cols) * r);
@@ -61,53 +61,68 @@ PowerSgdBucket::PowerSgdBucket(std::vector<GradientMatrix> params, size_t numel,
   }
 }
 
+void check_powersgd_state(const PowerSgdPlan& plan, const std::vector<float>& error,
+                          const std::vector<float>& q) {
+  DDP_CHECK(error.empty() || error.size() == plan.numel(),
+            "PowerSGD state: an error feedback of " << error.size() << " floats for a bucket of "
+                                                    << plan.numel());
+  DDP_CHECK(q.empty() || q.size() == plan.q_size(),
+            "PowerSGD state: a Q of " << q.size() << " floats where the bucket's factors take "
+                                      << plan.q_size());
+}
+
+PowerSgdBucket::PowerSgdBucket(std::vector<GradientMatrix> params, size_t numel,
+                               const PowerSgdOptions& options)
+    : plan_(std::move(params), numel, options), options_(options) {}
+
 void PowerSgdBucket::reduce(float* bucket, int world, const SumOverRanks& sum, uint64_t seed) {
   if (options_.error_feedback) {
-    if (error_.empty()) error_.assign(numel_, 0.0f);
-    for (const Planned& p : plan_) {
+    if (error_.empty()) error_.assign(plan_.numel(), 0.0f);
+    for (const PowerSgdPlan::Entry& p : plan_.entries()) {
       float* g = bucket + p.m.offset;
       const float* e = error_.data() + p.m.offset;
       for (size_t i = 0; i < p.m.rows * p.m.cols; ++i) g[i] += e[i];
     }
   }
-  if (options_.error_feedback) share_.assign(bucket, bucket + numel_);  // for this step's error
+  if (options_.error_feedback)
+    share_.assign(bucket, bucket + plan_.numel());  // for this step's error
   if (q_.empty() || !options_.warm_start) {
     start_q(seed);
   } else {
-    for (const Planned& p : plan_)
+    for (const PowerSgdPlan::Entry& p : plan_.entries())
       if (p.rank > 0) orthogonalize_columns(q_.data() + p.q_at, p.m.cols, p.rank);
   }
   // The first sum: the whole parameters, then P.
-  wire_.resize(whole_ + p_size_);
+  wire_.resize(plan_.whole_floats() + plan_.p_size());
   size_t at = 0;
-  for (const Planned& p : plan_) {
+  for (const PowerSgdPlan::Entry& p : plan_.entries()) {
     if (p.rank > 0) continue;
     std::copy_n(bucket + p.m.offset, p.m.rows * p.m.cols, wire_.data() + at);
     at += p.m.rows * p.m.cols;
   }
-  float* p_all = wire_.data() + whole_;
+  float* p_all = wire_.data() + plan_.whole_floats();
   compute_p(bucket, p_all);
   if (!wire_.empty()) sum(wire_.data(), wire_.size());
   at = 0;
-  for (const Planned& p : plan_) {
+  for (const PowerSgdPlan::Entry& p : plan_.entries()) {
     if (p.rank > 0) continue;
     std::copy_n(wire_.data() + at, p.m.rows * p.m.cols, bucket + p.m.offset);
     at += p.m.rows * p.m.cols;
   }
   // The second: Q from the orthogonalised P.
-  for (const Planned& p : plan_)
+  for (const PowerSgdPlan::Entry& p : plan_.entries())
     if (p.rank > 0) orthogonalize_columns(p_all + p.p_at, p.m.rows, p.rank);
   compute_q(bucket, p_all);
   if (!q_.empty()) sum(q_.data(), q_.size());
   decompress(p_all, bucket);
-  if (!std::all_of(bucket, bucket + numel_, [](float v) { return std::isfinite(v); })) {
+  if (!std::all_of(bucket, bucket + plan_.numel(), [](float v) { return std::isfinite(v); })) {
     error_.clear();  // every rank sees the same result: all start afresh
     q_.clear();
     return;
   }
   if (options_.error_feedback) {
     const float inv_world = 1.0f / static_cast<float>(world);
-    for (const Planned& p : plan_) {
+    for (const PowerSgdPlan::Entry& p : plan_.entries()) {
       for (size_t i = p.m.offset; i < p.m.offset + p.m.rows * p.m.cols; ++i)
         error_[i] = share_[i] - bucket[i] * inv_world;
     }
@@ -115,22 +130,17 @@ void PowerSgdBucket::reduce(float* bucket, int world, const SumOverRanks& sum, u
 }
 
 void PowerSgdBucket::restore(std::vector<float> error, std::vector<float> q) {
-  DDP_CHECK(error.empty() || error.size() == numel_,
-            "PowerSGD state: an error feedback of " << error.size() << " floats for a bucket of "
-                                                    << numel_);
-  DDP_CHECK(q.empty() || q.size() == q_size_,
-            "PowerSGD state: a Q of " << q.size() << " floats where the bucket's factors take "
-                                      << q_size_);
+  check_powersgd_state(plan_, error, q);
   error_ = std::move(error);
   q_ = std::move(q);
 }
 
 // Q's random start: standard normal values from `seed`, each matrix's Q orthogonalised.
 void PowerSgdBucket::start_q(uint64_t seed) {
-  q_.assign(q_size_, 0.0f);
+  q_.assign(plan_.q_size(), 0.0f);
   Rng rng(seed);
   for (float& v : q_) v = static_cast<float>(rng.normal());
-  for (const Planned& p : plan_)
+  for (const PowerSgdPlan::Entry& p : plan_.entries())
     if (p.rank > 0) orthogonalize_columns(q_.data() + p.q_at, p.m.cols, p.rank);
 }
 
@@ -153,7 +163,7 @@ double dot8(const float* a, const float* b, size_t n) {
 // P = M Q for every compressed matrix: each row of M against each column of Q (transposed
 // first, so both are contiguous).
 void PowerSgdBucket::compute_p(const float* bucket, float* p_all) {
-  for (const Planned& p : plan_) {
+  for (const PowerSgdPlan::Entry& p : plan_.entries()) {
     if (p.rank == 0) continue;
     const size_t r = p.rank, cols = p.m.cols;
     const float* q = q_.data() + p.q_at;
@@ -171,7 +181,7 @@ void PowerSgdBucket::compute_p(const float* bucket, float* p_all) {
 // Q = M^T P for every compressed matrix, into q_: row by row of M, each added to the r columns'
 // double sums (rows in order).
 void PowerSgdBucket::compute_q(const float* bucket, const float* p_all) {
-  for (const Planned& p : plan_) {
+  for (const PowerSgdPlan::Entry& p : plan_.entries()) {
     if (p.rank == 0) continue;
     const size_t r = p.rank, cols = p.m.cols;
     const float* m = bucket + p.m.offset;
@@ -194,7 +204,7 @@ void PowerSgdBucket::compute_q(const float* bucket, const float* p_all) {
 // M = P Q^T for every compressed matrix: each row the columns of Q^T weighted by P's row, in
 // double, factors in order.
 void PowerSgdBucket::decompress(const float* p_all, float* bucket) {
-  for (const Planned& p : plan_) {
+  for (const PowerSgdPlan::Entry& p : plan_.entries()) {
     if (p.rank == 0) continue;
     const size_t r = p.rank, cols = p.m.cols;
     const float* pm = p_all + p.p_at;

@@ -39,7 +39,42 @@ struct PowerSgdOptions {
 /// Sums `count` floats over the ranks in place, the same bits on every rank (blocking).
 using SumOverRanks = std::function<void(float* data, size_t count)>;
 
-/// The compressor of one bucket and its state (Q, the error feedback).
+/// Which of a bucket's parameters travel as factors, of what rank, and where their factors lie.
+class PowerSgdPlan {
+ public:
+  /// `params` lie in a bucket of `numel` floats, in bucket order, not overlapping.
+  PowerSgdPlan(std::vector<GradientMatrix> params, size_t numel, const PowerSgdOptions& options);
+
+  size_t matrices() const { return plan_.size(); }
+  const GradientMatrix& matrix(size_t i) const { return plan_[i].m; }
+  /// Whether parameter i is sent as factors, and their rank (0: sent whole).
+  bool compressed(size_t i) const { return plan_[i].rank > 0; }
+  size_t factor_rank(size_t i) const { return plan_[i].rank; }
+  /// Where parameter i's P lies among the P factors (rows x factor_rank(i), row-major) and its
+  /// Q in Q (cols x factor_rank(i)).
+  size_t p_offset(size_t i) const { return plan_[i].p_at; }
+  size_t q_offset(size_t i) const { return plan_[i].q_at; }
+  size_t whole_floats() const { return whole_; }
+  size_t p_size() const { return p_size_; }
+  size_t q_size() const { return q_size_; }
+  /// Floats this rank sends per step: the whole parameters, then P and Q.
+  size_t sent_floats() const { return whole_ + p_size_ + q_size_; }
+  size_t numel() const { return numel_; }
+
+  /// Parameter i as planned: the accessors above in one.
+  struct Entry {
+    GradientMatrix m;
+    size_t rank = 0;  ///< 0: sent whole
+    size_t p_at = 0, q_at = 0;
+  };
+  const std::vector<Entry>& entries() const { return plan_; }
+
+ private:
+  std::vector<Entry> plan_;
+  size_t numel_ = 0, whole_ = 0, p_size_ = 0, q_size_ = 0;
+};
+
+/// The compressor of one bucket on the host and its state (Q, the error feedback).
 class PowerSgdBucket {
  public:
   /// `params` lie in a bucket of `numel` floats, in bucket order, not overlapping.
@@ -53,17 +88,7 @@ class PowerSgdBucket {
   /// leaves no state behind: the next step starts afresh, as the first compressed one.
   void reduce(float* bucket, int world, const SumOverRanks& sum, uint64_t seed);
 
-  size_t matrices() const { return plan_.size(); }
-  const GradientMatrix& matrix(size_t i) const { return plan_[i].m; }
-  /// Whether parameter i is sent as factors, and their rank (0: sent whole).
-  bool compressed(size_t i) const { return plan_[i].rank > 0; }
-  size_t factor_rank(size_t i) const { return plan_[i].rank; }
-  /// Where parameter i's Q lies in q() (cols x factor_rank(i), row-major).
-  size_t q_offset(size_t i) const { return plan_[i].q_at; }
-  size_t q_size() const { return q_size_; }
-  /// Floats this rank sends per step: the whole parameters, then P and Q.
-  size_t sent_floats() const { return whole_ + p_size_ + q_size_; }
-  size_t numel() const { return numel_; }
+  const PowerSgdPlan& plan() const { return plan_; }
 
   /// The state a checkpoint keeps: the error feedback (numel floats; empty before the first
   /// compressed step or without error feedback) and Q (the factors' Q, empty before the first
@@ -74,19 +99,12 @@ class PowerSgdBucket {
   void restore(std::vector<float> error, std::vector<float> q);
 
  private:
-  struct Planned {
-    GradientMatrix m;
-    size_t rank = 0;  ///< 0: sent whole
-    size_t p_at = 0, q_at = 0;
-  };
-
   void start_q(uint64_t seed);
   void compute_p(const float* bucket, float* p);
   void compute_q(const float* bucket, const float* p);
   void decompress(const float* p, float* bucket);
 
-  std::vector<Planned> plan_;
-  size_t numel_ = 0, whole_ = 0, p_size_ = 0, q_size_ = 0;
+  PowerSgdPlan plan_;
   PowerSgdOptions options_;
   std::vector<float> error_, q_;
   std::vector<float> wire_;   ///< the whole parameters, then P: the first sum's floats
@@ -94,6 +112,11 @@ class PowerSgdBucket {
   std::vector<float> qt_;     ///< scratch: a matrix's Q transposed (r x cols)
   std::vector<double> acc_;   ///< scratch: double sums of a row or of Q's columns
 };
+
+/// Checks a state for `plan` (PowerSgdBucket::restore's rule): throws ddp::Error where the
+/// error feedback or Q is neither empty nor the bucket's size.
+void check_powersgd_state(const PowerSgdPlan& plan, const std::vector<float>& error,
+                          const std::vector<float>& q);
 
 /// Orthonormalises the columns of the rows x cols row-major matrix `a` in place: Gram-Schmidt in
 /// column order, each column projected out of the ones before it twice (orthogonal to float

@@ -1,8 +1,10 @@
-// distributed.compression powersgd on the host: the gradient communicator the Reducer drives,
-// in front of the MPI one. For the first powersgd_start_step optimizer steps every bucket is
-// summed whole (PyTorch's start_powerSGD_iter); from then on each bucket is reduced on the
-// communication lane by its PowerSgdBucket (powersgd.h): the whole parameters and P in one sum,
-// Q in a second. Q's random start is seeded by the job's seed, the bucket and the step, the
+// distributed.compression powersgd: the gradient communicator the Reducer drives, in front of
+// the one that sums buckets whole (MPI on CPUs, NCCL on GPUs). For the first
+// powersgd_start_step optimizer steps every bucket is summed whole (PyTorch's
+// start_powerSGD_iter); from then on each bucket is reduced by its compressor: on the host, a
+// PowerSgdBucket (powersgd.h) on the MPI communicator's lane; on a GPU, the device's
+// (comm/nccl/powersgd_device.h) on NCCL's stream. Either sends the whole parameters and P in one
+// sum, Q in a second. Q's random start is seeded by the job's seed, the bucket and the step, the
 // same on every rank.
 #pragma once
 
@@ -41,20 +43,45 @@ struct PowerSgdState {
   std::map<size_t, std::vector<float>> q;
 };
 
+/// One bucket's PowerSGD where its gradients live, and its state.
+class PowerSgdCompressor {
+ public:
+  virtual ~PowerSgdCompressor() = default;
+  virtual const PowerSgdPlan& plan() const = 0;
+  /// Starts the reduction of this rank's share in [data, data + plan().numel()) into the
+  /// approximated sum over ranks (divided by the ranks with `average`), in order with the
+  /// communicator's other collectives; `seed` for Q's random start where it needs one.
+  virtual std::shared_ptr<Work> reduce_async(float* data, bool average, uint64_t seed) = 0;
+  /// The state, in host memory, between steps: the error feedback (numel floats, or empty:
+  /// none) and Q (q_size floats, or empty: none).
+  virtual std::vector<float> error() const = 0;
+  virtual std::vector<float> q() const = 0;
+  /// Restores that state (check_powersgd_state's sizes), between steps.
+  virtual void restore(std::vector<float> error, std::vector<float> q) = 0;
+};
+
+using PowerSgdCompressors = std::vector<std::unique_ptr<PowerSgdCompressor>>;
+
+/// The host's compressors of `buckets` (in the plan's order): each a PowerSgdBucket reduced on
+/// `host`'s communication lane. `world`: the job's ranks. `host` must outlive them.
+PowerSgdCompressors host_powersgd_compressors(HostGradientCommunicator& host,
+                                              const std::vector<PowerSgdLayout>& buckets,
+                                              const PowerSgdOptions& options, int world);
+
 class PowerSgdCommunicator final : public GradientCommunicator {
  public:
-  /// `buckets` in the bucket plan's order; `world`: the job's ranks.
-  PowerSgdCommunicator(HostGradientCommunicator& host, const std::vector<PowerSgdLayout>& buckets,
-                       const PowerSgdOptions& options, int64_t start_step, uint64_t seed,
-                       int world);
+  /// `buckets`: one compressor per bucket of the plan, in its order. `whole` sums buckets
+  /// before the start step and owns the gradient arena; it must outlive this.
+  PowerSgdCommunicator(GradientCommunicator& whole, PowerSgdCompressors buckets, int64_t start_step,
+                       uint64_t seed);
 
   float* gradient_arena(size_t numel, const BucketWire& wire) override;
   /// Bucket `data` (it must start a bucket of the plan, with its size): summed whole before the
-  /// start step, reduced by its PowerSgdBucket after. The step counts up once the plan's last
+  /// start step, reduced by its compressor after. The step counts up once the plan's last
   /// bucket is launched.
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, bool average) override;
-  void set_timeout(double seconds) override { host_.set_timeout(seconds); }
-  double timeout() const override { return host_.timeout(); }
+  void set_timeout(double seconds) override { whole_.set_timeout(seconds); }
+  double timeout() const override { return whole_.timeout(); }
 
   /// Optimizer steps whose buckets were launched (a resumed run continues from its checkpoint).
   int64_t steps() const { return steps_; }
@@ -77,14 +104,14 @@ class PowerSgdCommunicator final : public GradientCommunicator {
 
  private:
   size_t bucket_of(const float* data, size_t count) const;
+  size_t total() const;
 
-  HostGradientCommunicator& host_;
-  std::vector<std::shared_ptr<PowerSgdBucket>> buckets_;  // held by lost collectives too
-  std::vector<size_t> offsets_;                           // each bucket's first float
+  GradientCommunicator& whole_;
+  PowerSgdCompressors buckets_;
+  std::vector<size_t> offsets_;  // each bucket's first float
   float* arena_ = nullptr;
   int64_t start_step_ = 0, steps_ = 0;
   uint64_t seed_ = 0;
-  int world_ = 1;
 };
 
 }  // namespace ddp

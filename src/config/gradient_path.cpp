@@ -53,9 +53,10 @@ std::optional<PathRefusal> refuse_powersgd(const DistributedConfig& d, const Fac
                        "reduce-scatter sums parts of buckets, and the factors need whole "
                        "matrices (use none, bf16 or fp16)"};
   }
-  if (f.gpu) {
+  if (f.gpu && f.backend == BackendChoice::Mpi) {
     return PathRefusal{"distributed.compression",
-                       "powersgd runs on CPU ranks for now (on GPUs use none, bf16 or fp16)"};
+                       "powersgd on GPUs runs on NCCL's stream: it needs distributed.backend: "
+                       "nccl (or auto); mpi stages the buckets through host memory"};
   }
   if (d.hierarchical == Hierarchy::On) {
     return PathRefusal{"distributed.hierarchical",
@@ -188,9 +189,18 @@ std::string describe_scaling(const TrainingConfig& t) {
   return line.str();
 }
 
+// CUDA graphs replay a step's kernels with the arguments of its capture; PowerSGD's differ
+// from step to step (Q's seed, the step that starts compressing).
+std::string describe_graphs(const TrainConfig& c, const Facts& f) {
+  if (!f.gpu || !c.training.cuda_graphs || c.distributed.compression != Compression::PowerSgd)
+    return "";
+  return "training.cuda_graphs: steps run without graphs under distributed.compression: "
+         "powersgd (its kernels' arguments change from step to step)";
+}
+
 void describe(const TrainConfig& c, const Facts& f, GradientPath& p) {
   for (const std::string& line :
-       {describe_compression(c.distributed, f),
+       {describe_compression(c.distributed, f), describe_graphs(c, f),
         p.wire.hierarchical ? describe_hierarchy(*f.layout) : "", describe_update(c, p, f.gpu),
         p.loss_scaling ? describe_scaling(c.training) : ""}) {
     if (!line.empty()) p.description.push_back(line);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "comm/agreement.h"
+#include "comm/device_communicators.h"
 #include "comm/powersgd_communicator.h"
 #include "core/check.h"
 #include "core/random.h"
@@ -82,27 +83,27 @@ void Replica::make_communicators(ProcessGroup& group, HostGradientCommunicator& 
     return;
   }
   device_gradients_ = ctx_.make_gradient_communicator(group, host, cfg);
-  if (path_.powersgd_rank > 0) {
-    DDP_CHECK(!device_gradients_, "distributed.compression: powersgd runs on the host's buckets");
-    device_gradients_ = make_powersgd(host, group.size());
-  }
   buckets_ = device_gradients_ ? device_gradients_.get() : &host;
+  if (path_.powersgd_rank > 0) {
+    powersgd_ = make_powersgd(host, *buckets_, group.size());
+    buckets_ = powersgd_.get();
+  }
 }
 
-PowerSgdCommunicator* Replica::powersgd() const {
-  return dynamic_cast<PowerSgdCommunicator*>(device_gradients_.get());
-}
-
-// distributed.compression powersgd: each bucket's parameters as matrices (a weight out x in, a
-// bias out x 1), in the plan's order.
-std::unique_ptr<GradientCommunicator> Replica::make_powersgd(HostGradientCommunicator& host,
+// distributed.compression powersgd in front of `whole` (the host, or NCCL on a GPU): each
+// bucket's parameters as matrices (a weight out x in, a bias out x 1), in the plan's order.
+std::unique_ptr<PowerSgdCommunicator> Replica::make_powersgd(HostGradientCommunicator& host,
+                                                             GradientCommunicator& whole,
                                                              int world) const {
   const std::vector<PowerSgdLayout> layouts =
       powersgd_layouts(plan_, model_->parameter_numels(), model_->parameter_rows());
   PowerSgdOptions options;
   options.rank = path_.powersgd_rank;
-  return std::make_unique<PowerSgdCommunicator>(host, layouts, options, path_.powersgd_start_step,
-                                                cfg_.training.seed, world);
+  PowerSgdCompressors compressors = device_gradients_
+                                        ? nccl_powersgd_compressors(whole, layouts, options, world)
+                                        : host_powersgd_compressors(host, layouts, options, world);
+  return std::make_unique<PowerSgdCommunicator>(whole, std::move(compressors),
+                                                path_.powersgd_start_step, cfg_.training.seed);
 }
 
 // distributed.overlap_optimizer: each bucket's reduce-scatter hands this rank's sums to the

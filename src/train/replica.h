@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/gradient_communicator.h"
+#include "comm/powersgd_communicator.h"
 #include "comm/process_group.h"
 #include "comm/reducer.h"
 #include "comm/shard_plan.h"
@@ -27,8 +28,6 @@
 #include "train/fused_shard_update.h"
 
 namespace ddp {
-
-class PowerSgdCommunicator;
 
 /// The 16-bit operand format of training.precision; none for fp32.
 std::optional<Half> mixed_format(Precision p);
@@ -57,13 +56,13 @@ class Replica {
   Reducer& reducer() { return *reducer_; }
   /// distributed.compression powersgd: its communicator (state, step count); else null. After
   /// connect().
-  PowerSgdCommunicator* powersgd() const;
+  PowerSgdCommunicator* powersgd() const { return powersgd_.get(); }
   /// The flight recorder the step stamps with its number (null: none); after connect().
   void set_flight_recorder(FlightRecorder* recorder) {
     flight_ = recorder;
     reducer_->set_flight_recorder(recorder);
     // A device communicator numbers its own collectives (the host's lane never sees them).
-    if (auto* device = dynamic_cast<CapturableCommunicator*>(buckets_))
+    if (auto* device = dynamic_cast<CapturableCommunicator*>(device_gradients_.get()))
       device->set_flight_recorder(recorder);
   }
   FlightRecorder* flight_recorder() const { return flight_; }
@@ -120,8 +119,8 @@ class Replica {
   void init_parameters(Sequential& target) const;
   void make_communicators(ProcessGroup& group, HostGradientCommunicator& host,
                           const DistributedConfig& cfg);
-  std::unique_ptr<GradientCommunicator> make_powersgd(HostGradientCommunicator& host,
-                                                      int world) const;
+  std::unique_ptr<PowerSgdCommunicator> make_powersgd(HostGradientCommunicator& host,
+                                                      GradientCommunicator& whole, int world) const;
   void fuse_update();
   void broadcast_parameters(ProcessGroup& comm);
   /// Collective: the parameters from arena-shaped host memory (sharded: each rank writes its
@@ -138,7 +137,11 @@ class Replica {
   Buffer values_, dlogits_;  // values_: the parameter arena unless the communicator has it
   float* params_ = nullptr;  // the parameter arena
   HostGradientCommunicator* host_ = nullptr;
-  // NCCL, staged or PowerSGD's; declared before what holds its collectives.
+  // distributed.compression powersgd: in front of device_gradients_ or the host. Declared
+  // first, so that a device communicator ends (drained or aborted) before the buffers its
+  // stream may still use are freed.
+  std::unique_ptr<PowerSgdCommunicator> powersgd_;
+  // NCCL or staged; declared before what holds its collectives.
   std::unique_ptr<GradientCommunicator> device_gradients_;
   GradientCommunicator* buckets_ = nullptr;  // the buckets' communicator: host_ or the device's
   ShardedCommunicator* sharded_ = nullptr;   // sharded: the same one

@@ -177,8 +177,8 @@ double predict(const Planned& p, const Measured& m, const ModelShape& shape) {
   options.rank = static_cast<int>(p.path.powersgd_rank);
   seconds = m.products.at(p.path.powersgd_rank);
   for (const PowerSgdLayout& l : powersgd_layouts(p.plan, shape.numel, shape.rows)) {
-    const PowerSgdBucket bucket(l.params, l.numel, options);
-    const size_t q = bucket.q_size(), first = bucket.sent_floats() - q;
+    const PowerSgdPlan plan(l.params, l.numel, options);
+    const size_t q = plan.q_size(), first = plan.sent_floats() - q;
     if (first > 0) seconds += m.factor_sums.seconds(first);
     if (q > 0) seconds += m.factor_sums.seconds(q);
   }

@@ -19,6 +19,7 @@
 #include "comm/device_communicators.h"
 #include "comm/lost_peer.h"
 #include "comm/nccl/nccl_flight_ledger.h"
+#include "comm/nccl/stream_reducer.h"
 #include "comm/shard_plan.h"
 #include "core/clock.h"
 #include "kernels/cuda/cuda.h"
@@ -118,7 +119,9 @@ class NcclFence final : public Work {
   bool synchronized_ = false;
 };
 
-class NcclCommunicator final : public ShardedCommunicator, public CapturableCommunicator {
+class NcclCommunicator final : public ShardedCommunicator,
+                               public CapturableCommunicator,
+                               public StreamReducer {
  public:
   NcclCommunicator(ProcessGroup& group, Backend& backend, const NcclOptions& options)
       : timeout_s_(options.timeout_s) {
@@ -242,6 +245,19 @@ class NcclCommunicator final : public ShardedCommunicator, public CapturableComm
              "ncclAllGather of " + std::to_string(buckets.size()) + " buckets (one group)");
     });
   }
+
+  // PowerSGD's reduction of a bucket: its kernels and its ncclAllReduce sums (float32) on the
+  // comm stream.
+  std::shared_ptr<Work> reduce_on_stream(std::string what, size_t bytes,
+                                         const Reduction& reduce) override {
+    return on_stream(std::move(what), bytes, "float32", [&] {
+      reduce(stream_, [&](float* data, size_t count) {
+        settle(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, stream_),
+               "ncclAllReduce of PowerSGD's factors");
+      });
+    });
+  }
+  int sm_count() const override { return backend_->sm_count(); }
 
   std::shared_ptr<Work> fence(std::string what) override {
     DDP_CHECK(!aborted_, what << " refused: the communicator was aborted after an error");

@@ -21,6 +21,14 @@ std::unique_ptr<GradientCommunicator> make_staged_communicator(HostGradientCommu
       "toolkit installed)");
 }
 
+PowerSgdCompressors nccl_powersgd_compressors(GradientCommunicator&,
+                                              const std::vector<PowerSgdLayout>&,
+                                              const PowerSgdOptions&, int) {
+  DDP_THROW(
+      "distributed.compression: powersgd on GPUs: this build has no CUDA support (configure "
+      "with the CUDA toolkit installed)");
+}
+
 }  // namespace ddp
 
 #endif  // !DDP_WITH_CUDA

@@ -437,13 +437,15 @@ TEST_CASE("bucket plan with alignment: every tensor starts on a multiple of 4 fl
 // matrix that gains from rank-1 factors (10 x 8) and one too small (2 x 2); restored into the
 // same layout it is the state, a bucket with Q for some of its matrices starts afresh, and
 // sizes of another layout are refused by name.
-TEST_CASE("PowerSGD state: restored as kept, a bucket of mixed histories afresh, wrong sizes "
-          "refused",
-          "[reducer][powersgd]") {
+TEST_CASE(
+    "PowerSGD state: restored as kept, a bucket of mixed histories afresh, wrong sizes "
+    "refused",
+    "[reducer][powersgd]") {
   RecordingComm host;
   const std::vector<ddp::PowerSgdLayout> layouts = {{{{0, 10, 8}, {80, 2, 2}}, 84},
                                                     {{{0, 2, 2}, {4, 10, 8}}, 84}};
-  ddp::PowerSgdCommunicator comm(host, layouts, ddp::PowerSgdOptions{}, 0, 7, 2);
+  ddp::PowerSgdCommunicator comm(
+      host, ddp::host_powersgd_compressors(host, layouts, ddp::PowerSgdOptions{}, 2), 0, 7);
   comm.gradient_arena(168, ddp::BucketWire{});
   CHECK(comm.factor_rank(0) == 1);
   CHECK(comm.factor_rank(80) == 0);

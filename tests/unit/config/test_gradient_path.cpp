@@ -1,5 +1,6 @@
 // The gradient path (config/gradient_path.h): each decision from the config, the device, the
 // backend and where the ranks are; each refusal in full; the startup lines.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -218,7 +219,7 @@ TEST_CASE("gradient path: 16-bit buckets summed in float32 on CPU ranks, said, r
   CHECK(refusal(ddp::Compression::Fp16, ddp::DeviceChoice::Cpu) == "no refusal");
 }
 
-TEST_CASE("gradient path: PowerSGD sends factors on CPU ranks, flat, and says how",
+TEST_CASE("gradient path: PowerSGD sends factors, flat, says how, and needs NCCL on GPUs",
           "[config][gradient_path][compression]") {
   TrainConfig cfg;
   cfg.distributed.compression = ddp::Compression::PowerSgd;
@@ -249,9 +250,23 @@ TEST_CASE("gradient path: PowerSGD sends factors on CPU ranks, flat, and says ho
         "distributed.compression: powersgd does not apply to distributed.shard_optimizer: its "
         "reduce-scatter sums parts of buckets, and the factors need whole matrices (use none, "
         "bf16 or fp16)");
-  CHECK(refused([](TrainConfig& c) { c.device = ddp::DeviceChoice::Cuda; }) ==
-        "distributed.compression: powersgd runs on CPU ranks for now (on GPUs use none, bf16 or "
-        "fp16)");
+  CHECK(refused([](TrainConfig& c) {
+          c.device = ddp::DeviceChoice::Cuda;
+          c.distributed.backend = ddp::BackendChoice::Mpi;
+        }) ==
+        "distributed.compression: powersgd on GPUs runs on NCCL's stream: it needs "
+        "distributed.backend: nccl (or auto); mpi stages the buckets through host memory");
+  CHECK(refused([](TrainConfig& c) { c.device = ddp::DeviceChoice::Cuda; }) == "no refusal");
+  // On GPUs its steps run without graphs, and the log says why.
+  TrainConfig on_gpu = cfg;
+  on_gpu.device = ddp::DeviceChoice::Cuda;
+  const GradientPath gpu =
+      ddp::resolve_gradient_path(on_gpu, ddp::Device::CUDA, ddp::BackendChoice::Nccl, nodes(2, 1));
+  CHECK(gpu.powersgd_rank == cfg.distributed.powersgd_rank);
+  CHECK(std::find(gpu.description.begin(), gpu.description.end(),
+                  "training.cuda_graphs: steps run without graphs under "
+                  "distributed.compression: powersgd (its kernels' arguments change from step to "
+                  "step)") != gpu.description.end());
   CHECK(refused([](TrainConfig& c) { c.distributed.hierarchical = ddp::Hierarchy::On; }) ==
         "distributed.hierarchical: on does not apply to distributed.compression: powersgd, whose "
         "factors are summed flat (use auto or off)");
