@@ -56,26 +56,6 @@ FactoredMatrices on_device(const std::vector<FactoredMatrix>& list,
   return m;
 }
 
-// Gram-Schmidt in double as the kernels do it: each column projected out of the ones before it
-// twice, then normalised.
-void orthogonalize(std::vector<double>& a, int64_t rows, int64_t cols) {
-  const auto dot = [&](int64_t x, int64_t y) {
-    double d = 0.0;
-    for (int64_t i = 0; i < rows; ++i) d += a[i * cols + x] * a[i * cols + y];
-    return d;
-  };
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int pass = 0; pass < 2; ++pass)
-      for (int64_t before = 0; before < c; ++before) {
-        const double d = dot(before, c);
-        for (int64_t i = 0; i < rows; ++i) a[i * cols + c] -= d * a[i * cols + before];
-      }
-    const double norm = std::sqrt(dot(c, c));
-    if (norm > 0.0)
-      for (int64_t i = 0; i < rows; ++i) a[i * cols + c] /= norm;
-  }
-}
-
 std::vector<float> download(const DeviceArray<float>& d) {
   std::vector<float> h(d.size());
   d.download(h.data(), h.size());
@@ -132,7 +112,7 @@ TEST_CASE("cuda PowerSGD kernels: Q's start, Gram-Schmidt, P, Q and P Q^T agains
     INFO(f.rows << " x " << f.cols << " at rank " << f.rank);
     // Each step from the kernel's own input (in double), so a gap is that step's alone.
     std::vector<double> qd(q0.begin() + f.q_at, q0.begin() + f.q_at + f.cols * f.rank);
-    orthogonalize(qd, f.cols, f.rank);
+    ddp_kernel_test::orthogonalize_columns(qd, f.cols, f.rank);
     CHECK(gap(q, qd, f.q_at, f.cols * f.rank) < 1e-6);
     std::vector<double> pd(f.rows * f.rank, 0.0);
     for (int64_t i = 0; i < f.rows; ++i)
@@ -142,7 +122,7 @@ TEST_CASE("cuda PowerSGD kernels: Q's start, Gram-Schmidt, P, Q and P Q^T agains
               double{bucket[f.offset + i * f.cols + j]} * q[f.q_at + j * f.rank + k];
     CHECK(gap(p_raw, pd, f.p_at, f.rows * f.rank) < 1e-6);
     std::vector<double> po(p_raw.begin() + f.p_at, p_raw.begin() + f.p_at + f.rows * f.rank);
-    orthogonalize(po, f.rows, f.rank);
+    ddp_kernel_test::orthogonalize_columns(po, f.rows, f.rank);
     CHECK(gap(p, po, f.p_at, f.rows * f.rank) < 1e-6);
     std::vector<double> qn(f.cols * f.rank, 0.0);
     for (int64_t j = 0; j < f.cols; ++j)

@@ -229,3 +229,11 @@ TEST_CASE(
   require_on_all_ranks(*ddp::make_mpi_communicator(MPI_COMM_WORLD), differ,
                        "tensors of the resumed PowerSGD run not bitwise the uninterrupted run's");
 }
+
+TEST_CASE("PowerSGD on GPUs refuses a communicator other than NCCL's by name",
+          "[gpu][powersgd][errors]") {
+  auto host = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  CHECK_THROWS_WITH(ddp::nccl_powersgd_compressors(*host, {layout()}, PowerSgdOptions{}, 1),
+                    Catch::Contains("distributed.compression: powersgd on GPUs needs the NCCL "
+                                    "communicator (distributed.backend: nccl)"));
+}

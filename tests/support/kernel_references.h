@@ -499,4 +499,26 @@ inline void require_equal_any_nan(const std::vector<float>& got, const std::vect
   require_bitwise_equal(got, expected, what + " (any NaN payload)");
 }
 
+// Gram-Schmidt in double on the columns of a rows x cols row-major matrix, as PowerSGD's
+// orthogonalize_columns (comm/powersgd.h) and its device kernel do it: each column projected out
+// of the ones before it twice, then normalised; a zero column left zero.
+inline void orthogonalize_columns(std::vector<double>& a, size_t rows, size_t cols) {
+  const auto dot = [&](size_t x, size_t y) {
+    double d = 0.0;
+    for (size_t i = 0; i < rows; ++i) d += a[i * cols + x] * a[i * cols + y];
+    return d;
+  };
+  for (size_t c = 0; c < cols; ++c) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t before = 0; before < c; ++before) {
+        const double d = dot(before, c);
+        for (size_t i = 0; i < rows; ++i) a[i * cols + c] -= d * a[i * cols + before];
+      }
+    }
+    const double norm = std::sqrt(dot(c, c));
+    if (norm > 0.0)
+      for (size_t i = 0; i < rows; ++i) a[i * cols + c] /= norm;
+  }
+}
+
 }  // namespace ddp_kernel_test

@@ -14,6 +14,7 @@
 
 #include "comm/powersgd.h"
 #include "core/random.h"
+#include "kernel_references.h"
 
 namespace ddp_test {
 namespace powersgd {
@@ -53,27 +54,6 @@ inline ddp::SumOverRanks rank_order_sum(MPI_Comm comm) {
   };
 }
 
-// Gram-Schmidt in double as orthogonalize_columns: each column projected out of the ones
-// before it twice, then normalised; zero columns left zero.
-inline void orthogonalize(std::vector<double>& a, size_t rows, size_t cols) {
-  const auto dot = [&](size_t x, size_t y) {
-    double d = 0.0;
-    for (size_t i = 0; i < rows; ++i) d += a[i * cols + x] * a[i * cols + y];
-    return d;
-  };
-  for (size_t c = 0; c < cols; ++c) {
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t before = 0; before < c; ++before) {
-        const double d = dot(before, c);
-        for (size_t i = 0; i < rows; ++i) a[i * cols + c] -= d * a[i * cols + before];
-      }
-    }
-    const double norm = std::sqrt(dot(c, c));
-    if (norm > 0.0)
-      for (size_t i = 0; i < rows; ++i) a[i * cols + c] /= norm;
-  }
-}
-
 // The algorithm in double for every rank at once: each step's result, Q and errors.
 struct Reference {
   Reference(int world, const PowerSgdOptions& o) : world(world), options(o) {
@@ -109,14 +89,14 @@ struct Reference {
         continue;
       }
       std::vector<double> qm(q.begin() + q_at, q.begin() + q_at + m.cols * r);
-      orthogonalize(qm, m.cols, r);
+      ddp_kernel_test::orthogonalize_columns(qm, m.cols, r);
       std::vector<double> p(m.rows * r, 0.0);
       for (int k = 0; k < world; ++k)
         for (size_t i = 0; i < m.rows; ++i)
           for (size_t j = 0; j < m.cols; ++j)
             for (size_t c = 0; c < r; ++c)
               p[i * r + c] += in[k][m.offset + i * m.cols + j] * qm[j * r + c];
-      orthogonalize(p, m.rows, r);
+      ddp_kernel_test::orthogonalize_columns(p, m.rows, r);
       std::fill(qm.begin(), qm.end(), 0.0);
       for (int k = 0; k < world; ++k)
         for (size_t i = 0; i < m.rows; ++i)

@@ -13,8 +13,9 @@ namespace ddp {
 namespace {
 
 // The factored matrices as the kernels see them, each with the rows, columns and values of
-// those before it.
-std::vector<cuda::FactoredMatrix> factored_list(const PowerSgdPlan& plan) {
+// those before it; `totals` gets all of them (its list is left to the caller).
+std::vector<cuda::FactoredMatrix> factored_list(const PowerSgdPlan& plan,
+                                                cuda::FactoredMatrices& totals) {
   std::vector<cuda::FactoredMatrix> list;
   int64_t rows = 0, cols = 0, values = 0;
   for (const PowerSgdPlan::Entry& e : plan.entries()) {
@@ -34,6 +35,9 @@ std::vector<cuda::FactoredMatrix> factored_list(const PowerSgdPlan& plan) {
     values += f.rows * f.cols;
     list.push_back(f);
   }
+  totals.rows = rows;
+  totals.cols = cols;
+  totals.values = values;
   return list;
 }
 
@@ -42,16 +46,11 @@ std::vector<cuda::FactoredMatrix> factored_list(const PowerSgdPlan& plan) {
 DevicePowerSgdBucket::DevicePowerSgdBucket(const PowerSgdLayout& layout,
                                            const PowerSgdOptions& options, int sm_count)
     : plan_(layout.params, layout.numel, options), options_(options), sm_count_(sm_count) {
-  const std::vector<cuda::FactoredMatrix> list = factored_list(plan_);
+  const std::vector<cuda::FactoredMatrix> list = factored_list(plan_, factored_);
   list_ = DeviceArray<cuda::FactoredMatrix>(list.size());
   list_.upload(list.data(), list.size());
   factored_.list = list_.data();
   factored_.count = static_cast<int>(list.size());
-  for (const cuda::FactoredMatrix& f : list) {
-    factored_.rows += f.rows;
-    factored_.cols += f.cols;
-    factored_.values += f.rows * f.cols;
-  }
   size_t at = 0;
   for (const PowerSgdPlan::Entry& e : plan_.entries()) {
     if (e.rank > 0) continue;

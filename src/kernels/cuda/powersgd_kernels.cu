@@ -1,5 +1,6 @@
 // PowerSGD's device kernels (powersgd_kernels.h).
 #include "core/random.h"
+#include "kernels/cuda/block_sum.cuh"
 #include "kernels/cuda/powersgd_kernels.h"
 
 namespace ddp {
@@ -34,21 +35,6 @@ __device__ __forceinline__ FactoredMatrix locate(const FactoredMatrix* list, int
     }
   }
   return list[lo];
-}
-
-// The sum of every thread's `mine` in a fixed tree, returned to every thread; the trailing
-// barrier lets the next call reuse `sums`.
-__device__ __forceinline__ double block_total(double mine, double* sums) {
-  const int t = static_cast<int>(threadIdx.x);
-  sums[t] = mine;
-  __syncthreads();
-  for (int width = kOrthoThreads / 2; width > 0; width >>= 1) {
-    if (t < width) sums[t] += sums[t + width];
-    __syncthreads();
-  }
-  const double total = sums[0];
-  __syncthreads();
-  return total;
 }
 
 __device__ __forceinline__ double warp_total(double v) {
@@ -90,13 +76,13 @@ __global__ void powersgd_orthogonalize_kernel(float* factors, const FactoredMatr
   float* a = factors + (q_side ? m.q_at : m.p_at);
   const int64_t rows = q_side ? m.cols : m.rows, cols = m.rank;
   // Thread t owns rows t, t + 128, ...: it alone reads and writes them, so only the sums
-  // (block_total's barriers) order the threads.
+  // (block_sum_fixed's barriers) order the threads.
   const int64_t t = threadIdx.x;
   const auto dot = [&](int64_t x, int64_t y) {
     double mine = 0.0;
     for (int64_t i = t; i < rows; i += kOrthoThreads)
       mine += static_cast<double>(a[i * cols + x]) * a[i * cols + y];
-    return block_total(mine, ortho_sums);
+    return block_sum_fixed<kOrthoThreads>(mine, ortho_sums);
   };
   for (int64_t c = 0; c < cols; ++c) {
     for (int pass = 0; pass < 2; ++pass) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/block_sum.cuh"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/reduction_plan.h"
@@ -351,20 +352,6 @@ inline int norm_blocks(int64_t n) {
 __device__ __forceinline__ double square_in_double(float x) {
   const double d = x;
   return d * d;  // exact: 24 significant bits squared fit in 53
-}
-
-// Adds the block's per-thread sums (THREADS of them, a power of two) in a fixed tree; thread 0
-// gets the total. Every thread of the block calls it.
-template <int THREADS>
-__device__ __forceinline__ double block_sum_fixed(double mine, double* sums) {
-  const int t = static_cast<int>(threadIdx.x);
-  sums[t] = mine;
-  __syncthreads();
-  for (int width = THREADS / 2; width > 0; width >>= 1) {
-    if (t < width) sums[t] += sums[t + width];
-    __syncthreads();
-  }
-  return sums[0];
 }
 
 /// Pass 1: partials[blockIdx.x] = this block's sum of squares of x[0, n). `vec`: x is 16-byte
