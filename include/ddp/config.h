@@ -253,6 +253,12 @@ struct TrainingConfig {
   /// GPUs: each step's forward, loss, backward and NCCL allreduces captured once as a CUDA
   /// graph and replayed (steps that log, trace or accumulate run eagerly); the same bits.
   bool cuda_graphs = true;
+  /// The weights depend on the config and the seed, not on the number of ranks: each step's
+  /// gradient is the exact sum of the gradients of chunks of bitwise_chunk_size samples, each
+  /// computed alone (train/chunked_gradients.h). CPU ranks; any world size that divides the
+  /// global batch's chunk count.
+  bool bitwise_across_world_sizes = false;
+  int64_t bitwise_chunk_size = 32;  ///< samples per chunk; must divide batch_size
   /// Whether loss scaling is on: on, or auto with fp16 (the gradient path resolves it).
   bool scales_loss() const {
     return loss_scaling == LossScaling::On ||

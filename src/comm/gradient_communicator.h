@@ -160,6 +160,14 @@ class HostGradientCommunicator : public ShardedCommunicator {
   /// captures must outlive a lost collective (it may return after the caller gave up).
   virtual std::shared_ptr<Work> reduce_on_lane(std::string what, size_t bytes, float* data,
                                                size_t count, BucketReduction reduce) = 0;
+
+  /// Collective, once: an array of `count` doubles for exact sums (zeroed), in memory the
+  /// ranks of a node map together where `shared` allows and they all are on one node.
+  virtual double* exact_sum_arena(size_t count, bool shared) = 0;
+  /// The sum over ranks of the exact_sum_arena, in place, on the communication lane under the
+  /// timeout: on one node through its shared memory, else Open MPI's allreduce. Its values must
+  /// have exact partial sums (comm/exact_sum.h): any order of the additions gives the same bits.
+  virtual std::shared_ptr<Work> allreduce_exact_async() = 0;
 };
 
 }  // namespace ddp

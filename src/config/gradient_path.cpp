@@ -81,8 +81,51 @@ std::optional<PathRefusal> refuse_tune(const DistributedConfig& d, const Facts& 
   return std::nullopt;
 }
 
+// The exact chunk sums need the same kernels for every chunk wherever it runs and float32
+// gradients summed whole on the host (train/chunked_gradients.h).
+std::optional<PathRefusal> refuse_bitwise(const TrainConfig& c, const Facts& f) {
+  const DistributedConfig& d = c.distributed;
+  const TrainingConfig& t = c.training;
+  const char* key = "training.bitwise_across_world_sizes";
+  if (f.gpu) {
+    return PathRefusal{key,
+                       "true runs on CPU ranks (device: cpu): on GPUs it would need the chunk "
+                       "loop on the device and the exact sums over NCCL"};
+  }
+  if (d.compression != Compression::None) {
+    return PathRefusal{key, std::string("true sums float32 gradients exactly and does not apply "
+                                        "to distributed.compression: ") +
+                                to_string(d.compression) + " (use none)"};
+  }
+  if (d.shard_optimizer) {
+    return PathRefusal{key,
+                       "true does not apply to distributed.shard_optimizer, whose norm and "
+                       "reduce-scatter are split by rank (use false)"};
+  }
+  if (d.hierarchical == Hierarchy::On) {
+    return PathRefusal{key,
+                       "true sums exactly in one allreduce and does not apply to "
+                       "distributed.hierarchical: on (use auto or off)"};
+  }
+  if (d.tune == Tune::Auto) {
+    return PathRefusal{key,
+                       "true has no bucket caps or hierarchy to tune: distributed.tune must be "
+                       "off"};
+  }
+  if (t.batch_size % t.bitwise_chunk_size != 0) {
+    return PathRefusal{"training.bitwise_chunk_size",
+                       std::to_string(t.bitwise_chunk_size) + " does not divide "
+                       "training.batch_size " + std::to_string(t.batch_size) +
+                           " (each rank's batch must be whole chunks)"};
+  }
+  return std::nullopt;
+}
+
 std::optional<PathRefusal> refuse(const TrainConfig& c, const Facts& f) {
   const DistributedConfig& d = c.distributed;
+  if (c.training.bitwise_across_world_sizes) {
+    if (const auto no = refuse_bitwise(c, f)) return no;
+  }
   if (d.tune == Tune::Auto) {
     if (const auto no = refuse_tune(d, f)) return no;
   }
@@ -198,9 +241,20 @@ std::string describe_graphs(const TrainConfig& c, const Facts& f) {
          "powersgd (its kernels' arguments change from step to step)";
 }
 
+// Which world sizes keep the bits: those whose ranks each hold whole chunks of every batch.
+std::string describe_exact(const TrainConfig& c, const Facts& f) {
+  if (!c.training.bitwise_across_world_sizes) return "";
+  const int64_t chunk = c.training.bitwise_chunk_size;
+  const int64_t chunks = c.global_batch(f.layout->ranks) / c.training.accumulate_steps / chunk;
+  return "gradients: summed exactly over " + std::to_string(chunks) + " chunks of " +
+         std::to_string(chunk) + " samples per batch, each computed alone "
+         "(training.bitwise_across_world_sizes): the same weights, bitwise, on any number of "
+         "ranks that divides " + std::to_string(chunks);
+}
+
 void describe(const TrainConfig& c, const Facts& f, GradientPath& p) {
   for (const std::string& line :
-       {describe_compression(c.distributed, f), describe_graphs(c, f),
+       {describe_exact(c, f), describe_compression(c.distributed, f), describe_graphs(c, f),
         p.wire.hierarchical ? describe_hierarchy(*f.layout) : "", describe_update(c, p, f.gpu),
         p.loss_scaling ? describe_scaling(c.training) : ""}) {
     if (!line.empty()) p.description.push_back(line);
@@ -233,12 +287,13 @@ GradientPath resolve_gradient_path(const TrainConfig& cfg, Device device, Backen
   p.scans_gradients = !f.gpu || skip || p.loss_scaling;
   p.equal_parts = p.sharded && f.gpu;
   const Compression wire = sixteen_bits(d.compression) ? d.compression : Compression::None;
-  p.wire = BucketWire{wire, d.compression_on_node, hierarchical(d, f), d.shared_memory,
+  p.wire = BucketWire{wire, d.compression_on_node, hierarchical(d, f) && !t.bitwise_across_world_sizes, d.shared_memory,
                       d.compression_sum};
   if (d.compression == Compression::PowerSgd) {
     p.powersgd_rank = static_cast<int>(d.powersgd_rank);
     p.powersgd_start_step = d.powersgd_start_step;
   }
+  if (t.bitwise_across_world_sizes) p.exact_chunk = t.bitwise_chunk_size;
   describe(cfg, f, p);
   return p;
 }

@@ -64,6 +64,10 @@ struct GradientPath {
   /// (comm/powersgd.h), after powersgd_start_step optimizer steps summed whole; 0: off.
   int powersgd_rank = 0;
   int64_t powersgd_start_step = 0;
+  /// training.bitwise_across_world_sizes: samples per chunk of the global batch, each chunk's
+  /// gradient computed alone and the chunks summed exactly (train/chunked_gradients.h), not
+  /// by the Reducer's buckets; 0: off.
+  int64_t exact_chunk = 0;
   BucketWire wire;
   /// The startup log's lines about the path ("" lines never).
   std::vector<std::string> description;

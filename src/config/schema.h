@@ -317,6 +317,13 @@ void visit_training(TrainingConfig& t, V& v) {
               .doc("steps without overflow before the loss scale doubles"));
   v.field("cuda_graphs", t.cuda_graphs,
           Key().doc("GPUs: replay each step's device work as a CUDA graph (same bits)"));
+  v.field("bitwise_across_world_sizes", t.bitwise_across_world_sizes,
+          Key().doc("the same weights, bitwise, on any number of ranks (CPU ranks)"));
+  v.field("bitwise_chunk_size", t.bitwise_chunk_size,
+          Key()
+              .at_least(1)
+              .at_most(bounds::kBatch)
+              .doc("bitwise_across_world_sizes: samples per chunk; divides batch_size"));
 }
 
 template <typename V>

@@ -54,6 +54,9 @@ class Replica {
   const Sequential& model() const { return *model_; }
   const BucketPlan& plan() const { return plan_; }
   Reducer& reducer() { return *reducer_; }
+  /// The host's gradient communicator (after connect()): its lane also carries the exact sums
+  /// of training.bitwise_across_world_sizes.
+  HostGradientCommunicator& host() { return *host_; }
   /// distributed.compression powersgd: its communicator (state, step count); else null. After
   /// connect().
   PowerSgdCommunicator* powersgd() const { return powersgd_.get(); }

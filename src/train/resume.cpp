@@ -106,6 +106,13 @@ void report_resume(const TrainConfig& cfg, ProcessGroup& comm, Reporter& report,
        << " (" << start.global_step << " steps done)";
   report.say(line.str());
   const int64_t global_batch = cfg.global_batch(comm.size());
+  DDP_CHECK(!cfg.training.bitwise_across_world_sizes || start.global_batch == global_batch,
+            "training.bitwise_across_world_sizes: "
+                << path << " was written with a global batch of " << start.global_batch
+                << " samples per step and this run's is " << global_batch << " = "
+                << cfg.training.batch_size << " per rank x " << comm.size() << " rank(s) x "
+                << cfg.training.accumulate_steps
+                << " accumulation step(s): set training.batch_size to keep the global batch");
   if (start.global_batch != global_batch) {
     report.say("warning: the global batch changes from " + std::to_string(start.global_batch) +
                " samples per step (" + std::to_string(start.world_size) +

@@ -27,6 +27,12 @@ StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& 
   if (cfg.training.cuda_graphs && be_.captures_graphs() && capturable_ != nullptr &&
       !replica.fused())
     graphs_ = std::make_unique<StepGraphs>(be_);
+  if (const int64_t chunk = replica.path().exact_chunk) {
+    const ChunkLayout layout{chunk, cfg.training.batch_size, cfg.training.accumulate_steps,
+                             comm.size()};
+    chunked_ = std::make_unique<ChunkedGradients>(replica.model(), replica.plan(), layout,
+                                                  replica.host(), replica.path().wire.shared_memory);
+  }
 }
 
 std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& in) {
@@ -40,7 +46,9 @@ std::optional<StepResult> StepPipeline::step(BatchFeed& feed, const StepInputs& 
   const float loss_coef = scaler_.loss_coefficient(in.rows * comm_.size());
   s.result.loss_scale = scaler_.scale();
   if (replica_.fused()) replica_.fused_update().begin_step(in.lr, in.log);
-  if (graphs_ && !in.log && !in.traced && in.micro_batches == 1) {
+  if (chunked_) {
+    queue_chunked(feed, s, in, loss_coef);
+  } else if (graphs_ && !in.log && !in.traced && in.micro_batches == 1) {
     queue_graphed(feed, s, loss_coef);
   } else {
     for (int64_t m = 0; m < in.micro_batches; ++m) {
@@ -117,6 +125,34 @@ void StepPipeline::queue_graphed(BatchFeed& feed, InFlight& s, float loss_coef) 
   s.result.rows = batch.rows;  // a replay queued no batch: count it once
   s.result.graphed = true;
   s.fence = capturable_->fence("the collectives of a replayed step graph");
+}
+
+// training.bitwise_across_world_sizes: each micro-batch chunk by chunk, then the exact sum over
+// every rank's chunks, which also gives the step's loss totals of the whole job. No bucket
+// collectives: the one allreduce is in finish.
+void StepPipeline::queue_chunked(BatchFeed& feed, InFlight& s, const StepInputs& in,
+                                 float loss_coef) {
+  Sequential& model = replica_.model();
+  chunked_->begin_step();
+  s.backward_begin = ctx_.mark();
+  const double cpu0 = thread_cpu_seconds();
+  try {
+    for (int64_t m = 0; m < in.micro_batches; ++m) {
+      DDP_CHECK(m == 0 || feed.advance(), "the data ended inside the step");
+      const DeviceBatch batch = feed.take();
+      s.result.rows += batch.rows;
+      chunked_->add_micro_batch(be_, model, batch.x, batch.labels, batch.rows, loss_coef,
+                                replica_.dlogits(batch.rows));
+    }
+    s.backward_end = ctx_.mark();
+    s.backward_cpu = thread_cpu_seconds() - cpu0;
+    const double wait0 = seconds_now();
+    s.result.totals = chunked_->finish(comm_, model, replica_.parameters(), replica_.gradients());
+    s.result.wait_seconds += seconds_now() - wait0;
+  } catch (const Error& e) {
+    DDP_THROW(s.where() << e.message());
+  }
+  s.result.job_totals = s.totals_read = true;
 }
 
 // The oldest queued step, once the device has run it: its loss totals (checked) and gradient
@@ -327,8 +363,10 @@ bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
   return false;
 }
 
-// Collective: the lowest rank whose loss of step `s` is non-finite, or -1.
+// Collective (chunked: known alike on every rank already): the lowest rank whose loss of step
+// `s` is non-finite, or -1.
 int StepPipeline::nonfinite_loss_rank(InFlight& s) {
+  if (chunked_) return chunked_->first_nonfinite_loss_rank();  // known alike on every rank
   double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
   comm_.allreduce(&first_bad, 1, ReduceOp::Min);
   return first_bad < comm_.size() ? static_cast<int>(first_bad) : -1;

@@ -21,6 +21,7 @@
 #include "comm/process_group.h"
 #include "ddp/config.h"
 #include "kernels/backend.h"
+#include "train/chunked_gradients.h"
 #include "train/device_context.h"
 #include "train/loss_scaler.h"
 #include "train/replica.h"
@@ -51,6 +52,9 @@ struct StepResult {
   double lr = 0.0;
   bool log = false;
   XentResult totals;            ///< the step's loss totals (non-finite only with skip_step)
+  /// totals are the whole job's, the same on every rank (training.bitwise_across_world_sizes),
+  /// not this rank's: tallied once.
+  bool job_totals = false;
   bool skipped = false;         ///< non-finite gradients: no update (skip_step, or scaler_skipped)
   bool scaler_skipped = false;  ///< loss scaling: the gradient overflowed (skipped is set too)
   float loss_scale = 1.0f;      ///< the loss scale the step ran with (1: no loss scaling)
@@ -103,6 +107,7 @@ class StepPipeline {
   void queue_batch(const DeviceBatch& batch, InFlight& s, float loss_coef, bool first, bool last,
                    bool observed);
   void queue_graphed(BatchFeed& feed, InFlight& s, float loss_coef);
+  void queue_chunked(BatchFeed& feed, InFlight& s, const StepInputs& in, float loss_coef);
   StepResult read_oldest();
   const XentResult& totals(InFlight& s);
   void update_replica(InFlight& s);
@@ -125,6 +130,8 @@ class StepPipeline {
   LossScaler scaler_;
   std::deque<InFlight> queue_;          ///< oldest first
   std::unique_ptr<StepGraphs> graphs_;  ///< training.cuda_graphs where the step can be captured
+  /// training.bitwise_across_world_sizes: the step's gradient summed exactly over chunks.
+  std::unique_ptr<ChunkedGradients> chunked_;
   CapturableCommunicator* capturable_ = nullptr;  ///< the buckets' communicator, if capturable
 };
 

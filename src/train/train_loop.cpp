@@ -279,8 +279,11 @@ void TrainLoop::read_step(const StepResult& r) {
     at_.skipped_steps = ++sum_.skipped_steps;
   }
   if (std::isfinite(r.totals.loss_sum)) {
-    epoch_tally_.add(r.totals, r.rows);
-    log_tally_.add(r.totals, r.rows);
+    // The job's totals, the same on every rank, count on rank 0 alone (its rows still count
+    // everywhere), so the ranks' tallies add up to them exactly.
+    const XentResult counted = r.job_totals && p_.comm.rank() != 0 ? XentResult{} : r.totals;
+    epoch_tally_.add(counted, r.rows);
+    log_tally_.add(counted, r.rows);
   }
   if (r.log) progress_line(r);
 }

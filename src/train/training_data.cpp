@@ -128,6 +128,15 @@ void TrainingData::prepare(const TrainConfig& cfg, int world, int rank) {
                                     << " is larger than a rank's shard of " << probe.num_samples()
                                     << " samples and data.drop_last is set: "
                                     << "no batch would be left");
+  const int64_t batch = cfg.training.batch_size * world;
+  DDP_CHECK(!cfg.training.bitwise_across_world_sizes || cfg.data.drop_last ||
+                train.size % batch == 0,
+            "training.bitwise_across_world_sizes: data.train: the "
+                << train.size << " samples of " << train.source
+                << " do not split into whole batches of " << batch << " (training.batch_size "
+                << cfg.training.batch_size << " x " << world
+                << " ranks), and the last one's padding would depend on the number of ranks: "
+                   "set data.drop_last: true");
 }
 
 std::vector<std::string> TrainingData::fingerprint() const {

@@ -183,6 +183,47 @@ class LaneMpiCommunicator final : public MpiCommunicator {
         /*any_thread=*/false);
   }
 
+  double* exact_sum_arena(size_t count, bool shared) override {
+    DDP_CHECK(exact_ == nullptr, "exact_sum_arena() called twice");
+    DDP_CHECK(count <= static_cast<size_t>(INT32_MAX),
+              "an exact sum of " << count << " doubles is too large");
+    exact_count_ = count;
+    if (!shared || !single_node_ || size_ == 1 || count == 0) {
+      exact_storage_.assign(count, 0.0);
+      exact_ = exact_storage_.data();
+      return exact_;
+    }
+    lane_
+        ->submit(
+            "allocation of the shared exact-sum array",
+            [this, count] { exact_ = node_->allocate_exact(count); }, nullptr,
+            /*any_thread=*/false)
+        ->wait();
+    return exact_;
+  }
+
+  // Across nodes Open MPI's blocking allreduce (its non-blocking one progresses only while
+  // polled), on the lane's thread only, as a bucket across nodes: the waiter's timeout ends a
+  // lost one. The array belongs to the communicator, so a lost call never writes freed memory.
+  std::shared_ptr<Work> allreduce_exact_async() override {
+    DDP_CHECK(exact_ != nullptr, "allreduce_exact_async() before exact_sum_arena()");
+    Collective what{"exact allreduce of " + std::to_string(exact_count_) + " double(s)",
+                    exact_count_ * sizeof(double), "float64"};
+    if (node_->holds_exact(exact_)) {
+      return lane_->submit(
+          std::move(what), [this] { node_->allreduce_exact(); }, nullptr, /*any_thread=*/true);
+    }
+    MPI_Comm comm = comm_;
+    double* data = exact_;
+    const int count = static_cast<int>(exact_count_);
+    return lane_->submit(
+        std::move(what),
+        [comm, data, count] {
+          DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm));
+        },
+        nullptr, /*any_thread=*/false);
+  }
+
   float* parameter_arena(size_t numel, bool shared) override {
     DDP_CHECK(parameters_ == nullptr, "parameter_arena() called twice");
     DDP_CHECK(!hierarchical_, "the sharded optimizer's collectives are not hierarchical");
@@ -602,6 +643,9 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   std::unique_ptr<NodeWindow> node_;  // the shared-memory windows (empty until an arena is)
   float* arena_ = nullptr;            // the gradient arena
   Buffer arena_storage_;              // the arena when there is no shared window
+  double* exact_ = nullptr;           // exact_sum_arena(): the node window's, or exact_storage_
+  size_t exact_count_ = 0;
+  std::vector<double> exact_storage_;
   float* parameters_ = nullptr;       // the parameter arena (sharded optimizer)
   Buffer parameter_storage_;          // the parameter arena when there is no shared window
   // What the reduce-scatter across nodes receives (shared with its calls, see there).

@@ -17,7 +17,7 @@ NodeWindow::NodeWindow(MPI_Comm comm, Lane& lane, bool spin) : comm_(comm), lane
 }
 
 NodeWindow::~NodeWindow() {
-  for (MPI_Win* w : {&window_, &control_window_, &parameter_window_}) {
+  for (MPI_Win* w : {&window_, &control_window_, &parameter_window_, &exact_window_}) {
     if (*w == MPI_WIN_NULL) continue;
     MPI_Win_unlock_all(*w);
     MPI_Win_free(w);
@@ -51,6 +51,33 @@ float* NodeWindow::allocate_gradients(size_t numel) {
   SpinBudget once;
   barrier(once);
   return arena_;
+}
+
+// A window of its own, laid out as the gradient arena's: each rank's array, every rank's mapped.
+double* NodeWindow::allocate_exact(size_t count) {
+  void* base = nullptr;
+  const MPI_Aint bytes = static_cast<MPI_Aint>(count * sizeof(double));
+  DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, sizeof(double), MPI_INFO_NULL, comm_, &base,
+                                        &exact_window_));
+  DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, exact_window_));
+  exact_peers_.resize(static_cast<size_t>(size_));
+  for (int q = 0; q < size_; ++q) {
+    MPI_Aint peer_bytes = 0;
+    int disp = 0;
+    void* peer = nullptr;
+    DDP_MPI_CHECK(MPI_Win_shared_query(exact_window_, q, &peer_bytes, &disp, &peer));
+    DDP_CHECK(static_cast<size_t>(peer_bytes) == count * sizeof(double),
+              "rank " << q << "'s exact-sum array holds " << peer_bytes << " bytes, this rank's "
+                      << count * sizeof(double));
+    exact_peers_[static_cast<size_t>(q)] = static_cast<double*>(peer);
+  }
+  if (!barrier_) allocate_control();
+  exact_count_ = count;
+  double* mine = static_cast<double*>(base);
+  std::fill(mine, mine + count, 0.0);
+  SpinBudget once;
+  barrier(once);
+  return mine;
 }
 
 // The first rank's segment of a second window holds the node's one copy of the parameters; the
@@ -140,6 +167,32 @@ void NodeWindow::allreduce(size_t offset, size_t count,
     std::copy(peers_[q] + offset + qlo, peers_[q] + offset + qhi, mine + qlo);
   }
   barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
+}
+
+// As allreduce: rank r sums chunk r over every rank's array (exact sums, so in any order), then
+// copies the others' chunks.
+void NodeWindow::allreduce_exact() {
+  const size_t n = static_cast<size_t>(size_), count = exact_count_;
+  const size_t chunk = (count + n - 1) / n;
+  auto range = [&](size_t q) {
+    const size_t lo = std::min(count, q * chunk);
+    return std::make_pair(lo, std::min(count, lo + chunk));
+  };
+  double* mine = exact_peers_[static_cast<size_t>(rank_)];
+  barrier(spin_[0]);  // every rank's array is written
+  const auto [lo, hi] = range(static_cast<size_t>(rank_));
+  for (size_t q = 0; q < n; ++q) {
+    if (q == static_cast<size_t>(rank_)) continue;
+    const double* from = exact_peers_[q];
+    for (size_t i = lo; i < hi; ++i) mine[i] += from[i];
+  }
+  barrier(spin_[1]);  // every chunk is summed
+  for (size_t q = 0; q < n; ++q) {
+    if (q == static_cast<size_t>(rank_)) continue;
+    const auto [qlo, qhi] = range(q);
+    std::copy(exact_peers_[q] + qlo, exact_peers_[q] + qhi, mine + qlo);
+  }
+  barrier(spin_[2]);  // nobody reads this array any more: the next step may write it
 }
 
 void NodeWindow::reduce_scatter(size_t offset, size_t count, Span part,

@@ -42,6 +42,14 @@ class NodeWindow {
   /// parameters, on the first rank.
   float* allocate_parameters(size_t numel);
 
+  /// Collective, once: a zeroed array of `count` doubles per rank for exact sums
+  /// (training.bitwise_across_world_sizes), every rank's mapped here.
+  double* allocate_exact(size_t count);
+  /// Whether `data` is this rank's exact-sum array.
+  bool holds_exact(const double* data) const {
+    return exact_window_ != MPI_WIN_NULL && data == exact_peers_[static_cast<size_t>(rank_)];
+  }
+
   /// Whether [data, data + count) lies in this rank's gradient arena.
   bool holds_gradients(const float* data, size_t count) const {
     return window_ != MPI_WIN_NULL && data >= arena_ && data + count <= arena_ + arena_numel_;
@@ -73,6 +81,9 @@ class NodeWindow {
   /// allgather.
   void reduce_scatter(size_t offset, size_t count, Span part,
                       const HostGradientCommunicator::PartConsumer& consume);
+  /// The sum of every rank's exact-sum array, into every rank's. Its values must have exact
+  /// partial sums (comm/exact_sum.h): the order of the additions does not matter.
+  void allreduce_exact();
   /// Every rank's `count` (≤ kSlotDoubles) values, in rank order, into `all`; its one barrier
   /// also says every rank has written its part of the shared parameters.
   void allgather(const double* mine, size_t count, double* all);
@@ -90,6 +101,9 @@ class NodeWindow {
   MPI_Win window_ = MPI_WIN_NULL;
   MPI_Win control_window_ = MPI_WIN_NULL;
   MPI_Win parameter_window_ = MPI_WIN_NULL;
+  MPI_Win exact_window_ = MPI_WIN_NULL;
+  std::vector<double*> exact_peers_;  // every rank's exact-sum array, mapped here
+  size_t exact_count_ = 0;
   std::unique_ptr<ShmBarrier> barrier_;
   SpinBudget spin_[3];         // one per barrier of the allreduce: their waits differ
   SpinBudget gather_spin_;     // the barrier of the small allgather

@@ -321,3 +321,61 @@ TEST_CASE("gradient path: distributed.tune auto is refused on GPUs and sharded, 
         "distributed.tune: auto does not model distributed.shard_optimizer's reduce-scatter and "
         "allgather (use off)");
 }
+
+TEST_CASE("gradient path: bitwise_across_world_sizes sums chunks exactly, says which world sizes",
+          "[config][gradient_path][bitwise]") {
+  TrainConfig cfg;
+  cfg.training.bitwise_across_world_sizes = true;
+  cfg.training.batch_size = 64;
+  cfg.training.bitwise_chunk_size = 16;
+  const GradientPath p = cpu_path(cfg, nodes(2, 2));
+  CHECK(p.exact_chunk == 16);
+  CHECK_FALSE(p.wire.hierarchical);  // auto: the exact sums are one allreduce
+  REQUIRE_FALSE(p.description.empty());
+  CHECK(p.description.front() ==
+        "gradients: summed exactly over 16 chunks of 16 samples per batch, each computed alone "
+        "(training.bitwise_across_world_sizes): the same weights, bitwise, on any number of ranks "
+        "that divides 16");
+  CHECK(cpu_path(TrainConfig{}).exact_chunk == 0);
+}
+
+TEST_CASE("gradient path: what bitwise_across_world_sizes cannot keep the bits of is refused",
+          "[config][gradient_path][bitwise]") {
+  const auto refused = [](void (*change)(TrainConfig&)) {
+    TrainConfig c;
+    c.training.bitwise_across_world_sizes = true;
+    c.training.batch_size = 64;
+    c.training.bitwise_chunk_size = 8;
+    change(c);
+    const auto no = ddp::gradient_path_refusal(c);
+    return no ? no->key + ": " + no->message : std::string("no refusal");
+  };
+  CHECK(refused([](TrainConfig&) {}) == "no refusal");
+  CHECK(refused([](TrainConfig& c) { c.device = ddp::DeviceChoice::Cuda; }) ==
+        "training.bitwise_across_world_sizes: true runs on CPU ranks (device: cpu): on GPUs it "
+        "would need the chunk loop on the device and the exact sums over NCCL");
+  CHECK(refused([](TrainConfig& c) { c.distributed.compression = ddp::Compression::Bf16; }) ==
+        "training.bitwise_across_world_sizes: true sums float32 gradients exactly and does not "
+        "apply to distributed.compression: bf16 (use none)");
+  CHECK(refused([](TrainConfig& c) { c.distributed.compression = ddp::Compression::PowerSgd; }) ==
+        "training.bitwise_across_world_sizes: true sums float32 gradients exactly and does not "
+        "apply to distributed.compression: powersgd (use none)");
+  CHECK(refused([](TrainConfig& c) { c.distributed.shard_optimizer = true; }) ==
+        "training.bitwise_across_world_sizes: true does not apply to "
+        "distributed.shard_optimizer, whose norm and reduce-scatter are split by rank (use "
+        "false)");
+  CHECK(refused([](TrainConfig& c) { c.distributed.hierarchical = ddp::Hierarchy::On; }) ==
+        "training.bitwise_across_world_sizes: true sums exactly in one allreduce and does not "
+        "apply to distributed.hierarchical: on (use auto or off)");
+  CHECK(refused([](TrainConfig& c) { c.distributed.tune = ddp::Tune::Auto; }) ==
+        "training.bitwise_across_world_sizes: true has no bucket caps or hierarchy to tune: "
+        "distributed.tune must be off");
+  CHECK(refused([](TrainConfig& c) { c.training.bitwise_chunk_size = 48; }) ==
+        "training.bitwise_chunk_size: 48 does not divide training.batch_size 64 (each rank's "
+        "batch must be whole chunks)");
+  // Once placed, the same refusal: a GPU rank of a job whose config said device auto.
+  TrainConfig gpu;
+  gpu.training.bitwise_across_world_sizes = true;
+  CHECK(refusal(gpu, Device::CUDA, BackendChoice::Nccl, nodes(1, 2))
+            .find("training.bitwise_across_world_sizes: true runs on CPU ranks") == 0);
+}
