@@ -4,6 +4,7 @@
 // schedule, gradient accumulation and bf16; a run stopped on N ranks and resumed on fewer ends
 // bitwise where the uninterrupted one does; what cannot keep the bits is refused by name.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -177,4 +178,41 @@ TEST_CASE("bitwise_across_world_sizes: a padded last batch is refused, naming da
                           Catch::Contains("data.drop_last: true"));
   cfg.data.drop_last = true;  // the 46 left over are dropped on every world size alike
   require_same_bits_on_any_world(cfg, "dropped");
+}
+
+TEST_CASE("bitwise_across_world_sizes: a non-finite chunk names its rank, skip_step skips alike",
+          "[mpi][bitwise][nan]") {
+  const int n = world_size();
+  const std::string dir = shared_scratch("nan");
+  const ddp_test::OverflowData data = ddp_test::write_overflow_data(dir, 16 * n, 5);
+  ddp::TrainConfig cfg = ddp_test::overflow_config(data, dir);  // sample 5: step 1, rank 5 % n
+  cfg.training.bitwise_across_world_sizes = true;
+  cfg.training.bitwise_chunk_size = 2;
+  std::string message = "(no error)";
+  try {
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const ddp::CollectiveError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  const int64_t bad_step = (5 / n) / 4 + 1;
+  CHECK_THAT(message, Catch::Contains("epoch 1 step " + std::to_string(bad_step) + ": ") &&
+                          Catch::Contains("non-finite gradient value(s) after the allreduce") &&
+                          Catch::Contains("non-finite on rank " + std::to_string(5 % n)));
+
+  cfg.training.nan_policy = ddp::NanPolicy::SkipStep;
+  ddp::TrainSummary summary;
+  const auto w = train(cfg, MPI_COMM_WORLD, &summary);
+  CHECK(summary.skipped_steps == 2);  // the step with sample 5, once per epoch
+  CHECK(summary.steps == 2 * 4);
+  require_identical_replicas(w);
+  for (const auto& t : w)
+    for (float v : t.data) REQUIRE(std::isfinite(v));
+  // The same skip and the same bits on one rank with the whole global batch.
+  ddp::TrainConfig one = cfg;
+  one.output.dir = own_scratch("nan_one");
+  one.training.batch_size = 4 * n;
+  ddp::TrainSummary one_summary;
+  REQUIRE(bitwise_equal(train(one, MPI_COMM_SELF, &one_summary), w));
+  CHECK(one_summary.skipped_steps == 2);
 }
