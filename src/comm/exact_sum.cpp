@@ -40,9 +40,14 @@ int exact_sum_exponent(double max_abs, int64_t terms) {
   return top - bits;
 }
 
-void sum_on_grid(const float* x, size_t stride, size_t count, size_t n, int e, double* sums) {
+namespace {
+
+// The grid sums of the terms, a block of 512 values at a time (their sums stay in L1 across the
+// terms), each block handed to store(first, sums, len).
+template <typename Store>
+void sum_blocks(const float* x, size_t stride, size_t count, size_t n, int e, Store store) {
   const double to_units = std::ldexp(1.0, -e);  // exact: x * 2^-e only moves the exponent
-  constexpr size_t kBlock = 512;                // the block's sums stay in L1 across the terms
+  constexpr size_t kBlock = 512;
   double block[kBlock];
   for (size_t first = 0; first < n; first += kBlock) {
     const size_t len = std::min(kBlock, n - first);
@@ -54,8 +59,22 @@ void sum_on_grid(const float* x, size_t stride, size_t count, size_t n, int e, d
         block[i] += (units + kRoundingShift) - kRoundingShift;
       }
     }
-    std::copy(block, block + len, sums + first);
+    store(first, block, len);
   }
+}
+
+}  // namespace
+
+void sum_on_grid(const float* x, size_t stride, size_t count, size_t n, int e, double* sums) {
+  sum_blocks(x, stride, count, n, e, [sums](size_t first, const double* block, size_t len) {
+    std::copy(block, block + len, sums + first);
+  });
+}
+
+void sum_values_on_grid(const float* x, size_t stride, size_t count, size_t n, int e, float* out) {
+  sum_blocks(x, stride, count, n, e, [out, e](size_t first, const double* block, size_t len) {
+    values_from_grid(block, len, e, out + first);
+  });
 }
 
 void values_from_grid(const double* acc, size_t n, int e, float* out) {

@@ -25,6 +25,9 @@ int exact_sum_exponent(double max_abs, int64_t terms);
 /// most the max_abs `e` was made for, and count at most its `terms`.
 void sum_on_grid(const float* x, size_t stride, size_t count, size_t n, int e, double* sums);
 
+/// values_from_grid of sum_on_grid's sums, in one pass (a sum that needs no other rank's).
+void sum_values_on_grid(const float* x, size_t stride, size_t count, size_t n, int e, float* out);
+
 /// out[i] = acc[i] * 2^e rounded to float32 (to nearest, ties to even; beyond float32's range:
 /// infinity, as a float32 sum would overflow).
 void values_from_grid(const double* acc, size_t n, int e, float* out);

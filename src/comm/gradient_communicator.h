@@ -164,10 +164,15 @@ class HostGradientCommunicator : public ShardedCommunicator {
   /// Collective, once: an array of `count` doubles for exact sums (zeroed), in memory the
   /// ranks of a node map together where `shared` allows and they all are on one node.
   virtual double* exact_sum_arena(size_t count, bool shared) = 0;
-  /// The sum over ranks of the exact_sum_arena, in place, on the communication lane under the
-  /// timeout: on one node through its shared memory, else Open MPI's allreduce. Its values must
-  /// have exact partial sums (comm/exact_sum.h): any order of the additions gives the same bits.
-  virtual std::shared_ptr<Work> allreduce_exact_async() = 0;
+  /// What receives the exact sums: [first, first + n) of the summed array, in `sums` (valid
+  /// during the call only). Called on the communication lane, once for each part of the array.
+  using ExactConsumer = std::function<void(size_t first, const double* sums, size_t n)>;
+  /// The sum over ranks of the exact_sum_arena, handed to `consume` part by part, on the
+  /// communication lane under the timeout: on one node straight from the ranks' shared memory
+  /// (the array keeps only what this rank summed), else after Open MPI's allreduce. Its values
+  /// must have exact partial sums (comm/exact_sum.h): any order of the additions gives the same
+  /// bits. What `consume` uses must outlive a lost collective.
+  virtual std::shared_ptr<Work> allreduce_exact_async(ExactConsumer consume) = 0;
 };
 
 }  // namespace ddp

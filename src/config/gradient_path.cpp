@@ -287,8 +287,9 @@ GradientPath resolve_gradient_path(const TrainConfig& cfg, Device device, Backen
   p.scans_gradients = !f.gpu || skip || p.loss_scaling;
   p.equal_parts = p.sharded && f.gpu;
   const Compression wire = sixteen_bits(d.compression) ? d.compression : Compression::None;
-  p.wire = BucketWire{wire, d.compression_on_node, hierarchical(d, f) && !t.bitwise_across_world_sizes, d.shared_memory,
-                      d.compression_sum};
+  // The exact sums of bitwise_across_world_sizes are one allreduce, never hierarchical.
+  const bool hierarchy = hierarchical(d, f) && !t.bitwise_across_world_sizes;
+  p.wire = BucketWire{wire, d.compression_on_node, hierarchy, d.shared_memory, d.compression_sum};
   if (d.compression == Compression::PowerSgd) {
     p.powersgd_rank = static_cast<int>(d.powersgd_rank);
     p.powersgd_start_step = d.powersgd_start_step;

@@ -63,11 +63,16 @@ int64_t bytes_per_parameter(const TrainConfig& c, std::string& parts) {
   return 4 * (2 + states);
 }
 
-MemoryDemand parameters(const TrainConfig& c) {
+Checked parameter_count(const TrainConfig& c) {
   const std::vector<int64_t>& w = c.model.layers;
   Checked count;
   for (size_t i = 0; i + 1 < w.size(); ++i)
     count = count.plus(Checked{w[i]}.plus(1).times(w[i + 1]));  // in x out weights, out biases
+  return count;
+}
+
+MemoryDemand parameters(const TrainConfig& c) {
+  const Checked count = parameter_count(c);
   std::string parts;
   const int64_t each = bytes_per_parameter(c, parts);
   const std::string how_many = count.overflow ? "(the sum of in x out + out over model.layers)"
@@ -75,6 +80,23 @@ MemoryDemand parameters(const TrainConfig& c) {
   return demand("the parameters", {"model.layers"},
                 how_many + " x " + std::to_string(each) + " bytes (" + parts + ")",
                 count.times(each));
+}
+
+/// training.bitwise_across_world_sizes keeps a gradient per chunk of the rank's step.
+MemoryDemand kept_chunks(const TrainConfig& c) {
+  const TrainingConfig& t = c.training;
+  const Checked chunks = Checked{t.batch_size / t.bitwise_chunk_size}.times(t.accumulate_steps);
+  const Checked count = parameter_count(c);
+  const std::string how_many =
+      count.overflow ? "the parameters" : std::to_string(count.value) + " parameters";
+  return demand("the kept chunk gradients of bitwise_across_world_sizes",
+                {"training.bitwise_chunk_size", "training.batch_size", "training.accumulate_steps",
+                 "model.layers"},
+                "(" + named("training.batch_size", t.batch_size) + " / " +
+                    named("training.bitwise_chunk_size", t.bitwise_chunk_size) + ") x " +
+                    named("training.accumulate_steps", t.accumulate_steps) + " x " + how_many +
+                    " x 4 bytes",
+                chunks.times(count.value).times(4).plus(Checked{0, count.overflow}));
 }
 
 /// The loader fills prefetch + 1 slots of a whole batch each, however small the data set.
@@ -100,6 +122,7 @@ MemoryDemand generated(const TrainConfig& c, const char* split, int64_t samples)
 
 std::vector<MemoryDemand> memory_demands(const TrainConfig& cfg) {
   std::vector<MemoryDemand> out = {activations(cfg), parameters(cfg), prefetched(cfg)};
+  if (cfg.training.bitwise_across_world_sizes) out.push_back(kept_chunks(cfg));
   if (cfg.data.format == DataFormat::Synthetic) {
     out.push_back(generated(cfg, "train", cfg.data.train.samples));
     if (cfg.data.test.samples > 0) out.push_back(generated(cfg, "test", cfg.data.test.samples));

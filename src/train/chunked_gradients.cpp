@@ -82,60 +82,92 @@ void ChunkedGradients::note_largest(const float* chunk) {
 XentResult ChunkedGradients::finish(ProcessGroup& comm, Sequential& model, Tensor values,
                                     Tensor grads) {
   model.bind(values.data, grads.data, offsets_);
-  // One allgather: every rank's chunk loss sums and correct counts, and its largest
-  // magnitudes (the maximum of maxima is exact, so any order gives the same grid).
   DDP_CHECK(comm.size() == layout_.world && kept_chunks_ > 0,
             "training.bitwise_across_world_sizes: a step of "
                 << kept_chunks_ << " chunks on " << comm.size() << " of " << layout_.world
                 << " ranks");
-  const size_t chunks = chunk_totals_.size(), count = 2 * chunks + params_.size();
+  const std::vector<double> all = gather_chunk_facts(comm);
+  const XentResult totals = job_totals(all);
+  sum_chunks(comm.size(), job_largest(all), grads);
+  return totals;
+}
+
+// One allgather: every rank's chunk loss sums and correct counts, and its largest magnitudes,
+// rank-major (the facts of one rank at a time).
+std::vector<double> ChunkedGradients::gather_chunk_facts(ProcessGroup& comm) const {
   std::vector<double> mine;
-  mine.reserve(count);
+  mine.reserve(facts_per_rank());
   for (const XentResult& r : chunk_totals_) mine.push_back(r.loss_sum);
   for (const XentResult& r : chunk_totals_) mine.push_back(static_cast<double>(r.correct));
   mine.insert(mine.end(), largest_.begin(), largest_.end());
-  std::vector<double> all = mine;
-  if (comm.size() > 1) {
-    all.resize(count * static_cast<size_t>(comm.size()));
-    comm.allgather(mine.data(), count, all.data());
-  }
-  const XentResult totals = job_totals(all);
+  if (comm.size() == 1) return mine;
+  std::vector<double> all(mine.size() * static_cast<size_t>(comm.size()));
+  comm.allgather(mine.data(), mine.size(), all.data());
+  return all;
+}
 
-  const int64_t terms = static_cast<int64_t>(chunks) * comm.size();
-  std::vector<int> exponent(params_.size());
-  std::vector<bool> finite(params_.size());
+// Each parameter's largest magnitude over every rank's chunks: a maximum of maxima, exact, so
+// the same on every rank in any order.
+std::vector<double> ChunkedGradients::job_largest(const std::vector<double>& all) const {
+  const size_t count = facts_per_rank(), first = 2 * chunk_totals_.size();
+  std::vector<double> largest(params_.size(), 0.0);
+  for (size_t at = 0; at < all.size(); at += count) {
+    for (size_t p = 0; p < params_.size(); ++p)
+      largest[p] = std::max(largest[p], all[at + first + p]);
+  }
+  return largest;
+}
+
+// The kept chunks of every rank added exactly, parameter by parameter on its grid, into `grads`;
+// a parameter whose largest magnitude is not finite becomes NaN. On one rank the sums go
+// straight to float32; otherwise into the exact-sum array, allreduced, then converted.
+void ChunkedGradients::sum_chunks(int world, const std::vector<double>& largest, Tensor grads) {
+  const int64_t terms = kept_chunks_ * world;
+  const size_t chunks = static_cast<size_t>(kept_chunks_);
+  std::vector<int> exponent(params_.size(), 0);
   for (size_t p = 0; p < params_.size(); ++p) {
-    double most = 0.0;
-    for (int r = 0; r < comm.size(); ++r) most = std::max(most, all[r * count + 2 * chunks + p]);
     const Span& s = params_[p];
-    finite[p] = std::isfinite(most);
-    if (!finite[p]) {
-      std::fill_n(sums_ + s.offset, s.numel, 0.0);  // it becomes NaN after the sum
+    if (!std::isfinite(largest[p])) {
+      std::fill_n(sums_ + s.offset, s.numel, 0.0);  // NaN once summed
       continue;
     }
-    exponent[p] = exact_sum_exponent(most, terms);
-    sum_on_grid(kept(0) + s.offset, kept_stride_, static_cast<size_t>(kept_chunks_), s.numel,
-                exponent[p], sums_ + s.offset);
-  }
-  // Exact: the same bits in any order, so over any MPI algorithm.
-  if (comm.size() > 1) communicator_.allreduce_exact_async()->wait();
-  for (size_t p = 0; p < params_.size(); ++p) {
-    const Span& s = params_[p];
-    float* g = grads.data + s.offset;
-    if (finite[p]) {
-      values_from_grid(sums_ + s.offset, s.numel, exponent[p], g);
+    exponent[p] = exact_sum_exponent(largest[p], terms);
+    if (world == 1) {
+      sum_values_on_grid(kept(0) + s.offset, kept_stride_, chunks, s.numel, exponent[p],
+                         grads.data + s.offset);
     } else {
-      std::fill(g, g + s.numel, std::numeric_limits<float>::quiet_NaN());
+      sum_on_grid(kept(0) + s.offset, kept_stride_, chunks, s.numel, exponent[p], sums_ + s.offset);
     }
   }
-  return totals;
+  if (world > 1) {
+    // Each part of the sums, as the allreduce hands it over (exact: any order, the same bits),
+    // rounded into the parameters it covers. Everything by value but the gradient arena, which
+    // the communicator owns: a lost allreduce may still call it after this step gave up.
+    float* const out = grads.data;
+    communicator_
+        .allreduce_exact_async(
+            [params = params_, largest, exponent, out](size_t first, const double* sums, size_t n) {
+              for (size_t p = 0; p < params.size(); ++p) {
+                const size_t lo = std::max(first, params[p].offset);
+                const size_t hi = std::min(first + n, params[p].offset + params[p].numel);
+                if (lo < hi && std::isfinite(largest[p]))
+                  values_from_grid(sums + (lo - first), hi - lo, exponent[p], out + lo);
+              }
+            })
+        ->wait();
+  }
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const Span& s = params_[p];
+    if (!std::isfinite(largest[p]))
+      std::fill_n(grads.data + s.offset, s.numel, std::numeric_limits<float>::quiet_NaN());
+  }
 }
 
 // The job's loss totals from every rank's chunk totals (rank-major in `all`), added in the
 // chunks' global order: micro-batch by micro-batch, chunk k of rank k mod N, its (k / N)-th.
 XentResult ChunkedGradients::job_totals(const std::vector<double>& all) {
   const int world = layout_.world;
-  const size_t chunks = chunk_totals_.size(), count = all.size() / static_cast<size_t>(world);
+  const size_t chunks = chunk_totals_.size(), count = facts_per_rank();
   const int64_t local = layout_.local_chunks();
   XentResult totals;
   const int64_t micro_batches = kept_chunks_ / local;  // the epoch's last step may have fewer

@@ -68,7 +68,11 @@ class ChunkedGradients {
   void gather_chunk(const Tensor& x, const int32_t* labels, int64_t t);
   float* kept(int64_t c) { return kept_.data() + static_cast<size_t>(c) * kept_stride_; }
   void note_largest(const float* chunk);
+  size_t facts_per_rank() const { return 2 * chunk_totals_.size() + params_.size(); }
+  std::vector<double> gather_chunk_facts(ProcessGroup& comm) const;
   XentResult job_totals(const std::vector<double>& all);
+  std::vector<double> job_largest(const std::vector<double>& all) const;
+  void sum_chunks(int world, const std::vector<double>& largest, Tensor grads);
 
   struct Span {
     size_t offset = 0, numel = 0;

@@ -30,8 +30,8 @@ StepPipeline::StepPipeline(const TrainConfig& cfg, DeviceContext& ctx, Replica& 
   if (const int64_t chunk = replica.path().exact_chunk) {
     const ChunkLayout layout{chunk, cfg.training.batch_size, cfg.training.accumulate_steps,
                              comm.size()};
-    chunked_ = std::make_unique<ChunkedGradients>(replica.model(), replica.plan(), layout,
-                                                  replica.host(), replica.path().wire.shared_memory);
+    chunked_ = std::make_unique<ChunkedGradients>(
+        replica.model(), replica.plan(), layout, replica.host(), replica.path().wire.shared_memory);
   }
 }
 

@@ -4,7 +4,8 @@
 # PyTorch's rows must run; and bench/torch_ddp.py's query of OpenBLAS's kernel family against
 # libraries that export it under a renamed symbol (numpy's scipy-openblas) or not at all (it
 # once failed every PyTorch run there); and gpu_check.sh's split of its extra-argument variables
-# (plain word splitting once broke a quoted list of cases in two). Skipped (exit 77) without a
+# (plain word splitting once broke a quoted list of cases in two); and bench/bitwise_bench.sh's
+# table on the seed config. Skipped (exit 77) without a
 # python3 that imports torch.
 source "$(dirname "$0")/lib.sh"
 
@@ -101,6 +102,18 @@ elif ((bad_rc != 2)) || [[ "$bad" != *"DDP_TRAIN_BENCH_ARGS does not split into 
   fail "split_args on an unbalanced quote: exit $bad_rc, '$bad'"
 else
   pass "gpu_check.sh split_args: $words; an unbalanced quote: $bad"
+fi
+
+# --- bitwise_bench.sh: a row per path, each against the default's median ------------------------
+checks=$((checks + 1))
+table="$(timeout 300 bash "$DDP_SOURCE_DIR/bench/bitwise_bench.sh" --bin "$DDP_TRAIN" --ranks "1 2" \
+  --chunks 10 --runs 1 --steps 30 -- --config "$DDP_SOURCE_DIR/configs/seed.yaml" \
+  --set training.print_shapes=false 2>&1)"
+rows="$(grep -cE '^\| [12] \| (default|bitwise, chunk 10) \| [0-9]+  \| [0-9]+ \| [0-9.]+x \|$' <<<"$table")"
+if ((rows == 4)) && grep -qE '^\| 2 \| default \| .* \| 1\.00x \|$' <<<"$table"; then
+  pass "bitwise_bench.sh: default and chunked rows at 1 and 2 ranks"
+else
+  fail "bitwise_bench.sh printed $rows rows of 4:"; echo "$table" | tail -8
 fi
 
 finish

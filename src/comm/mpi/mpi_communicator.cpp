@@ -205,21 +205,25 @@ class LaneMpiCommunicator final : public MpiCommunicator {
   // Across nodes Open MPI's blocking allreduce (its non-blocking one progresses only while
   // polled), on the lane's thread only, as a bucket across nodes: the waiter's timeout ends a
   // lost one. The array belongs to the communicator, so a lost call never writes freed memory.
-  std::shared_ptr<Work> allreduce_exact_async() override {
+  std::shared_ptr<Work> allreduce_exact_async(ExactConsumer consume) override {
     DDP_CHECK(exact_ != nullptr, "allreduce_exact_async() before exact_sum_arena()");
     Collective what{"exact allreduce of " + std::to_string(exact_count_) + " double(s)",
                     exact_count_ * sizeof(double), "float64"};
     if (node_->holds_exact(exact_)) {
       return lane_->submit(
-          std::move(what), [this] { node_->allreduce_exact(); }, nullptr, /*any_thread=*/true);
+          std::move(what),
+          [this, consume = std::move(consume)] { node_->allreduce_exact(consume); }, nullptr,
+          /*any_thread=*/true);
     }
     MPI_Comm comm = comm_;
     double* data = exact_;
-    const int count = static_cast<int>(exact_count_);
+    const size_t count = exact_count_;
     return lane_->submit(
         std::move(what),
-        [comm, data, count] {
-          DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm));
+        [comm, data, count, consume = std::move(consume)] {
+          DDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE,
+                                      MPI_SUM, comm));
+          consume(0, data, count);
         },
         nullptr, /*any_thread=*/false);
   }

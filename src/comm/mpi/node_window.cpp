@@ -169,9 +169,9 @@ void NodeWindow::allreduce(size_t offset, size_t count,
   barrier(spin_[2]);  // nobody reads this bucket any more: backward may overwrite it
 }
 
-// As allreduce: rank r sums chunk r over every rank's array (exact sums, so in any order), then
-// copies the others' chunks.
-void NodeWindow::allreduce_exact() {
+// As allreduce: rank r sums chunk r over every rank's array (exact sums, so in any order); then
+// every chunk goes to `consume` from its owner's array, not copied into this rank's.
+void NodeWindow::allreduce_exact(const HostGradientCommunicator::ExactConsumer& consume) {
   const size_t n = static_cast<size_t>(size_), count = exact_count_;
   const size_t chunk = (count + n - 1) / n;
   auto range = [&](size_t q) {
@@ -188,9 +188,8 @@ void NodeWindow::allreduce_exact() {
   }
   barrier(spin_[1]);  // every chunk is summed
   for (size_t q = 0; q < n; ++q) {
-    if (q == static_cast<size_t>(rank_)) continue;
     const auto [qlo, qhi] = range(q);
-    std::copy(exact_peers_[q] + qlo, exact_peers_[q] + qhi, mine + qlo);
+    if (qhi > qlo) consume(qlo, exact_peers_[q] + qlo, qhi - qlo);
   }
   barrier(spin_[2]);  // nobody reads this array any more: the next step may write it
 }

@@ -81,9 +81,10 @@ class NodeWindow {
   /// allgather.
   void reduce_scatter(size_t offset, size_t count, Span part,
                       const HostGradientCommunicator::PartConsumer& consume);
-  /// The sum of every rank's exact-sum array, into every rank's. Its values must have exact
+  /// The sum of every rank's exact-sum array, each part handed to `consume` (this rank's part
+  /// summed into its array, the others read from their owners'). Its values must have exact
   /// partial sums (comm/exact_sum.h): the order of the additions does not matter.
-  void allreduce_exact();
+  void allreduce_exact(const HostGradientCommunicator::ExactConsumer& consume);
   /// Every rank's `count` (≤ kSlotDoubles) values, in rank order, into `all`; its one barrier
   /// also says every rank has written its part of the shared parameters.
   void allgather(const double* mine, size_t count, double* all);

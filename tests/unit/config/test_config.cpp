@@ -264,7 +264,7 @@ TEST_CASE("config: malformed or bad --set overrides name the override", "[config
       "training: epochs, "
       "batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, start_over, "
       "nan_policy, clip_grad_norm, precision, loss_scaling, loss_scale_init, "
-      "loss_scale_growth_interval, cuda_graphs)");
+      "loss_scale_growth_interval, cuda_graphs, bitwise_across_world_sizes, bitwise_chunk_size)");
   CHECK(parse_error(kMinimal, {"foo.bar=1"}) ==
         "--set foo.bar: foo: unknown key (known top-level keys: device, model, data, optimizer, "
         "scheduler, training, "
@@ -293,7 +293,7 @@ TEST_CASE("config: unknown and repeated keys are errors at every level", "[confi
         "epochs, batch_size, accumulate_steps, seed, log_every, max_steps, print_shapes, resume, "
         "start_over, "
         "nan_policy, clip_grad_norm, precision, loss_scaling, loss_scale_init, "
-        "loss_scale_growth_interval, cuda_graphs)");
+        "loss_scale_growth_interval, cuda_graphs, bitwise_across_world_sizes, bitwise_chunk_size)");
   CHECK(parse_error("model: {layers: [4, 3]}\ndata:\n  train: {samples: 3, imgs: a}\n") ==
         "run.yaml: data.train.imgs: unknown key, did you mean 'images'? (known keys in data.train: "
         "images, features, labels, path, samples)");
@@ -784,6 +784,8 @@ TEST_CASE("config: every numeric key has an upper bound, and a value above it na
        "--set training.loss_scale_init: must be <= 8.507059173023462e+37, got 1e+38"},
       {"training.loss_scale_growth_interval=1000000000001",
        "--set training.loss_scale_growth_interval: must be <= 1000000000000, got 1000000000001"},
+      {"training.bitwise_chunk_size=1000000001",
+       "--set training.bitwise_chunk_size: must be <= 1000000000, got 1000000001"},
       {"distributed.bucket_cap_mb=1e300",
        "--set distributed.bucket_cap_mb: must be <= 1e+09, got 1e+300"},
       {"distributed.first_bucket_mb=1.000001e9",
@@ -948,6 +950,28 @@ TEST_CASE("config: memory_demands are the products of the keys, and overflows ar
         "(the sum of in x out + out over model.layers) x 8 bytes (weight and gradient)");
   c.data.format = ddp::DataFormat::Csv;  // the data's size is the file's, not the config's
   CHECK(ddp::memory_demands(c).size() == 3);
+}
+
+TEST_CASE("config: bitwise_across_world_sizes keeps a gradient per chunk, a memory demand",
+          "[config][bounds][bitwise]") {
+  TrainConfig c = valid_config();
+  c.model.layers = {20, 10, 3};
+  c.data.format = ddp::DataFormat::Csv;
+  c.training.batch_size = 64;
+  c.training.accumulate_steps = 3;
+  c.training.bitwise_across_world_sizes = true;
+  c.training.bitwise_chunk_size = 16;
+  std::vector<ddp::MemoryDemand> d = ddp::memory_demands(c);
+  REQUIRE(d.size() == 4);
+  CHECK(d[3].bytes == 4 * 3 * 243 * 4);
+  CHECK(d[3].product ==
+        "(training.batch_size 64 / training.bitwise_chunk_size 16) x training.accumulate_steps 3 "
+        "x 243 parameters x 4 bytes");
+  CHECK(d[3].keys.front() == "training.bitwise_chunk_size");
+  c.model.layers = {100000, 100000, 100000};  // 2e10 parameters: 4 x 3 x 4 x 2e10 bytes fits
+  c.training.batch_size = 1000000000;
+  c.training.bitwise_chunk_size = 1;
+  CHECK(ddp::memory_demands(c)[3].overflows);  // 1e9 x 3 chunks of 2e10 floats do not
 }
 
 TEST_CASE("config: a product of keys beyond int64 or the machine's memory is refused by name",
