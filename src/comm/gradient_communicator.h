@@ -171,7 +171,9 @@ class HostGradientCommunicator : public ShardedCommunicator {
   /// communication lane under the timeout: on one node straight from the ranks' shared memory
   /// (the array keeps only what this rank summed), else after Open MPI's allreduce. Its values
   /// must have exact partial sums (comm/exact_sum.h): any order of the additions gives the same
-  /// bits. What `consume` uses must outlive a lost collective.
+  /// bits. What `consume` uses must outlive a lost collective. Between two of these calls the
+  /// ranks must meet in another collective (an allgather) before writing the array again: peers
+  /// may read it until they reach that one.
   virtual std::shared_ptr<Work> allreduce_exact_async(ExactConsumer consume) = 0;
 };
 

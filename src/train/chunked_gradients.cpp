@@ -93,7 +93,9 @@ XentResult ChunkedGradients::finish(ProcessGroup& comm, Sequential& model, Tenso
 }
 
 // One allgather: every rank's chunk loss sums and correct counts, and its largest magnitudes,
-// rank-major (the facts of one rank at a time).
+// rank-major (the facts of one rank at a time). It also tells every rank that its peers are done
+// reading its exact-sum array of the last step (allreduce_exact_async's contract): the array is
+// written only after it.
 std::vector<double> ChunkedGradients::gather_chunk_facts(ProcessGroup& comm) const {
   std::vector<double> mine;
   mine.reserve(facts_per_rank());

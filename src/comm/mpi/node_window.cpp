@@ -170,7 +170,8 @@ void NodeWindow::allreduce(size_t offset, size_t count,
 }
 
 // As allreduce: rank r sums chunk r over every rank's array (exact sums, so in any order); then
-// every chunk goes to `consume` from its owner's array, not copied into this rank's.
+// every chunk goes to `consume` from its owner's array, not copied into this rank's. No barrier
+// at the end: see node_window.h.
 void NodeWindow::allreduce_exact(const HostGradientCommunicator::ExactConsumer& consume) {
   const size_t n = static_cast<size_t>(size_), count = exact_count_;
   const size_t chunk = (count + n - 1) / n;
@@ -191,7 +192,6 @@ void NodeWindow::allreduce_exact(const HostGradientCommunicator::ExactConsumer& 
     const auto [qlo, qhi] = range(q);
     if (qhi > qlo) consume(qlo, exact_peers_[q] + qlo, qhi - qlo);
   }
-  barrier(spin_[2]);  // nobody reads this array any more: the next step may write it
 }
 
 void NodeWindow::reduce_scatter(size_t offset, size_t count, Span part,

@@ -23,8 +23,11 @@ namespace ddp {
 
 class NodeWindow {
  public:
-  /// Doubles per rank that allgather() passes through the control segment.
-  static constexpr size_t kSlotDoubles = ScalarRiders::kMaxDoubles;
+  /// Doubles per rank that allgather() passes through the control segment: the riders, and the
+  /// chunks' facts of training.bitwise_across_world_sizes (2 per chunk of a step and 1 per
+  /// parameter tensor; more go through MPI).
+  static constexpr size_t kSlotDoubles = 256;
+  static_assert(kSlotDoubles >= ScalarRiders::kMaxDoubles, "the riders ride in one slot");
 
   /// Over `comm` (the ranks that share memory; not owned), waiting on `lane`'s deadline;
   /// spin = false: the allreduce's barriers never spin (see SpinBudget). Allocates nothing
@@ -83,7 +86,10 @@ class NodeWindow {
                       const HostGradientCommunicator::PartConsumer& consume);
   /// The sum of every rank's exact-sum array, each part handed to `consume` (this rank's part
   /// summed into its array, the others read from their owners'). Its values must have exact
-  /// partial sums (comm/exact_sum.h): the order of the additions does not matter.
+  /// partial sums (comm/exact_sum.h): the order of the additions does not matter. Peers may
+  /// still read this rank's array when it returns: a rank writes its array again only after a
+  /// collective of all the node's ranks that follows this one (HostGradientCommunicator::
+  /// allreduce_exact_async's contract), which saves a barrier a step.
   void allreduce_exact(const HostGradientCommunicator::ExactConsumer& consume);
   /// Every rank's `count` (≤ kSlotDoubles) values, in rank order, into `all`; its one barrier
   /// also says every rank has written its part of the shared parameters.
