@@ -183,8 +183,9 @@ StepResult StepPipeline::read_oldest() {
   const double begin = s.backward_begin.time(), end = s.backward_end.time();
   const BackwardWindow window{begin, end, ctx_.compute_seconds(begin, end, s.backward_cpu)};
   const ReducerStepStats stats = overlap_stats(s.works, window);
-  r.comm_seconds = stats.comm_seconds;
-  r.hidden_seconds = stats.hidden_seconds;
+  // Chunked: the exact sums come after every chunk's backward, nothing of them hidden.
+  r.comm_seconds = chunked_ ? r.wait_seconds : stats.comm_seconds;
+  r.hidden_seconds = chunked_ ? 0.0 : stats.hidden_seconds;
   r.collective_wait = ctx_.host_waits_for_buckets() ? r.wait_seconds : bucket_wait(s.works);
   r.wait_timed = true;
   trace_.write(s.trace, s.works, replica_.plan(), replica_.sharded(), r.global_step);
