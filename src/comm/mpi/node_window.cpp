@@ -24,28 +24,45 @@ NodeWindow::~NodeWindow() {
   }
 }
 
+namespace {
+
+// A shared window of `bytes` per rank over `comm` (`size` ranks), locked for its life: every
+// rank's segment as mapped here, each checked to hold `bytes` (`what` names it in the error).
+std::vector<void*> allocate_per_rank(MPI_Comm comm, int size, size_t bytes, int unit,
+                                     MPI_Win* window, const char* what) {
+  void* base = nullptr;
+  DDP_MPI_CHECK(MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), unit, MPI_INFO_NULL, comm,
+                                        &base, window));
+  DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, *window));
+  std::vector<void*> segments(static_cast<size_t>(size));
+  for (int q = 0; q < size; ++q) {
+    MPI_Aint peer_bytes = 0;
+    int disp = 0;
+    DDP_MPI_CHECK(MPI_Win_shared_query(*window, q, &peer_bytes, &disp, &segments[q]));
+    DDP_CHECK(static_cast<size_t>(peer_bytes) == bytes, "rank " << q << "'s " << what << " holds "
+                                                                << peer_bytes
+                                                                << " bytes, this rank's " << bytes);
+  }
+  return segments;
+}
+
+template <typename T>
+std::vector<T*> typed(const std::vector<void*>& segments) {
+  std::vector<T*> out;
+  for (void* s : segments) out.push_back(static_cast<T*>(s));
+  return out;
+}
+
+}  // namespace
+
 // One shared window holds every rank's gradient arena; each rank knows where its peers' arenas
 // are mapped. The control segment follows, then a barrier so that no rank starts before every
 // arena is zeroed.
 float* NodeWindow::allocate_gradients(size_t numel) {
-  void* base = nullptr;
-  const MPI_Aint bytes = static_cast<MPI_Aint>(numel * sizeof(float));
-  DDP_MPI_CHECK(
-      MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, comm_, &base, &window_));
-  DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_));
-  peers_.resize(static_cast<size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
-    MPI_Aint peer_bytes = 0;
-    int disp = 0;
-    void* peer = nullptr;
-    DDP_MPI_CHECK(MPI_Win_shared_query(window_, q, &peer_bytes, &disp, &peer));
-    DDP_CHECK(static_cast<size_t>(peer_bytes) == numel * sizeof(float),
-              "rank " << q << "'s gradient arena holds " << peer_bytes << " bytes, this rank's "
-                      << numel * sizeof(float));
-    peers_[static_cast<size_t>(q)] = static_cast<float*>(peer);
-  }
+  peers_ = typed<float>(allocate_per_rank(comm_, size_, numel * sizeof(float), sizeof(float),
+                                          &window_, "gradient arena"));
   allocate_control();
-  arena_ = static_cast<float*>(base);
+  arena_ = peers_[static_cast<size_t>(rank_)];
   arena_numel_ = numel;
   std::fill(arena_, arena_ + numel, 0.0f);
   SpinBudget once;
@@ -55,25 +72,11 @@ float* NodeWindow::allocate_gradients(size_t numel) {
 
 // A window of its own, laid out as the gradient arena's: each rank's array, every rank's mapped.
 double* NodeWindow::allocate_exact(size_t count) {
-  void* base = nullptr;
-  const MPI_Aint bytes = static_cast<MPI_Aint>(count * sizeof(double));
-  DDP_MPI_CHECK(MPI_Win_allocate_shared(bytes, sizeof(double), MPI_INFO_NULL, comm_, &base,
-                                        &exact_window_));
-  DDP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, exact_window_));
-  exact_peers_.resize(static_cast<size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
-    MPI_Aint peer_bytes = 0;
-    int disp = 0;
-    void* peer = nullptr;
-    DDP_MPI_CHECK(MPI_Win_shared_query(exact_window_, q, &peer_bytes, &disp, &peer));
-    DDP_CHECK(static_cast<size_t>(peer_bytes) == count * sizeof(double),
-              "rank " << q << "'s exact-sum array holds " << peer_bytes << " bytes, this rank's "
-                      << count * sizeof(double));
-    exact_peers_[static_cast<size_t>(q)] = static_cast<double*>(peer);
-  }
+  exact_peers_ = typed<double>(allocate_per_rank(
+      comm_, size_, count * sizeof(double), sizeof(double), &exact_window_, "exact-sum array"));
   if (!barrier_) allocate_control();
   exact_count_ = count;
-  double* mine = static_cast<double*>(base);
+  double* mine = exact_peers_[static_cast<size_t>(rank_)];
   std::fill(mine, mine + count, 0.0);
   SpinBudget once;
   barrier(once);
