@@ -151,7 +151,7 @@ void ChunkedGradients::sum_chunks(int world, const std::vector<double>& largest,
             [params = params_, largest, exponent, out](size_t first, const double* sums, size_t n) {
               for (size_t p = 0; p < params.size(); ++p) {
                 const size_t lo = std::max(first, params[p].offset);
-                const size_t hi = std::min(first + n, params[p].offset + params[p].numel);
+                const size_t hi = std::min(first + n, params[p].end());
                 if (lo < hi && std::isfinite(largest[p]))
                   values_from_grid(sums + (lo - first), hi - lo, exponent[p], out + lo);
               }

@@ -74,9 +74,6 @@ class ChunkedGradients {
   std::vector<double> job_largest(const std::vector<double>& all) const;
   void sum_chunks(int world, const std::vector<double>& largest, Tensor grads);
 
-  struct Span {
-    size_t offset = 0, numel = 0;
-  };
   std::vector<Span> params_;     ///< each parameter's place in the arena
   std::vector<size_t> offsets_;  ///< the same, as Sequential::bind takes them
   ChunkLayout layout_;

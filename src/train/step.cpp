@@ -367,7 +367,7 @@ bool StepPipeline::gradients_usable(int64_t bad, InFlight& s) {
 // Collective (chunked: known alike on every rank already): the lowest rank whose loss of step
 // `s` is non-finite, or -1.
 int StepPipeline::nonfinite_loss_rank(InFlight& s) {
-  if (chunked_) return chunked_->first_nonfinite_loss_rank();  // known alike on every rank
+  if (chunked_) return chunked_->first_nonfinite_loss_rank();
   double first_bad = std::isfinite(totals(s).loss_sum) ? comm_.size() : comm_.rank();
   comm_.allreduce(&first_bad, 1, ReduceOp::Min);
   return first_bad < comm_.size() ? static_cast<int>(first_bad) : -1;
